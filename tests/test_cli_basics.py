@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from toolschool import __version__
+from toolschool.cli import app
+
+runner = CliRunner()
+
+
+def test_version() -> None:
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"toolschool {__version__}"
+
+
+def test_every_command_has_help() -> None:
+    import click
+    import typer.main
+
+    root = typer.main.get_command(app)
+
+    def walk(cmd: click.Command, path: list[str]) -> None:
+        result = runner.invoke(app, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "Usage" in result.output
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                walk(sub, [*path, name])
+
+    walk(root, [])
+
+
+def test_console_script_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "toolschool", "--version"], capture_output=True, text=True, check=True)
+    assert __version__ in out.stdout
+
+
+def test_unknown_model_offline_is_one_clear_line(monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = runner.invoke(app, ["models", "info", "--model", "nobody/no-such-model-xyz"])
+    assert result.exit_code == 2
+    assert "nobody/no-such-model-xyz" in result.output
+    assert "not in the local Hugging Face cache" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_folder_is_one_clear_line(tmp_path) -> None:
+    missing = tmp_path / "nothing" / "here"
+    result = runner.invoke(app, ["models", "info", "--model", str(missing)])
+    assert result.exit_code == 2
+    assert "is not an existing folder" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_folder_without_model_is_one_clear_line(tmp_path) -> None:
+    result = runner.invoke(app, ["models", "info", "--model", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "holds no config.json" in result.output
+
+
+def test_debug_shows_traceback(tmp_path) -> None:
+    result = runner.invoke(app, ["--debug", "models", "info", "--model", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "Traceback" in result.output

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolschool.config import load_config, read_toml, stage_dir
+from toolschool.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_and_file(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[run]\nname = "exp1"\n[model]\nname = "smollm2-135m"\n'))
+    assert cfg.run.name == "exp1"
+    assert cfg.model.dtype == "auto"
+    assert cfg.run_dir() == Path("runs/exp1")
+
+
+def test_flags_override_file(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, '[run]\nname = "exp1"\n'), {"run.name": "exp2", "run.seed": None})
+    assert cfg.run.name == "exp2"
+    assert cfg.run.seed == 0
+
+
+def test_unknown_key_names_file_key_and_suggestion(tmp_path: Path) -> None:
+    path = write(tmp_path, "[run]\nnmae = 'x'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    msg = str(info.value)
+    assert str(path) in msg
+    assert "unknown key 'run.nmae'" in msg
+    assert "did you mean 'name'" in msg
+
+
+def test_unknown_section(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown key 'bogus'"):
+        load_config(write(tmp_path, "[bogus]\nx = 1\n"))
+
+
+def test_wrong_type_names_key_and_expected(tmp_path: Path) -> None:
+    path = write(tmp_path, "[run]\nseed = 'abc'\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert "'run.seed' = 'abc' — expected an integer" in str(info.value)
+
+
+def test_malformed_toml(tmp_path: Path) -> None:
+    path = write(tmp_path, "[run\nname = 1\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        read_toml(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_stage_dir_saves_resolved_config(tmp_path: Path) -> None:
+    cfg = load_config(None, {"run.root": str(tmp_path), "run.name": "r"})
+    out = stage_dir(cfg, "explore")
+    assert out == tmp_path / "r" / "explore"
+    saved = load_config(out / "config.toml")
+    assert saved == cfg
+
+
+def test_cli_reports_bad_config(tmp_path: Path) -> None:
+    """The CLI path: one clear line, exit 2, no traceback (uses `toolschool config show`)."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    path = write(tmp_path, "[model]\nnam = 'x'\n")
+    result = CliRunner().invoke(app, ["config", "show", str(path)])
+    assert result.exit_code == 2
+    assert "unknown key 'model.nam'" in result.output
+    assert "Traceback" not in result.output

@@ -1,0 +1,71 @@
+"""The `toolschool` command line: one sub-command (or group) per stage.
+
+User-caused errors (`ToolschoolError`) end in one red line on stderr and exit code 2; `--debug` (before the
+sub-command: `toolschool --debug models info`) shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+import typer
+from typer.core import TyperGroup
+
+from toolschool import __version__
+from toolschool.cli.console import err_console
+from toolschool.errors import ToolschoolError
+
+_state: dict[str, bool] = {"debug": False}
+
+
+class _ErrorHandlingGroup(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ToolschoolError as exc:
+            if _state["debug"]:
+                err_console.print(traceback.format_exc(), markup=False, highlight=False)
+            err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True, markup=True)
+            raise typer.Exit(code=exc.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/yellow] — work written so far is kept; rerun to resume")
+            raise typer.Exit(code=130) from None
+
+
+app = typer.Typer(
+    name="toolschool",
+    help="Teach language models to use tools accurately: explore, distill, fine-tune, reinforce, evaluate.",
+    cls=_ErrorHandlingGroup,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"toolschool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
+) -> None:
+    _state["debug"] = debug
+
+
+def _register() -> None:
+    from toolschool.cli import config_cmd, models
+
+    app.add_typer(models.app, name="models")
+    app.add_typer(config_cmd.app, name="config")
+
+
+_register()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,159 @@
+"""Run configuration: one TOML file per run, validated with pydantic, overridden by CLI flags.
+
+Each stage has a section (`[model]`, `[tools]`, later `[explore]`, `[sft]`, ...). Unknown keys and wrong
+types are errors that name the file, the key and what is expected. The resolved configuration is saved
+into every stage's run directory (`runs/<name>/<stage>/config.toml`) so a run can be reproduced.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from toolschool.errors import ConfigError
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    name: str = Field("default", description="run name: outputs go to ROOT/NAME/<stage>/")
+    root: str = Field("runs", description="folder holding all runs")
+    seed: int = Field(0, description="seed for sampling, shuffling and initialisation")
+
+
+class ModelSection(Section):
+    name: str = Field("smollm2-135m", description="model: embedded name, HF id, folder or openai:URL#name")
+    dtype: str = Field("auto", description="auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware has it)")
+    device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
+
+
+class ToolsSection(Section):
+    toolbox: list[str] = Field(default_factory=lambda: ["builtin"], description="built-in toolboxes to load")
+    mcp: list[str] = Field(default_factory=list, description='MCP servers over stdio, e.g. "mcp-server-time"')
+    modules: list[str] = Field(default_factory=list, description="Python modules of @tool functions")
+    only: list[str] = Field(default_factory=list, description="keep only these tool names (empty: all)")
+
+
+class ToolschoolConfig(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    tools: ToolsSection = Field(default_factory=ToolsSection)
+
+    def run_dir(self) -> Path:
+        return Path(self.run.root) / self.run.name
+
+
+def _describe_expected(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    table = {
+        "int_parsing": "an integer",
+        "int_type": "an integer",
+        "float_parsing": "a number",
+        "float_type": "a number",
+        "bool_parsing": "true or false",
+        "bool_type": "true or false",
+        "string_type": "a string",
+        "list_type": "a list",
+        "model_type": "a table ([section])",
+        "dict_type": "a table",
+        "missing": "a value (the key is required)",
+    }
+    return table.get(kind, err.get("msg", "a valid value"))
+
+
+def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    current: type[BaseModel] | None = model
+    for part in loc[:-1]:
+        if current is None or part not in current.model_fields:
+            return []
+        annotation = current.model_fields[part].annotation
+        current = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return sorted(current.model_fields) if current is not None else []
+
+
+def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel]) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            known = _known_keys(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            section = ".".join(str(p) for p in loc[:-1]) or "top level"
+            tip = f"did you mean '{close[0]}'? " if close else ""
+            lines.append(f"{source}: unknown key '{key}' — {tip}known keys in [{section}]: {', '.join(known)}")
+        else:
+            value = err.get("input")
+            lines.append(f"{source}: '{key}' = {value!r} — expected {_describe_expected(err)}")
+    return "; ".join(lines)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise ConfigError(
+            f"config file '{path}' does not exist", hint="check the path (configs/demo.toml is an example)"
+        )
+    if path.is_dir():
+        raise ConfigError(f"config path '{path}' is a folder", hint="pass a .toml file")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(
+            f"config file '{path}' is not valid TOML: {exc}", hint="fix the syntax at that line"
+        ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file '{path}' is not UTF-8 text") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    *,
+    schema: type[ToolschoolConfig] = ToolschoolConfig,
+) -> ToolschoolConfig:
+    """Read a TOML file (optional), apply dotted-key overrides from flags (None values are skipped), validate."""
+    data: dict[str, Any] = read_toml(Path(path)) if path is not None else {}
+    source = str(path) if path is not None else "defaults"
+    flag_keys = []
+    for dotted, value in (overrides or {}).items():
+        if value is not None:
+            _set_dotted(data, dotted, value)
+            flag_keys.append(dotted)
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        where = source if not flag_keys else f"{source} (with flags {', '.join(flag_keys)})"
+        raise ConfigError(format_validation_error(exc, where, schema)) from None
+
+
+def dump_toml(config: BaseModel) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
+
+
+def stage_dir(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
+    """Create `runs/<name>/<stage>/` (or `out`) and save the resolved config there."""
+    directory = Path(out) if out is not None else config.run_dir() / stage
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.toml").write_text(dump_toml(config), encoding="utf-8")
+    return directory

@@ -1,0 +1,63 @@
+"""The generation backend interface: local Hugging Face weights or an OpenAI-compatible endpoint.
+
+Callers (exploration episodes, evaluation items, the server) are many concurrent coroutines; each awaits
+`generate` for its own conversation and the backend batches them. A request is a chat conversation plus
+the tools offered; the backend renders it with the model's chat template (local) or sends it as is (HTTP).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+
+
+@dataclass
+class Completion:
+    text: str  # the generated text, without the end-of-turn token
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None  # one per token in token_ids, when requested/available
+    finish_reason: FinishReason = "stop"
+    # Set when an HTTP server already parsed tool calls out of the text (OpenAI `tool_calls`), canonical form.
+    tool_calls: list[dict[str, Any]] | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None  # OpenAI function schemas, rendered by the chat template
+    params: SamplingParams = field(default_factory=SamplingParams)
+    # Text the assistant turn starts with (e.g. "Thought:" for ReAct); included in neither prompt nor output.
+    prefill: str = ""
+
+
+class Backend(ABC):
+    """Generate completions for chat conversations; safe to call from many coroutines at once."""
+
+    name: str
+
+    @abstractmethod
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        """Return `request.params.n` completions for one conversation."""
+
+    async def generate_many(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
+        import asyncio
+
+        return list(await asyncio.gather(*(self.generate(r) for r in requests)))
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (threads, HTTP connections)."""

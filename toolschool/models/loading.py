@@ -1,0 +1,188 @@
+"""Load a local Hugging Face model (embedded, hub id, folder, or LoRA adapter folder) with its tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.errors import ModelLoadError
+from toolschool.models.spec import ModelSpec, parse_model_spec
+
+
+@dataclass
+class LoadedModel:
+    spec: ModelSpec
+    model: Any  # transformers PreTrainedModel (or peft PeftModel)
+    tokenizer: Any
+    source: str  # folder or hub id the weights came from
+    device: str
+    dtype: Any
+    load_seconds: float
+    import_seconds: float = 0.0
+    adapter: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
+    """Return (base weights source, adapter folder or None) for a local-backend model spec."""
+    if spec.kind == "openai":
+        raise ModelLoadError(
+            f"model '{spec.name}' is an OpenAI-compatible endpoint, not local weights",
+            hint="this command needs a local model: pass smollm2-135m, a HF id or a folder",
+        )
+    if spec.kind == "embedded":
+        from toolschool.models.embedded import ensure_embedded
+
+        return str(ensure_embedded(spec.path_or_id)), None
+    if spec.kind == "local":
+        folder = Path(spec.path_or_id)
+        adapter_cfg = folder / "adapter_config.json"
+        if adapter_cfg.is_file():
+            try:
+                base = json.loads(adapter_cfg.read_text())["base_model_name_or_path"]
+            except (KeyError, json.JSONDecodeError) as exc:
+                raise ModelLoadError(
+                    f"adapter folder '{folder}' has an unreadable adapter_config.json ({exc})",
+                    hint="re-save the adapter with peft's save_pretrained",
+                ) from exc
+            base_spec = parse_model_spec(base)
+            base_source, _ = resolve_source(base_spec)
+            return base_source, str(folder)
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(
+                f"folder '{folder}' holds no config.json or adapter_config.json, so it is not a model",
+                hint="pass a folder saved with save_pretrained (e.g. runs/NAME/sft/merged)",
+            )
+        return str(folder), None
+    return spec.path_or_id, None
+
+
+def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -> Any:
+    """Call a from_pretrained, local cache first; turn hub/offline failures into one clear line."""
+    if spec.kind == "hub":
+        try:
+            return loader.from_pretrained(source, local_files_only=True, **kwargs)
+        except OSError:
+            if os.environ.get("HF_HUB_OFFLINE") == "1":
+                raise ModelLoadError(
+                    f"model '{spec.name}' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+                    hint="download it on a connected machine (huggingface-cli download ID), pass a local folder, "
+                    "or use --model smollm2-135m",
+                ) from None
+        try:
+            return loader.from_pretrained(source, **kwargs)
+        except Exception as exc:
+            raise ModelLoadError(
+                f"could not load model '{spec.name}' from the Hugging Face Hub or its local cache "
+                f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
+                hint="check the id and your connection, pass a local folder, or use --model smollm2-135m",
+            ) from exc
+    try:
+        return loader.from_pretrained(source, **kwargs)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"could not load model '{spec.name}' from {source} ({type(exc).__name__}: {str(exc)[:200]})",
+            hint="check that the folder was written by save_pretrained and is complete",
+        ) from exc
+
+
+def load_tokenizer(model: str | ModelSpec) -> Any:
+    from transformers import AutoTokenizer
+
+    spec = parse_model_spec(model) if isinstance(model, str) else model
+    source, adapter = resolve_source(spec)
+    tok_source = adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else source
+    tokenizer = _from_pretrained(AutoTokenizer, tok_source, spec)
+    _prepare_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _prepare_tokenizer(tokenizer: Any) -> None:
+    """Make a ChatML tokenizer stop at <|im_end|> and render tools, when its own template cannot."""
+    from toolschool.models.chat_template import install_chatml_tools_template, renders_tool_calls
+
+    vocab = tokenizer.get_vocab()
+    if "<|im_start|>" in vocab and "<|im_end|>" in vocab:
+        ok, _ = renders_tool_calls(tokenizer)
+        if not ok:
+            install_chatml_tools_template(tokenizer)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+
+
+def load_model(
+    model: str | ModelSpec,
+    *,
+    device: str | None = None,
+    dtype: str | None = "auto",
+    merge_adapter: bool = False,
+) -> LoadedModel:
+    """Load weights and tokenizer for local inference or training."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from toolschool.models.device import default_device, parse_dtype
+
+    spec = parse_model_spec(model) if isinstance(model, str) else model
+    import_start = time.perf_counter()
+    _warm_imports()
+    import_seconds = time.perf_counter() - import_start
+    start = time.perf_counter()
+    source, adapter = resolve_source(spec)
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tokenizer = load_tokenizer(spec)
+        hf_model = _from_pretrained(AutoModelForCausalLM, source, spec, dtype=torch_dtype)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    if len(tokenizer) > hf_model.get_input_embeddings().weight.shape[0]:
+        hf_model.resize_token_embeddings(len(tokenizer))
+    if adapter:
+        from peft import PeftModel
+
+        hf_model = PeftModel.from_pretrained(hf_model, adapter)
+        if merge_adapter:
+            hf_model = hf_model.merge_and_unload()
+    hf_model.to(device)
+    hf_model.eval()
+    if tokenizer.eos_token_id is not None:
+        hf_model.generation_config.eos_token_id = tokenizer.eos_token_id
+        hf_model.generation_config.pad_token_id = tokenizer.pad_token_id
+    torch.set_grad_enabled(True)
+    return LoadedModel(
+        spec=spec,
+        model=hf_model,
+        tokenizer=tokenizer,
+        source=source,
+        device=device,
+        dtype=torch_dtype,
+        load_seconds=time.perf_counter() - start,
+        import_seconds=import_seconds,
+        adapter=adapter,
+    )
+
+
+def _warm_imports() -> None:
+    """Import transformers' lazily loaded modelling modules, so load time measures reading the model.
+
+    transformers imports most of itself (and torch.distributed) on the first from_pretrained; that costs
+    ~2-3 s once per process whatever the model, and is reported separately as import time.
+    """
+    import transformers.activations  # noqa: F401
+    import transformers.core_model_loading  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
