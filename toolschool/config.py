@@ -42,10 +42,41 @@ class ToolsSection(Section):
     only: list[str] = Field(default_factory=list, description="keep only these tool names (empty: all)")
 
 
+class SFTSection(Section):
+    train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
+    validation: str | None = Field(None, description="validation JSONL (default: the run's distill/validation.jsonl)")
+    format: str = Field("hermes", description="hermes | json | react: how the model writes calls")
+    method: str = Field("lora", description="lora | full")
+    lora_rank: int = Field(32, ge=1)
+    lora_alpha: int = Field(64, ge=1)
+    lora_dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
+    )
+    batch_size: int = Field(8, ge=1, description="sequences per optimizer step per process")
+    gradient_accumulation: int = Field(1, ge=1)
+    num_steps: int = Field(800, ge=1)
+    max_length: int = Field(512, ge=16, description="tokens; longer examples are truncated and counted")
+    learning_rate: float = Field(2e-4, gt=0)
+    warmup_steps: int = Field(20, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    lr_scheduler: str = Field("cosine", description="transformers scheduler name")
+    padding_free: bool = Field(True, description="pack each batch into one sequence without padding")
+    checkpoint_interval: int = Field(200, ge=1)
+    log_interval: int = Field(50, ge=1)
+    validation_interval: int = Field(200, ge=1)
+    validation_samples: int = Field(50, ge=0)
+    validation_max_tokens: int = Field(128, ge=1)
+    toolkens: bool = Field(False, description="add one token <tool_NAME> per tool (STE toolkens)")
+    merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
+    dtype: str = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
+    sft: SFTSection = Field(default_factory=SFTSection)
 
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name

@@ -62,6 +62,9 @@ def _register() -> None:
 
     app.add_typer(models.app, name="models")
     app.add_typer(config_cmd.app, name="config")
+    from toolschool.cli import sft_cmd
+
+    app.command("sft")(sft_cmd.sft)
 
 
 _register()

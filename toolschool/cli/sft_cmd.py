@@ -1,0 +1,72 @@
+"""`toolschool sft`: supervised fine-tuning (LoRA or full) on tool-use conversations."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from toolschool.cli.console import console, err_console
+
+
+def sft(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
+    model: str = typer.Option(None, "--model", "-m", help="Base model (embedded name, HF id, folder)."),
+    train: str = typer.Option(None, help="Training JSONL (default: runs/NAME/distill/train.jsonl)."),
+    validation: str = typer.Option(None, help="Validation JSONL for in-training validation."),
+    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    method: str = typer.Option(None, help="lora | full"),
+    lora_rank: int = typer.Option(None),
+    batch_size: int = typer.Option(None),
+    num_steps: int = typer.Option(None),
+    max_length: int = typer.Option(None),
+    learning_rate: float = typer.Option(None, "--lr"),
+    checkpoint_interval: int = typer.Option(None),
+    log_interval: int = typer.Option(None),
+    validation_interval: int = typer.Option(None),
+    validation_samples: int = typer.Option(None),
+    toolkens: bool = typer.Option(None, "--toolkens/--no-toolkens", help="Add one token per tool name."),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/sft)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/sft)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
+    seed: int = typer.Option(None),
+) -> None:
+    """Fine-tune a model on tool-use conversations; writes checkpoints, logs, adapter/ and merged/."""
+    from toolschool.config import load_config, stage_dir
+    from toolschool.train.sft import run_sft
+
+    overrides = {
+        "model.name": model,
+        "sft.train": train,
+        "sft.validation": validation,
+        "sft.format": format,
+        "sft.method": method,
+        "sft.lora_rank": lora_rank,
+        "sft.batch_size": batch_size,
+        "sft.num_steps": num_steps,
+        "sft.max_length": max_length,
+        "sft.learning_rate": learning_rate,
+        "sft.checkpoint_interval": checkpoint_interval,
+        "sft.log_interval": log_interval,
+        "sft.validation_interval": validation_interval,
+        "sft.validation_samples": validation_samples,
+        "sft.toolkens": toolkens,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+    out_dir = stage_dir(config, "sft", out)
+    err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
+    result = run_sft(config, out_dir, resume=resume)
+    summary = {
+        "out_dir": str(result.out_dir),
+        "adapter": str(result.adapter_dir) if result.adapter_dir else None,
+        "merged": str(result.merged_dir) if result.merged_dir else None,
+        "steps": result.steps,
+        "seconds": round(result.seconds, 1),
+        "data": result.stats,
+        "final_validation": result.final_validation,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print_json(json.dumps(summary))

@@ -1,0 +1,534 @@
+"""Supervised fine-tuning (LoRA or full) on tool-use conversations, with TRL's SFTTrainer.
+
+What this module adds on top of TRL:
+- examples are rendered by our chat format (`fmt.render`), so the loss weights (assistant tokens only,
+  including each assistant turn's end-of-turn token) are defined in one place for training and inference;
+- sequences longer than `max_length` are truncated and counted, examples without an assistant turn are
+  refused with the file and line;
+- validation during training generates on validation samples and logs the evaluation module's metrics;
+- logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
+  `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
+  RNG and skips the batches already seen);
+- at the end a LoRA adapter (`adapter/`) and a merged model (`merged/`) in Hugging Face format.
+
+Padding-free batching (TRL `padding_free`): each batch is one concatenated sequence with per-example
+position ids; transformers builds a block-diagonal attention mask from them for SDPA/eager attention, so
+no compute is spent on padding (see bench/sft.py for the measured gain over padded batches).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.config import SFTSection, ToolschoolConfig
+from toolschool.errors import ConfigError, DataError, ToolschoolError
+
+META_FILE = "toolschool_sft.json"
+
+
+@dataclass
+class PreparedData:
+    rows: list[dict[str, list[int]]]
+    examples: int = 0
+    truncated: int = 0
+    dropped_no_assistant_after_truncation: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    max_seen_length: int = 0
+
+    def stats(self) -> dict[str, int]:
+        data = asdict(self)
+        data.pop("rows")
+        return data
+
+
+def split_at_first_assistant(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(prompt messages, first assistant message) — the unit validation and evaluation score."""
+    for index, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            return list(messages[:index]), message
+    raise DataError("conversation has no assistant turn")
+
+
+def check_has_assistant(examples: Sequence[dict[str, Any]], source: str) -> None:
+    bad = [i for i, ex in enumerate(examples, 1) if not any(m.get("role") == "assistant" for m in ex["messages"])]
+    if bad:
+        shown = ", ".join(f"{source}:{i}" for i in bad[:5])
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise DataError(
+            f"{len(bad)} example(s) have no assistant turn, so there is nothing to learn: {shown}{more}",
+            hint="every line needs at least one assistant message (a tool call or a final answer)",
+        )
+
+
+def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, max_length: int) -> PreparedData:
+    """Render with the chat format into input_ids + labels (-100 where the loss weight is 0), truncating."""
+    data = PreparedData(rows=[])
+    for example in examples:
+        rendered = fmt.render(example["messages"], example.get("tools") or None, tokenizer)
+        ids = list(rendered.input_ids)
+        weights = list(rendered.loss_weights)
+        data.examples += 1
+        data.max_seen_length = max(data.max_seen_length, len(ids))
+        if len(ids) > max_length:
+            data.truncated += 1
+            ids, weights = ids[:max_length], weights[:max_length]
+        if not any(w > 0 for w in weights):
+            data.dropped_no_assistant_after_truncation += 1
+            continue
+        labels = [tok if w > 0 else -100 for tok, w in zip(ids, weights, strict=True)]
+        data.rows.append({"input_ids": ids, "labels": labels})
+        data.tokens += len(ids)
+        data.loss_tokens += sum(1 for w in weights if w > 0)
+    return data
+
+
+def _toolken(name: str) -> str:
+    return f"<tool_{name}>"
+
+
+def apply_toolkens(examples: Sequence[dict[str, Any]]) -> list[str]:
+    """STE "toolkens": the tool names, each to be added as one new token `<tool_NAME>`.
+
+    The rendered calls keep the plain name inside the JSON; the tokenizer then encodes the name through the
+    added token where it appears as `<tool_NAME>` — so we rewrite each call's name to its toolken form and
+    each tool schema's name likewise, making the tool choice a single-token decision.
+    """
+    names: set[str] = set()
+    for example in examples:
+        for tool in example.get("tools") or []:
+            names.add(tool["function"]["name"])
+        for message in example["messages"]:
+            for call in message.get("tool_calls") or []:
+                names.add(call["function"]["name"])
+    for example in examples:
+        for tool in example.get("tools") or []:
+            tool["function"]["name"] = _toolken(tool["function"]["name"])
+        for message in example["messages"]:
+            for call in message.get("tool_calls") or []:
+                call["function"]["name"] = _toolken(call["function"]["name"])
+    return sorted(names)
+
+
+def strip_toolken(name: str) -> str:
+    return name[len("<tool_") : -1] if name.startswith("<tool_") and name.endswith(">") else name
+
+
+@dataclass
+class ValidationItem:
+    prompt_ids: list[int]
+    gold: dict[str, Any]
+    tools: list[dict[str, Any]] | None
+
+
+def build_validation_items(
+    examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, limit: int, max_length: int
+) -> list[ValidationItem]:
+    items = []
+    for example in examples[:limit]:
+        prompt, gold = split_at_first_assistant(example["messages"])
+        messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"][-max_length:]
+        items.append(ValidationItem(prompt_ids=ids, gold=gold, tools=example.get("tools")))
+    return items
+
+
+def generate_batch(
+    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, stop: list[str]
+) -> list[str]:
+    """Greedy generation for a batch of token prompts (left padded); stops at end of turn and stop strings."""
+    import torch
+
+    pad = tokenizer.pad_token_id
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+        attention[row, width - len(prompt) :] = 1
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+            eos_token_id=tokenizer.eos_token_id,
+            stop_strings=stop or None,
+            tokenizer=tokenizer if stop else None,
+        )
+    texts = []
+    for row in range(len(prompts)):
+        new = out[row, width:].tolist()
+        if tokenizer.eos_token_id in new:
+            new = new[: new.index(tokenizer.eos_token_id)]
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        for s in stop:
+            if s in text:
+                text = text[: text.index(s)]
+        texts.append(text)
+    return texts
+
+
+def validate(
+    model: Any,
+    tokenizer: Any,
+    fmt: Any,
+    items: Sequence[ValidationItem],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 8,
+    toolkens: bool = False,
+) -> dict[str, float]:
+    """Generate on validation prompts and score with the evaluation module's metrics."""
+    from toolschool.evaluate.metrics import aggregate, score_item
+
+    was_training = model.training
+    model.eval()
+    scores = []
+    try:
+        for start in range(0, len(items), batch_size):
+            chunk = items[start : start + batch_size]
+            texts = generate_batch(model, tokenizer, [i.prompt_ids for i in chunk], max_new_tokens, fmt.stop)
+            for item, text in zip(chunk, texts, strict=True):
+                parsed = fmt.parse(fmt.prefill + text if fmt.prefill else text)
+                gold_calls = item.gold.get("tool_calls") or []
+                if toolkens:
+                    for call in parsed.calls:
+                        call["function"]["name"] = strip_toolken(call["function"]["name"])
+                    gold_calls = [
+                        {**c, "function": {**c["function"], "name": strip_toolken(c["function"]["name"])}}
+                        for c in gold_calls
+                    ]
+                gold_final = None if gold_calls else (item.gold.get("content") or "")
+                scores.append(score_item(parsed, gold_calls, gold_final))
+    finally:
+        if was_training:
+            model.train()
+    return aggregate(scores)
+
+
+class _JsonlLogger:
+    """Append-only JSONL log of training and validation metrics (one object per line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def _make_callbacks(
+    logger: _JsonlLogger,
+    tokenizer: Any,
+    fmt: Any,
+    items: list[ValidationItem],
+    settings: SFTSection,
+    stats: dict[str, int],
+    tb_dir: Path,
+) -> list[Any]:
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import TrainerCallback
+    from transformers.integrations import TensorBoardCallback
+
+    class LogCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero:
+                logger.write({"event": "start", "step": state.global_step, "time": time.time(), **stats})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero and logs:
+                logger.write({"step": state.global_step, "epoch": state.epoch, **logs})
+
+    class ValidationCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.writer: Any = None
+
+        def _run(self, state, model) -> None:  # noqa: ANN001
+            if not items or not state.is_world_process_zero:
+                return
+            metrics = validate(
+                model, tokenizer, fmt, items, max_new_tokens=settings.validation_max_tokens, toolkens=settings.toolkens
+            )
+            logger.write({"step": state.global_step, "validation": metrics})
+            if self.writer is None:
+                self.writer = SummaryWriter(log_dir=str(tb_dir))
+            for key, value in metrics.items():
+                if isinstance(value, int | float):
+                    self.writer.add_scalar(f"validation/{key}", value, state.global_step)
+            self.writer.flush()
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001
+            if state.global_step % settings.validation_interval == 0 and state.global_step < state.max_steps:
+                self._run(state, model)
+
+        def on_train_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001
+            self._run(state, model)
+
+    return [LogCallback(), ValidationCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+
+
+@dataclass
+class SFTResult:
+    out_dir: Path
+    adapter_dir: Path | None
+    merged_dir: Path | None
+    steps: int
+    seconds: float
+    stats: dict[str, int] = field(default_factory=dict)
+    final_validation: dict[str, float] | None = None
+
+
+def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
+    settings = config.sft
+    default_dir = config.run_dir() / "distill"
+    train = Path(settings.train) if settings.train else default_dir / "train.jsonl"
+    if not train.is_file():
+        raise ConfigError(
+            f"training data '{train}' does not exist",
+            hint="pass --train PATH (a JSONL of conversations) or run `toolschool distill` first",
+        )
+    if settings.validation:
+        validation = Path(settings.validation)
+        if not validation.is_file():
+            raise ConfigError(f"validation data '{validation}' does not exist", hint="check --validation PATH")
+    else:
+        candidate = default_dir / "validation.jsonl"
+        validation = candidate if candidate.is_file() and not settings.train else None
+    return train, validation
+
+
+def _base_identity(loaded: Any) -> dict[str, Any]:
+    config = loaded.model.config
+    return {
+        "model": loaded.spec.name,
+        "source": loaded.source,
+        "model_type": getattr(config, "model_type", None),
+        "hidden_size": getattr(config, "hidden_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "vocab_size": len(loaded.tokenizer),
+    }
+
+
+def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
+    meta_path = out_dir / META_FILE
+    if not meta_path.is_file():
+        return
+    saved = json.loads(meta_path.read_text())["base"]
+    keys = ("model_type", "hidden_size", "num_hidden_layers")
+    if any(saved.get(k) != identity.get(k) for k in keys):
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' "
+            f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden {saved.get('hidden_size')}), "
+            f"not '{identity['model']}' ({identity['model_type']}, {identity['num_hidden_layers']} layers, "
+            f"hidden {identity['hidden_size']})",
+            hint="resume with the same --model, or train into a new --out folder",
+        )
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    ckpt_root = out_dir / "checkpoints"
+    found = sorted(
+        (p for p in ckpt_root.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    return found[-1] if found else None
+
+
+def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
+    """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from toolschool.chat.formats import get_format
+    from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.models.loading import load_model
+
+    settings = config.sft
+    if settings.method not in ("lora", "full"):
+        raise ConfigError(f"sft.method = '{settings.method}' is not supported", hint="use lora or full")
+    if settings.dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    fmt = get_format(settings.format)
+    train_path, validation_path = _resolve_data_paths(config)
+
+    train_examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    if not train_examples:
+        raise DataError(f"training data '{train_path}' holds no examples")
+    check_has_assistant(train_examples, str(train_path))
+    validation_examples: list[dict[str, Any]] = []
+    if validation_path is not None:
+        validation_examples, _ = load_dataset_jsonl(validation_path, on_error="stop")
+        check_has_assistant(validation_examples, str(validation_path))
+
+    started = time.perf_counter()
+    loaded = load_model(config.model.name, device=config.model.device, dtype=settings.dtype)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    identity = _base_identity(loaded)
+
+    checkpoint = latest_checkpoint(out_dir) if resume else None
+    if resume:
+        _check_resume_base(out_dir, identity)
+    elif latest_checkpoint(out_dir) is not None:
+        raise ToolschoolError(
+            f"{out_dir} already holds checkpoints from an earlier run",
+            hint="pass --resume to continue it, or choose another --out / run name",
+        )
+
+    toolkens: list[str] = []
+    if settings.toolkens:
+        toolkens = apply_toolkens(train_examples)
+        apply_toolkens(validation_examples)
+        added = tokenizer.add_tokens([_toolken(n) for n in toolkens], special_tokens=False)
+        if added:
+            model.resize_token_embeddings(len(tokenizer))
+
+    prepared = prepare_examples(train_examples, fmt, tokenizer, settings.max_length)
+    if not prepared.rows:
+        raise DataError(
+            f"no training example keeps an assistant token within max_length={settings.max_length}",
+            hint="raise --max-length",
+        )
+    stats = prepared.stats()
+    items = build_validation_items(
+        validation_examples, fmt, tokenizer, settings.validation_samples, settings.max_length
+    )
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / META_FILE).write_text(
+        json.dumps(
+            {"base": identity, "format": fmt.name, "method": settings.method, "toolkens": toolkens, "data": stats},
+            indent=2,
+        )
+    )
+    logger = _JsonlLogger(out_dir / "train_log.jsonl")
+    peft_config = None
+    if settings.method == "lora":
+        targets: str | list[str] = (
+            "all-linear" if settings.target_modules == ["all-linear"] else list(settings.target_modules)
+        )
+        peft_config = LoraConfig(
+            r=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+            modules_to_save=["embed_tokens", "lm_head"] if toolkens else None,
+        )
+    use_cpu = loaded.device == "cpu"
+    args = SFTConfig(
+        output_dir=str(out_dir / "checkpoints"),
+        max_steps=settings.num_steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.gradient_accumulation,
+        learning_rate=settings.learning_rate,
+        warmup_steps=settings.warmup_steps,
+        weight_decay=settings.weight_decay,
+        lr_scheduler_type=settings.lr_scheduler,
+        logging_steps=settings.log_interval,
+        save_strategy="steps",
+        save_steps=settings.checkpoint_interval,
+        seed=config.run.seed,
+        data_seed=config.run.seed,
+        max_length=settings.max_length,
+        padding_free=settings.padding_free,
+        report_to="none",
+        use_cpu=use_cpu,
+        bf16=settings.dtype == "bf16",
+        dataloader_num_workers=0,
+        disable_tqdm=not progress,
+        save_only_model=False,
+        ddp_backend="gloo" if use_cpu else None,
+    )
+    dataset = Dataset.from_list(prepared.rows)
+    trainer = SFTTrainer(
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
+    )
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+
+    adapter_dir: Path | None = None
+    merged_dir: Path | None = None
+    if trainer.is_world_process_zero():
+        final = trainer.model
+        if settings.method == "lora":
+            adapter_dir = out_dir / "adapter"
+            final.save_pretrained(adapter_dir)
+            tokenizer.save_pretrained(adapter_dir)
+            _fix_adapter_base(adapter_dir, config.model.name)
+            if settings.merge:
+                merged_dir = out_dir / "merged"
+                merged = final.merge_and_unload()
+                merged.save_pretrained(merged_dir, safe_serialization=True)
+                tokenizer.save_pretrained(merged_dir)
+        else:
+            merged_dir = out_dir / "merged"
+            final.save_pretrained(merged_dir, safe_serialization=True)
+            tokenizer.save_pretrained(merged_dir)
+    final_validation = None
+    for line in (out_dir / "train_log.jsonl").read_text().splitlines()[::-1]:
+        record = json.loads(line)
+        if "validation" in record:
+            final_validation = record["validation"]
+            break
+    seconds = time.perf_counter() - started
+    logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
+    return SFTResult(
+        out_dir=out_dir,
+        adapter_dir=adapter_dir,
+        merged_dir=merged_dir,
+        steps=trainer.state.global_step,
+        seconds=seconds,
+        stats=stats,
+        final_validation=final_validation,
+    )
+
+
+def _fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
+    """Record the base model as the user named it (e.g. `smollm2-135m`), so our loader can find it again.
+
+    peft writes the resolved folder; for the embedded model that is a cache path which another machine
+    would not have, while the embedded name resolves everywhere.
+    """
+    from toolschool.models.spec import parse_model_spec
+
+    cfg_path = adapter_dir / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    spec = parse_model_spec(model_name)
+    if spec.kind in ("embedded", "hub"):
+        cfg["base_model_name_or_path"] = model_name
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def estimate_epochs(stats: dict[str, int], settings: SFTSection) -> float:
+    examples = max(1, stats.get("examples", 1))
+    return settings.num_steps * settings.batch_size * settings.gradient_accumulation / examples
+
+
+__all__ = [
+    "PreparedData",
+    "SFTResult",
+    "apply_toolkens",
+    "build_validation_items",
+    "check_has_assistant",
+    "estimate_epochs",
+    "latest_checkpoint",
+    "prepare_examples",
+    "run_sft",
+    "split_at_first_assistant",
+    "strip_toolken",
+    "validate",
+]
