@@ -1,0 +1,147 @@
+"""The exploration trial log: append-only JSONL, one line per *finished* trial.
+
+Why a line per finished trial: a crash or Ctrl-C can only lose the trial in flight, never a written one, and
+`--resume` can tell exactly which (tool, episode, slot) triples are done. Lines are flushed (and optionally
+fsynced) as they are written. A crash mid-write leaves at most a truncated last line; `read_trials` skips it
+and `TrialLog.open(..., resume=True)` cuts it off before appending, so the file stays valid JSONL.
+
+Fields of one line (version 1):
+
+- `v`: 1; `tool`, `episode`, `slot`: which tool was explored, in which episode and short-term-memory slot;
+- `status`: "ok", or "empty_query" (the explorer imagined nothing usable; no attempt was made);
+- `query` (cleaned imagined query), `query_raw` (the model's text);
+- `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`,
+  `arguments`, `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw),
+  `final`, `parse_error`, `error` (a parse error or any failed call), `executed` (false for calls written
+  after the turn budget ran out), `finish_reason`, `completion_tokens`;
+- `final_answer`: the final answer or null; `reflection` (the model's text or null) and `solved`
+  (true / false / null when reflection was off or unclear);
+- `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the
+  query, the attempt, the reflection) — replayed on resume and used by distillation; `tools`: the OpenAI
+  schemas offered;
+- `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm,
+  no_reflection}, `started_at`, `finished_at` (ISO 8601 UTC), `seconds`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, TextIO
+
+from toolschool.errors import DataError
+
+TRIALS_FILE = "trials.jsonl"
+ERRORS_FILE = "errors.jsonl"
+LOG_VERSION = 1
+
+
+def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Parse the log; return the records and the byte length of its valid prefix (a torn last line excluded)."""
+    data = path.read_bytes()
+    records: list[dict[str, Any]] = []
+    offset = 0
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines, start=1):
+        is_last = number == len(lines)
+        if is_last and line.strip() == b"":
+            break
+        try:
+            record = json.loads(line) if line.strip() else None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if is_last:  # written without its newline: the process died mid-write
+                break
+            raise DataError(
+                f"{path}:{number}: not valid JSON ({exc})",
+                hint="the trial log is append-only; restore it or move the bad line away",
+            ) from None
+        if is_last:  # a complete JSON document but no newline: still torn (the newline is written with it)
+            break
+        offset += len(line) + 1
+        if record is None:
+            continue
+        if not isinstance(record, dict) or not {"tool", "episode", "slot"} <= record.keys():
+            raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
+        records.append(record)
+    return records, offset
+
+
+def read_trials(path: str | Path) -> list[dict[str, Any]]:
+    """All finished trials in a log file (or in `DIR/trials.jsonl` when given the explore folder), file order.
+
+    A truncated last line (a crash mid-write) is ignored; a bad line elsewhere is a `DataError` naming it.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / TRIALS_FILE
+    if not path.exists():
+        raise DataError(f"trial log '{path}' does not exist", hint="run `toolschool explore` first")
+    return _scan(path)[0]
+
+
+def completed_slots(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
+    """(tool, episode) -> {slot: record}: what resume must not redo. A duplicate line keeps the first."""
+    done: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for record in records:
+        done[(record["tool"], int(record["episode"]))].setdefault(int(record["slot"]), record)
+    return dict(done)
+
+
+class TrialLog:
+    """Appends trial records to `trials.jsonl` (and episode failures to `errors.jsonl`), flushing each line.
+
+    All writes happen on the event-loop thread, so lines from concurrent episodes never interleave.
+    """
+
+    def __init__(self, directory: Path, handle: TextIO, existing: list[dict[str, Any]], *, fsync: bool) -> None:
+        self.directory = directory
+        self.path = directory / TRIALS_FILE
+        self._handle = handle
+        self._fsync = fsync
+        self.existing = existing
+
+    @classmethod
+    def open(cls, directory: str | Path, *, resume: bool, fsync: bool = False) -> TrialLog:
+        """Open for appending. Without `resume` an existing non-empty log is an error (it would be mixed)."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / TRIALS_FILE
+        existing: list[dict[str, Any]] = []
+        if path.exists():
+            existing, valid_length = _scan(path)
+            if not resume and path.stat().st_size > 0:
+                raise DataError(
+                    f"'{path}' already holds {len(existing)} trial(s)",
+                    hint="pass --resume to continue that run, or --out / another run name to start a new one",
+                )
+            if path.stat().st_size != valid_length:
+                with path.open("r+b") as raw:  # drop a torn last line so the next append starts clean
+                    raw.truncate(valid_length)
+        handle = path.open("a", encoding="utf-8")
+        return cls(directory, handle, existing, fsync=fsync)
+
+    def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
+        handle.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+        handle.flush()
+        if self._fsync:
+            os.fsync(handle.fileno())
+
+    def write(self, record: dict[str, Any]) -> None:
+        record.setdefault("v", LOG_VERSION)
+        self._append(self._handle, record)
+
+    def write_error(self, record: dict[str, Any]) -> None:
+        """An episode that stopped on an error (e.g. the backend failed); its finished trials stay logged."""
+        with (self.directory / ERRORS_FILE).open("a", encoding="utf-8") as handle:
+            self._append(handle, record)
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> TrialLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
