@@ -1,0 +1,402 @@
+"""Every tool-use metric, defined once: SFT validation, RL rewards and `toolschool eval` all import this module.
+
+One reply is scored against its gold turn by `score_item` into an `ItemScore` (booleans per criterion);
+`aggregate` turns a list of them into rates. docs/metrics.md states each definition in words; the code here is
+the reference. Scoring never raises on model output: anything a parser could not read is simply not
+well-formed.
+
+Argument matching has two modes:
+- exact: values are normalised (strings stripped, whitespace collapsed, case-folded; numbers compared as
+  numbers, so 2 == 2.0 == "2"), every gold key must be present with an equal value, extra predicted keys are
+  allowed (optional parameters the gold call left out);
+- semantic: exact, or per tool — calculator expressions equal in value within a tolerance, python code equal in
+  output when both run in the sandbox (else equal AST), unit_convert values within a tolerance and units equal
+  through pint.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from toolschool.chat.types import ParsedReply
+
+ArgMode = Literal["exact", "semantic"]
+
+REL_TOL = 1e-6  # relative tolerance for numbers in arguments (calculator values, unit amounts)
+ANSWER_REL_TOL = 1e-4  # relative tolerance for numeric final answers
+ABS_TOL = 1e-9
+
+
+@dataclass
+class ItemScore:
+    """The verdicts for one reply. `None` means "not applicable" (e.g. valid_json outside the json format)."""
+
+    well_formed: bool  # a parsable call or final answer
+    called: bool  # the reply contains at least one tool call
+    gold_called: bool  # the gold turn contains at least one tool call
+    tool_match: bool  # the multiset of called tool names equals the gold one (no call when gold has none)
+    args_exact: bool  # tool_match and every gold call matched by a predicted call with exact-equal arguments
+    args_semantic: bool  # same, with semantic argument equality
+    correct: bool  # well_formed and tool_match and arguments match (in the mode asked for)
+    valid_json: bool | None = None  # json format: the reply text is one JSON object
+    correct_format: bool | None = None  # json format: the object has the format's shape (tool+args or final)
+    answer_correct: bool | None = None  # a final answer was compared with an expected answer
+    gold_tools: list[str] = field(default_factory=list)
+    pred_tools: list[str] = field(default_factory=list)
+    error: str | None = None  # the parser's message for a malformed reply
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------- normalising
+
+
+def _call_name(call: dict[str, Any]) -> str:
+    function = call.get("function", call)
+    return str(function.get("name", ""))
+
+
+def _call_args(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function", call)
+    args = function.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return {"__unparsed__": args}
+    return args if isinstance(args, dict) else {"__value__": args}
+
+
+def normalize_text(text: str) -> str:
+    """Case-folded, stripped, whitespace collapsed."""
+    return re.sub(r"\s+", " ", text.strip()).casefold()
+
+
+_NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if _THOUSANDS_RE.fullmatch(text):  # "1,234,567.5"
+            text = text.replace(",", "")
+        if _NUMBER_RE.match(text):
+            return float(text)
+    return None
+
+
+def values_equal(pred: Any, gold: Any, rel_tol: float = 0.0) -> bool:
+    """Normalised equality of JSON values: numbers as numbers (within `rel_tol`), strings normalised, recursive."""
+    gold_num, pred_num = _as_number(gold), _as_number(pred)
+    if gold_num is not None and pred_num is not None:
+        return math.isclose(pred_num, gold_num, rel_tol=rel_tol, abs_tol=ABS_TOL if rel_tol else 0.0)
+    if isinstance(gold, bool) or isinstance(pred, bool):
+        return normalize_text(str(pred)) == normalize_text(str(gold))
+    if isinstance(gold, dict) and isinstance(pred, dict):
+        return set(gold) == set(pred) and all(values_equal(pred[k], gold[k], rel_tol) for k in gold)
+    if isinstance(gold, list | tuple) and isinstance(pred, list | tuple):
+        return len(gold) == len(pred) and all(values_equal(p, g, rel_tol) for p, g in zip(pred, gold, strict=True))
+    if gold is None or pred is None:
+        return gold is None and pred is None
+    if isinstance(gold, dict | list) or isinstance(pred, dict | list):
+        return False
+    return normalize_text(str(pred)) == normalize_text(str(gold))
+
+
+# --------------------------------------------------------------------------------------- argument matching
+
+
+def _exact_args(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool:
+    return all(key in pred_args and values_equal(pred_args[key], gold) for key, gold in gold_args.items())
+
+
+def _number_close(a: Any, b: Any, rel_tol: float = REL_TOL) -> bool:
+    x, y = _as_number(a), _as_number(b)
+    return x is not None and y is not None and math.isclose(x, y, rel_tol=rel_tol, abs_tol=ABS_TOL)
+
+
+def _calculator_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool:
+    from toolschool.tools.calculator import CalculatorError, evaluate_expression
+
+    pred, gold = pred_args.get("expression"), gold_args.get("expression")
+    if not isinstance(pred, str | int | float) or not isinstance(gold, str | int | float):
+        return False
+    try:
+        return _number_close(evaluate_expression(str(pred)), evaluate_expression(str(gold)))
+    except (CalculatorError, ValueError, TypeError, ArithmeticError):
+        return False
+
+
+def _python_ast(code: str) -> str | None:
+    try:
+        return ast.dump(ast.parse(code))
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _python_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool:
+    from toolschool.tools.sandbox import run_python
+
+    pred, gold = pred_args.get("code"), gold_args.get("code")
+    if not isinstance(pred, str) or not isinstance(gold, str):
+        return False
+    pred_run, gold_run = run_python(pred), run_python(gold)
+    ok = [r.exit_code == 0 and not r.timed_out and r.limit is None for r in (pred_run, gold_run)]
+    if all(ok):
+        return pred_run.stdout.strip() == gold_run.stdout.strip()
+    pred_tree, gold_tree = _python_ast(pred), _python_ast(gold)
+    return pred_tree is not None and pred_tree == gold_tree
+
+
+def _same_unit(a: Any, b: Any) -> bool:
+    if values_equal(a, b):
+        return True
+    try:
+        import pint
+
+        registry = _unit_registry()
+        ua, ub = registry.Unit(str(a).strip()), registry.Unit(str(b).strip())
+        if ua.dimensionality != ub.dimensionality:
+            return False
+        return _number_close(registry.Quantity(1.0, ua).to(ub).magnitude, 1.0)
+    except (pint.errors.PintError, ValueError, TypeError, AttributeError, AssertionError):
+        return False
+
+
+_UREG: Any = None
+
+
+def _unit_registry() -> Any:
+    global _UREG
+    if _UREG is None:
+        import pint
+
+        _UREG = pint.UnitRegistry()
+    return _UREG
+
+
+def _unit_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool:
+    for key, gold in gold_args.items():
+        if key not in pred_args:
+            return False
+        pred = pred_args[key]
+        if key == "value":
+            if not _number_close(pred, gold):
+                return False
+        elif key in ("from_unit", "to_unit"):
+            if not _same_unit(pred, gold):
+                return False
+        elif not values_equal(pred, gold):
+            return False
+    return True
+
+
+SEMANTIC_MATCHERS: dict[str, Callable[[dict[str, Any], dict[str, Any]], bool]] = {
+    "calculator": _calculator_semantic,
+    "python": _python_semantic,
+    "unit_convert": _unit_semantic,
+}
+
+
+def arguments_match(
+    tool_name: str, pred_args: dict[str, Any] | Any, gold_args: dict[str, Any] | Any, mode: ArgMode = "exact"
+) -> bool:
+    """Whether predicted arguments match the gold ones for `tool_name` (see the module docstring for the modes)."""
+    if mode not in ("exact", "semantic"):
+        raise ValueError(f"arguments_match: mode must be 'exact' or 'semantic', got {mode!r}")
+    if not isinstance(pred_args, dict) or not isinstance(gold_args, dict):
+        return False
+    if _exact_args(pred_args, gold_args):
+        return True
+    if mode == "exact":
+        return False
+    matcher = SEMANTIC_MATCHERS.get(tool_name)
+    if matcher is None:
+        return False
+    try:
+        return matcher(pred_args, gold_args)
+    except Exception:  # noqa: BLE001 - a semantic check that breaks on odd model values is simply "no match"
+        return False
+
+
+# ------------------------------------------------------------------------------------------- final answers
+
+_ANSWER_NUMBER_RE = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?|[+-]?\.\d+")
+
+
+def _numbers_in(text: str) -> list[float]:
+    return [float(m.group(0).replace(",", "")) for m in _ANSWER_NUMBER_RE.finditer(text)]
+
+
+def answer_matches(predicted: str | None, expected: str | int | float | None) -> bool:
+    """A final answer against the expected one.
+
+    Numeric expected answers (e.g. "7006652", "3.5", "1,234"): the last number in the prediction equals it within
+    a relative tolerance of 1e-4. Otherwise normalised text: the expected text occurs in the prediction as whole
+    words after case-folding and collapsing whitespace and punctuation.
+    """
+    if predicted is None or expected is None:
+        return False
+    expected_text = str(expected).strip()
+    gold_number = _as_number(expected_text.removeprefix("$").removesuffix("%").strip())
+    if gold_number is not None:
+        numbers = _numbers_in(predicted)
+        return bool(numbers) and math.isclose(numbers[-1], gold_number, rel_tol=ANSWER_REL_TOL, abs_tol=ABS_TOL)
+    gold = _words(expected_text)
+    if not gold:
+        return False
+    return f" {gold} " in f" {_words(predicted)} "
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.casefold()))
+
+
+# -------------------------------------------------------------------------------------------- one item
+
+
+def _match_calls(pred: list[dict[str, Any]], gold: list[dict[str, Any]], mode: ArgMode) -> bool:
+    """Every gold call matched one-to-one by a predicted call with the same name and matching arguments."""
+    if len(pred) != len(gold):
+        return False
+    unused = list(range(len(pred)))
+    for gold_call in gold:
+        name, gold_args = _call_name(gold_call), _call_args(gold_call)
+        hit = next(
+            (
+                i
+                for i in unused
+                if _call_name(pred[i]) == name and arguments_match(name, _call_args(pred[i]), gold_args, mode)
+            ),
+            None,
+        )
+        if hit is None:
+            return False
+        unused.remove(hit)
+    return True
+
+
+def json_reply_checks(text: str) -> tuple[bool, bool]:
+    """(valid_json, correct_format) for the `json` format: one JSON object, shaped {tool, args} or {final}."""
+    stripped = text.strip()
+    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", stripped, flags=re.S)
+    if fenced:
+        stripped = fenced.group(1)
+    try:
+        value = json.loads(stripped)
+    except (json.JSONDecodeError, ValueError):
+        return False, False
+    if not isinstance(value, dict):
+        return False, False
+    is_call = set(value) == {"tool", "args"} and isinstance(value["tool"], str) and isinstance(value["args"], dict)
+    is_final = set(value) == {"final"} and isinstance(value["final"], str | int | float)
+    return True, is_call or is_final
+
+
+def score_item(
+    parsed: ParsedReply,
+    gold_calls: list[dict[str, Any]],
+    gold_final: str | None = None,
+    *,
+    mode: ArgMode = "exact",
+    format_name: str | None = None,
+    semantic: bool = True,
+) -> ItemScore:
+    """Score one reply against its gold turn.
+
+    `gold_calls` are canonical tool calls (empty: the gold turn answers without a tool); `gold_final` the
+    expected final answer when one is known (scored with `answer_matches` if the reply gives a final answer).
+    `mode` picks the argument matching that decides `correct`; `semantic=False` skips the semantic check
+    (no sandbox runs), leaving `args_semantic` equal to `args_exact`.
+    """
+    pred_calls = list(parsed.calls) if parsed.error is None else []
+    well_formed = parsed.well_formed
+    pred_tools = sorted(_call_name(c) for c in pred_calls)
+    gold_tools = sorted(_call_name(c) for c in gold_calls)
+    tool_match = well_formed and pred_tools == gold_tools
+    if gold_calls:
+        args_exact = tool_match and _match_calls(pred_calls, gold_calls, "exact")
+        args_semantic = args_exact or (semantic and tool_match and _match_calls(pred_calls, gold_calls, "semantic"))
+    else:
+        args_exact = args_semantic = tool_match
+    args_ok = args_semantic if mode == "semantic" else args_exact
+    valid_json = correct_format = None
+    if format_name == "json":
+        valid_json, correct_format = json_reply_checks(parsed.text)
+        correct_format = correct_format and well_formed
+    answer_correct = None
+    if gold_final is not None and not gold_calls:
+        answer_correct = well_formed and not pred_calls and answer_matches(parsed.final, gold_final)
+    return ItemScore(
+        well_formed=well_formed,
+        called=bool(pred_calls),
+        gold_called=bool(gold_calls),
+        tool_match=tool_match,
+        args_exact=args_exact,
+        args_semantic=args_semantic,
+        correct=well_formed and tool_match and args_ok,
+        valid_json=valid_json,
+        correct_format=correct_format,
+        answer_correct=answer_correct,
+        gold_tools=gold_tools,
+        pred_tools=pred_tools,
+        error=parsed.error,
+    )
+
+
+# ------------------------------------------------------------------------------------------- aggregates
+
+
+def _rate(flags: Iterable[bool]) -> float:
+    values = list(flags)
+    return sum(values) / len(values) if values else 0.0
+
+
+def aggregate(scores: list[ItemScore]) -> dict[str, float]:
+    """Rates over items (all in [0, 1]; `n` is the item count). See docs/metrics.md for each definition."""
+    n = len(scores)
+    well = [s for s in scores if s.well_formed]
+    tool_right = [s for s in scores if s.tool_match]
+    out: dict[str, float] = {
+        "n": float(n),
+        # STE metrics
+        "well_formed": _rate(s.well_formed for s in scores),
+        "api_match": _rate(s.tool_match for s in well),
+        "correct": _rate(s.correct for s in scores),
+        "no_call_rate": _rate(not s.called for s in scores),
+        # tool / argument metrics (valid-format rate is well_formed)
+        "correct_tool": _rate(s.tool_match for s in scores),
+        "argument_accuracy": _rate(s.args_exact for s in tool_right),
+        "argument_accuracy_semantic": _rate(s.args_semantic for s in tool_right),
+        "correct_exact": _rate(s.well_formed and s.args_exact for s in scores),
+        "correct_semantic": _rate(s.well_formed and s.args_semantic for s in scores),
+    }
+    json_scored = [s for s in scores if s.valid_json is not None]
+    if json_scored:
+        out["valid_json"] = _rate(bool(s.valid_json) for s in json_scored)
+        out["correct_format"] = _rate(bool(s.correct_format) for s in json_scored)
+    answered = [s for s in scores if s.answer_correct is not None]
+    if answered:
+        out["answer_accuracy"] = _rate(bool(s.answer_correct) for s in answered)
+    return out
+
+
+def per_tool_accuracy(scores: list[ItemScore], *, key: str = "correct") -> dict[str, dict[str, float]]:
+    """`{tool: {"n": items whose gold turn calls it, "accuracy": rate of `key`}}`; "(no tool)" for answer turns."""
+    groups: dict[str, list[bool]] = {}
+    for score in scores:
+        for tool in sorted(set(score.gold_tools)) or ["(no tool)"]:
+            groups.setdefault(tool, []).append(bool(getattr(score, key)))
+    return {tool: {"n": float(len(flags)), "accuracy": _rate(flags)} for tool, flags in sorted(groups.items())}
