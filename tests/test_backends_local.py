@@ -1,0 +1,157 @@
+"""The local backend: continuous batching gives each request what it would get alone."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolschool.errors import ModelLoadError, ToolschoolError
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backends import make_backend
+from toolschool.models.backends.local import BackendClosedError, LocalBackend
+from toolschool.models.backends.sampling import sample_next
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+PROMPTS = ["What is 2+2?", "Tell me a joke about cats.", "hi", "What is the capital of France?", "Compute 17*23."]
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir: Path):
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=4)
+    yield b
+    asyncio.run(b.aclose())
+
+
+def _request(prompt: str, i: int = 0, **params) -> GenerationRequest:
+    params.setdefault("max_tokens", 12)
+    return GenerationRequest(
+        messages=[{"role": "user", "content": prompt}],
+        tools=[CALC] if i % 2 == 0 else None,
+        params=SamplingParams(**params),
+    )
+
+
+def _alone(backend: LocalBackend, request: GenerationRequest) -> list[int]:
+    ids = backend.render_prompt(request)
+    with torch.no_grad():
+        out = backend.model.generate(
+            torch.tensor([ids]), max_new_tokens=request.params.max_tokens, do_sample=False, eos_token_id=None
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def _prefix_of(completion_ids: list[int], reference: list[int], stop_ids: set[int]) -> bool:
+    return completion_ids == reference[: len(completion_ids)] and (
+        len(completion_ids) == len(reference) or completion_ids[-1] in stop_ids
+    )
+
+
+async def test_concurrent_greedy_matches_generating_alone(backend: LocalBackend) -> None:
+    requests = [_request(p, i) for i, p in enumerate(PROMPTS)]
+    steps_before = backend.steps
+    results = await asyncio.gather(*(backend.generate(r) for r in requests))
+    assert backend.max_rows_seen <= 4
+    # Five requests of at most 12 tokens share forward passes: far fewer steps than 5 * 12.
+    assert backend.steps - steps_before < 5 * 12
+    for request, completions in zip(requests, results, strict=True):
+        (completion,) = completions
+        assert _prefix_of(completion.token_ids, _alone(backend, request), backend.stop_token_ids)
+        assert len(completion.logprobs or []) == len(completion.token_ids)
+        assert all(lp <= 0 for lp in completion.logprobs or [])
+        assert completion.prompt_tokens == len(backend.render_prompt(request))
+        assert completion.finish_reason in ("stop", "length")
+
+
+async def test_request_joining_mid_generation_is_unaffected(backend: LocalBackend) -> None:
+    first = _request(PROMPTS[1], 1, max_tokens=24)
+    late = _request(PROMPTS[0], 0, max_tokens=8)
+    task = asyncio.create_task(backend.generate(first))
+    while backend.steps == 0 or not backend._rows:  # wait until the first request is decoding
+        await asyncio.sleep(0.005)
+    late_result = await backend.generate(late)
+    first_result = await task
+    assert _prefix_of(first_result[0].token_ids, _alone(backend, first), backend.stop_token_ids)
+    assert _prefix_of(late_result[0].token_ids, _alone(backend, late), backend.stop_token_ids)
+
+
+async def test_seeded_samples_are_reproducible_and_n_distinct(backend: LocalBackend) -> None:
+    request = _request("hi", 1, n=3, temperature=1.0, top_p=0.95, seed=7, max_tokens=10)
+    a, b = await asyncio.gather(backend.generate(request), backend.generate(request))
+    assert len(a) == 3
+    assert [c.token_ids for c in a] == [c.token_ids for c in b]
+    assert len({tuple(c.token_ids) for c in a}) > 1
+
+
+async def test_length_and_stop_strings(backend: LocalBackend) -> None:
+    (plain,) = await backend.generate(_request("Say something long.", 1, max_tokens=16))
+    if plain.finish_reason == "stop":
+        pytest.skip("the random model ended its turn early")
+    assert plain.finish_reason == "length" and len(plain.token_ids) == 16
+    stop = plain.text[len(plain.text) // 2 :][:3]
+    (cut,) = await backend.generate(_request("Say something long.", 1, max_tokens=16, stop=[stop]))
+    assert cut.finish_reason == "stop"
+    assert cut.text == plain.text[: plain.text.find(stop)]
+
+
+async def test_prefill_is_appended_to_the_prompt(backend: LocalBackend) -> None:
+    base = _request("hi", 1)
+    prefilled = GenerationRequest(base.messages, None, SamplingParams(max_tokens=4), prefill="Thought:")
+    assert backend.render_prompt(prefilled)[: len(backend.render_prompt(base))] == backend.render_prompt(base)
+    (completion,) = await backend.generate(prefilled)
+    assert not completion.text.startswith("Thought:")
+
+
+async def test_cancelled_request_does_not_stop_others(backend: LocalBackend) -> None:
+    doomed = asyncio.create_task(backend.generate(_request("hi", 1, max_tokens=200)))
+    await asyncio.sleep(0.05)
+    doomed.cancel()
+    (ok,) = await backend.generate(_request("hi", 0, max_tokens=4))
+    assert ok.token_ids
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+
+
+async def test_user_errors_have_clear_messages(backend: LocalBackend) -> None:
+    with pytest.raises(ToolschoolError, match="n must be at least 1"):
+        await backend.generate(_request("hi", n=0))
+    with pytest.raises(ToolschoolError, match="could not be rendered with the chat template"):
+        await backend.generate(GenerationRequest(messages=[{"role": "user"}]))
+    with pytest.raises(ToolschoolError, match="more than the 1024 positions"):
+        await backend.generate(_request("word " * 1100))
+    (ok,) = await backend.generate(_request("hi", max_tokens=2))  # still serving afterwards
+    assert ok.token_ids
+
+
+async def test_closed_backend_refuses_requests(tiny_model_dir: Path) -> None:
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=2)
+    assert isinstance(b, LocalBackend)
+    await b.aclose()
+    with pytest.raises(BackendClosedError, match="is closed"):
+        await b.generate(_request("hi"))
+
+
+def test_make_backend_rejects_bad_models(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="not a model"):
+        make_backend(str(tmp_path))
+    with pytest.raises(ToolschoolError, match="max_batch_size must be at least 1"):
+        LocalBackend.__init__(object.__new__(LocalBackend), None, max_batch_size=0)
+
+
+def test_sampling_greedy_top_p_and_logprobs() -> None:
+    logits = torch.tensor([[0.0, 3.0, 1.0], [0.0, 3.0, 1.0], [5.0, 0.0, 4.9]])
+    gens = [None, torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
+    tokens, logprobs = sample_next(logits, [0.0, 1.0, 1.0], [1.0, 1e-6, 1.0], gens)
+    assert tokens[0] == 1 and tokens[1] == 1  # greedy; top_p that small keeps only the top token
+    assert tokens[2] in (0, 2)
+    expected = torch.log_softmax(logits, dim=-1)[torch.arange(3), torch.tensor(tokens)]
+    assert torch.allclose(torch.tensor(logprobs), expected)

@@ -1,0 +1,397 @@
+"""Local Hugging Face generation with continuous batching.
+
+Many coroutines (exploration episodes, evaluation items, server requests) call `generate` at once. Their
+requests go into a queue; one worker thread owns the model and runs the decode loop:
+
+1. admit waiting requests while the batch has room: each prompt is prefilled on its own (no padding), its
+   KV cache is repeated for its `n` samples, and the rows are merged into the running batch by left-padding
+   the shorter cache with masked zeros;
+2. choose one token for every row (greedy or seeded sampling, per row);
+3. retire rows that hit the end-of-turn token, a stop string or their token budget — they leave the batch at
+   once, so they cost no further compute — and answer a request when all of its samples are done;
+4. run one batched forward pass for the new tokens of the remaining rows.
+
+So a request arriving mid-generation joins at the next step instead of waiting for the batch to drain. The
+model is only ever touched by the worker thread (torch parallelises inside each op); results go back to the
+caller's event loop with `call_soon_threadsafe`. Attention uses a 2-D padding mask plus explicit per-row
+position ids, so a row's logits do not depend on the rows it is batched with (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from toolschool.errors import ModelLoadError, ToolschoolError
+from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.backends.sampling import sample_next
+
+
+class BackendClosedError(ToolschoolError):
+    """The backend was closed while a request was waiting or running."""
+
+
+@dataclass
+class _Pending:
+    """One caller's request, shared between its event loop and the worker thread."""
+
+    request: GenerationRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[Completion]]
+    completions: list[Completion | None] = field(default_factory=list)
+    remaining: int = 0
+    cancelled: bool = False  # set from the event loop when the caller gave up (e.g. client disconnect)
+    prompt_tokens: int = 0
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded: sample `index` of a pending request."""
+
+    pending: _Pending
+    index: int
+    generator: torch.Generator | None
+    max_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+class LocalBackend(Backend):
+    """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
+
+    def __init__(self, loaded: Any, *, max_batch_size: int = 16) -> None:
+        if max_batch_size < 1:
+            raise ToolschoolError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.device = torch.device(loaded.device)
+        self.name = loaded.spec.name
+        self.max_batch_size = max_batch_size
+        self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self.stop_token_ids = _end_of_turn_ids(self.tokenizer, self.model)
+        self.steps = 0  # batched decode steps run (for tests and benchmarks)
+        self.max_rows_seen = 0  # largest batch run so far
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        # Batch state, touched only by the worker thread.
+        self._rows: list[_Row] = []
+        self._cache: Any = None
+        self._mask_BL: torch.Tensor | None = None
+        self._positions_B: torch.Tensor | None = None
+        self._logits_BV: torch.Tensor | None = None
+        self._thread = threading.Thread(target=self._run, name=f"toolschool-generate-{self.name}", daemon=True)
+        self._thread.start()
+
+    # ----------------------------------------------------------------------------------------------- callers
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        if request.params.n < 1:
+            raise ToolschoolError(f"n must be at least 1, got {request.params.n}")
+        if request.params.max_tokens < 1:
+            raise ToolschoolError(f"max_tokens must be at least 1, got {request.params.max_tokens}")
+        loop = asyncio.get_running_loop()
+        pending = _Pending(request=request, loop=loop, future=loop.create_future())
+        pending.future.add_done_callback(lambda fut: _mark_cancelled(pending, fut))
+        with self._cond:
+            if self._closed:
+                raise BackendClosedError(f"backend for '{self.name}' is closed", hint="create a new backend")
+            self._queue.append(pending)
+            self._cond.notify()
+        return await pending.future
+
+    def render_prompt(self, request: GenerationRequest) -> list[int]:
+        """Prompt token ids: the chat template with a generation prompt, then the request's prefill text."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tools=request.tools or None, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:
+            raise ToolschoolError(
+                f"the conversation could not be rendered with the chat template of '{self.name}' "
+                f"({type(exc).__name__}: {exc})",
+                hint="check the messages: roles system/user/assistant/tool, string content, tool_calls with "
+                "function name and arguments",
+            ) from exc
+        return self.tokenizer(text + request.prefill, add_special_tokens=False)["input_ids"]
+
+    async def aclose(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 30.0)
+
+    # ------------------------------------------------------------------------------------------------ worker
+
+    def _run(self) -> None:
+        while True:
+            try:
+                if not self._admit():
+                    break
+                if self._rows:
+                    self._step()
+            except Exception as exc:  # noqa: BLE001 - a failed forward pass must fail its requests, not the thread
+                self._fail_all(exc)
+        self._fail_all(BackendClosedError(f"backend for '{self.name}' was closed", hint="create a new backend"))
+        with self._cond:
+            waiting = list(self._queue)
+            self._queue.clear()
+        for pending in waiting:
+            _resolve(pending, BackendClosedError(f"backend for '{self.name}' was closed"))
+
+    def _admit(self) -> bool:
+        """Move waiting requests into the batch while there is room; block when there is nothing to do."""
+        admitted: list[_Pending] = []
+        with self._cond:
+            while not self._rows and not self._queue and not self._closed:
+                self._cond.wait()
+            if self._closed:
+                return False
+            room = self.max_batch_size - len(self._rows)
+            while self._queue:
+                head = self._queue[0]
+                if head.cancelled:
+                    self._queue.popleft()
+                    continue
+                # A request larger than the whole batch still runs, alone, rather than never.
+                if head.request.params.n > room and (self._rows or admitted):
+                    break
+                self._queue.popleft()
+                admitted.append(head)
+                room -= head.request.params.n
+        for pending in admitted:
+            try:
+                self._prefill(pending)
+            except Exception as exc:  # noqa: BLE001 - one bad request (template, length) must not stop the rest
+                _resolve(pending, exc)
+        return True
+
+    @torch.inference_mode()
+    def _prefill(self, pending: _Pending) -> None:
+        request = pending.request
+        params = request.params
+        prompt = self.render_prompt(request)
+        pending.prompt_tokens = len(prompt)
+        max_tokens = params.max_tokens
+        if self.max_positions is not None:
+            room = self.max_positions - len(prompt)
+            if room < 1:
+                raise ToolschoolError(
+                    f"the prompt has {len(prompt)} tokens, more than the {self.max_positions} positions "
+                    f"'{self.name}' supports",
+                    hint="shorten the conversation or the tool list",
+                )
+            max_tokens = min(max_tokens, room)
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        input_ids = torch.tensor([prompt], device=self.device)
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            position_ids=torch.arange(len(prompt), device=self.device)[None, :],
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        _check_plain_layers(cache)
+        n = params.n
+        if n > 1:
+            cache.batch_repeat_interleave(n)
+        logits_nV = out.logits[:, -1, :].float().expand(n, -1)
+        seed = params.seed if params.seed is not None else secrets.randbits(62)
+        rows = []
+        for i in range(n):
+            generator = None
+            if params.temperature > 0:
+                generator = torch.Generator().manual_seed(seed + i)
+            rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens))
+        pending.completions = [None] * n
+        pending.remaining = n
+        mask_nL = torch.ones((n, len(prompt)), dtype=torch.long, device=self.device)
+        positions_n = torch.full((n,), len(prompt), dtype=torch.long, device=self.device)
+        self._merge(rows, cache, mask_nL, positions_n, logits_nV)
+
+    def _merge(
+        self,
+        rows: list[_Row],
+        cache: Any,
+        mask_nL: torch.Tensor,
+        positions_n: torch.Tensor,
+        logits_nV: torch.Tensor,
+    ) -> None:
+        """Append new rows to the running batch, left-padding whichever KV cache is shorter."""
+        if not self._rows:
+            self._rows, self._cache, self._mask_BL = rows, cache, mask_nL
+            self._positions_B, self._logits_BV = positions_n, logits_nV
+            return
+        assert self._mask_BL is not None and self._positions_B is not None and self._logits_BV is not None
+        old_len, new_len = self._mask_BL.shape[1], mask_nL.shape[1]
+        length = max(old_len, new_len)
+        for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
+            old_layer.keys = torch.cat([_pad_left(old_layer.keys, length), _pad_left(new_layer.keys, length)])
+            old_layer.values = torch.cat([_pad_left(old_layer.values, length), _pad_left(new_layer.values, length)])
+        self._mask_BL = torch.cat([_pad_left(self._mask_BL, length), _pad_left(mask_nL, length)])
+        self._positions_B = torch.cat([self._positions_B, positions_n])
+        self._logits_BV = torch.cat([self._logits_BV, logits_nV])
+        self._rows = self._rows + rows
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        assert self._logits_BV is not None and self._mask_BL is not None and self._positions_B is not None
+        rows = self._rows
+        self.max_rows_seen = max(self.max_rows_seen, len(rows))
+        tokens, logprobs = sample_next(
+            self._logits_BV,
+            [r.pending.request.params.temperature for r in rows],
+            [r.pending.request.params.top_p for r in rows],
+            [r.generator for r in rows],
+        )
+        keep: list[int] = []
+        for i, row in enumerate(rows):
+            if row.pending.cancelled:
+                continue
+            row.token_ids.append(tokens[i])
+            row.logprobs.append(logprobs[i])
+            finished = self._finish_if_done(row)
+            if not finished:
+                keep.append(i)
+        if len(keep) < len(rows):
+            self._select(keep)
+        if not self._rows:
+            return
+        last_B1 = torch.tensor([[tokens[i]] for i in keep], device=self.device)
+        self._mask_BL = torch.cat([self._mask_BL, torch.ones_like(last_B1)], dim=1)
+        out = self.model(
+            input_ids=last_B1,
+            attention_mask=self._mask_BL,
+            position_ids=self._positions_B[:, None],
+            past_key_values=self._cache,
+            use_cache=True,
+        )
+        self._positions_B = self._positions_B + 1
+        self._logits_BV = out.logits[:, -1, :]
+        self.steps += 1
+
+    def _finish_if_done(self, row: _Row) -> bool:
+        """Complete the row if its last token ends it; return whether it finished."""
+        params = row.pending.request.params
+        token = row.token_ids[-1]
+        if token in self.stop_token_ids:
+            return self._complete(row, self._decode(row.token_ids[:-1]), "stop")
+        if params.stop:
+            window = max(len(s) for s in params.stop) + 8
+            tail = self._decode(row.token_ids[-window:])
+            if any(s in tail for s in params.stop):
+                text = self._decode(row.token_ids)
+                cut = min(text.find(s) for s in params.stop if s in text)
+                return self._complete(row, text[:cut], "stop")
+        if len(row.token_ids) >= row.max_tokens:
+            return self._complete(row, self._decode(row.token_ids), "length")
+        return False
+
+    def _complete(self, row: _Row, text: str, reason: str) -> bool:
+        pending = row.pending
+        pending.completions[row.index] = Completion(
+            text=text,
+            token_ids=list(row.token_ids),
+            logprobs=list(row.logprobs),
+            finish_reason=reason,  # type: ignore[arg-type]
+            prompt_tokens=pending.prompt_tokens,
+        )
+        pending.remaining -= 1
+        if pending.remaining == 0:
+            _resolve(pending, [c for c in pending.completions if c is not None])
+        return True
+
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)
+
+    def _select(self, keep: list[int]) -> None:
+        """Keep only the given batch rows, then drop leading cache columns that are padding in every row."""
+        assert self._mask_BL is not None and self._positions_B is not None and self._logits_BV is not None
+        self._rows = [self._rows[i] for i in keep]
+        if not keep:
+            self._cache = self._mask_BL = self._positions_B = self._logits_BV = None
+            return
+        index = torch.tensor(keep, device=self.device)
+        mask_BL = self._mask_BL.index_select(0, index)
+        first_used = int(torch.argmax(mask_BL.any(dim=0).to(torch.int8)).item())
+        for layer in self._cache.layers:
+            layer.keys = layer.keys.index_select(0, index)[:, :, first_used:]
+            layer.values = layer.values.index_select(0, index)[:, :, first_used:]
+        self._mask_BL = mask_BL[:, first_used:]
+        self._positions_B = self._positions_B.index_select(0, index)
+        self._logits_BV = self._logits_BV.index_select(0, index)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for row in self._rows:
+            _resolve(row.pending, exc)
+        self._rows = []
+        self._cache = self._mask_BL = self._positions_B = self._logits_BV = None
+
+
+def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Left-pad a [B, L] mask or [B, H, L, D] cache tensor with zeros to `length` positions."""
+    missing = length - (t.shape[1] if t.dim() == 2 else t.shape[2])
+    if missing == 0:
+        return t
+    pad = (missing, 0) if t.dim() == 2 else (0, 0, missing, 0)
+    return torch.nn.functional.pad(t, pad)
+
+
+def _check_plain_layers(cache: Any) -> None:
+    from transformers.cache_utils import DynamicLayer
+
+    odd = {type(layer).__name__ for layer in cache.layers if type(layer) is not DynamicLayer}
+    if odd:
+        raise ModelLoadError(
+            f"the local backend batches full-attention KV caches only; this model uses {', '.join(sorted(odd))}",
+            hint="serve it with vLLM and use --model openai:http://HOST:PORT/v1#NAME",
+        )
+
+
+def _end_of_turn_ids(tokenizer: Any, model: Any) -> set[int]:
+    """Token ids that end an assistant turn: <|im_end|> (ChatML), the tokenizer's eos and the model's eos."""
+    ids: set[int] = set()
+    vocab = tokenizer.get_vocab()
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        if token in vocab:
+            ids.add(vocab[token])
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(int(e) for e in eos)
+    return ids
+
+
+def _mark_cancelled(pending: _Pending, future: asyncio.Future[Any]) -> None:
+    if future.cancelled():
+        pending.cancelled = True
+
+
+def _resolve(pending: _Pending, value: list[Completion] | BaseException) -> None:
+    """Hand a result (or exception) to the caller's event loop; the caller may have gone away meanwhile."""
+
+    def deliver() -> None:
+        if pending.future.done():
+            return
+        if isinstance(value, BaseException):
+            pending.future.set_exception(value)
+        else:
+            pending.future.set_result(value)
+
+    try:
+        pending.loop.call_soon_threadsafe(deliver)
+    except RuntimeError:  # the caller's loop is closed: nobody is waiting any more
+        pass

@@ -1,0 +1,47 @@
+"""Choosing the next token for a batch of sequences that each have their own sampling settings.
+
+Each row may be greedy (temperature 0) or sampled with its own temperature, top_p and `torch.Generator`, so a
+seeded sample does not depend on which other sequences happen to share the batch. The returned log-prob of a
+token is under the model's raw distribution (log-softmax of the logits before temperature / top_p): that is
+the policy's own probability, what RL ratios and perplexity need, independent of how the token was drawn.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_next(
+    logits_BV: torch.Tensor,
+    temperature_B: list[float],
+    top_p_B: list[float],
+    generators_B: list[torch.Generator | None],
+) -> tuple[list[int], list[float]]:
+    """Return (token id, raw log-prob) per row. Sampling draws on the CPU with each row's generator."""
+    logits_BV = logits_BV.float()
+    tokens_B = torch.argmax(logits_BV, dim=-1)
+    sampled_rows = [i for i, t in enumerate(temperature_B) if t > 0]
+    if sampled_rows:
+        rows = torch.tensor(sampled_rows, device=logits_BV.device)
+        temps = torch.tensor([temperature_B[i] for i in sampled_rows], device=logits_BV.device)
+        probs_SV = torch.softmax(logits_BV.index_select(0, rows) / temps[:, None], dim=-1)
+        top_ps = torch.tensor([top_p_B[i] for i in sampled_rows], device=logits_BV.device)
+        if bool((top_ps < 1.0).any()):
+            probs_SV = _top_p_filter(probs_SV, top_ps)
+        probs_SV = probs_SV.cpu()
+        drawn = [
+            int(torch.multinomial(probs_SV[j], 1, generator=generators_B[row]).item())
+            for j, row in enumerate(sampled_rows)
+        ]
+        tokens_B[rows] = torch.tensor(drawn, device=logits_BV.device)
+    logprobs_B = torch.log_softmax(logits_BV, dim=-1).gather(1, tokens_B[:, None]).squeeze(1)
+    return tokens_B.tolist(), logprobs_B.tolist()
+
+
+def _top_p_filter(probs_SV: torch.Tensor, top_p_S: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of tokens whose probability reaches top_p (always at least the top token)."""
+    sorted_probs, order = torch.sort(probs_SV, dim=-1, descending=True)
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass strictly above each token
+    sorted_probs = sorted_probs.masked_fill(before >= top_p_S[:, None], 0.0)
+    filtered = torch.zeros_like(probs_SV).scatter(1, order, sorted_probs)
+    return filtered / filtered.sum(dim=-1, keepdim=True)
