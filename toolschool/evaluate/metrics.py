@@ -376,6 +376,9 @@ def aggregate(scores: list[ItemScore]) -> dict[str, float]:
         "api_match": _rate(s.tool_match for s in well),
         "correct": _rate(s.correct for s in scores),
         "no_call_rate": _rate(not s.called for s in scores),
+        # the STE repository's notebook: a reply without a call is a no-call, not well-formed
+        "ste_well_formed": _rate(s.well_formed and s.called for s in scores),
+        "ste_api_match": _rate(s.tool_match for s in well if s.called),
         # tool / argument metrics (valid-format rate is well_formed)
         "correct_tool": _rate(s.tool_match for s in scores),
         "argument_accuracy": _rate(s.args_exact for s in tool_right),

@@ -1,0 +1,150 @@
+"""The STE test format (Wang et al., 2024, "LLMs in the Imaginarium"): a JSON object mapping an API name to a list of
+`{query, API_name_list, api_descriptions, action, action_input}`; `action`/`action_input` are the gold call.
+
+Tool schemas come from `api_descriptions`: RapidAPI descriptions are JSON strings with `required_parameters` and
+`optional_parameters` (name, type, description, default); BMTools ones are prose ending in
+`Your input should be a json (args json schema): {{"date" : string, "days" : integer, }}`.
+
+Scoring follows the STE repository's evaluation notebook (STE/evaluation.ipynb), as we read it:
+- a reply that finishes without calling is a *no-call* (neither well-formed nor a syntax error);
+- a call whose action input is not a JSON object is a syntax error;
+- % well-formed = well-formed calls / all; % API match = right API / well-formed calls; % correct = right API
+  and right arguments / all;
+- arguments are right when every gold key is present with an equal value after `str(v).strip().lower()` — the
+  notebook does this for 31 of the 50 APIs and asks ChatGPT for a semantic judgement on the rest; we have no
+  judge offline, so we use the (stricter) normalised string match for all APIs (`metrics.arguments_match`,
+  mode exact: also whitespace-collapsed, numbers as numbers).
+These are `ste_well_formed`, `ste_api_match`, `correct` and `no_call_rate` in `metrics.aggregate`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from toolschool.chat.types import tool_call
+from toolschool.errors import DataError, ToolschoolError
+from toolschool.evaluate.items import EvalItem
+
+RAPIDAPI_TYPES = {
+    "STRING": "string",
+    "NUMBER": "number",
+    "INTEGER": "integer",
+    "BOOLEAN": "boolean",
+    "ARRAY": "array",
+    "OBJECT": "object",
+    "ENUM": "string",
+}
+_ARGS_SCHEMA_RE = re.compile(r"args json schema\):\s*\{\{(.*?)\}\}", re.S)
+_ANY_BRACES_RE = re.compile(r"\{\{(.*?)\}\}", re.S)
+_FIELD_RE = re.compile(r'"([^"]+)"\s*:\s*([A-Za-z_]+)')
+_BMTOOLS_TYPES = {"string": "string", "integer": "integer", "number": "number", "boolean": "boolean"}
+
+
+def _rapidapi_param(param: dict[str, Any]) -> dict[str, Any]:
+    raw_type = str(param.get("type", "STRING"))
+    schema: dict[str, Any] = {"type": RAPIDAPI_TYPES.get(raw_type.upper(), "string")}
+    description = str(param.get("description", "")).strip()
+    if raw_type.upper().startswith("DATE"):
+        description = f"{description} Format: {raw_type}.".strip()
+    if description:
+        schema["description"] = description
+    if param.get("default") not in (None, ""):
+        schema["default"] = param["default"]
+    return schema
+
+
+def tool_schema(name: str, description: str) -> dict[str, Any]:
+    """An STE `api_descriptions` entry -> an OpenAI function schema."""
+    text = description.strip()
+    if text.startswith("API_name:"):  # the test file prefixes "API_name: X\nDescription: ..."
+        text = text.split("Description:", 1)[1].strip() if "Description:" in text else ""
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError:
+        spec = None
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    if isinstance(spec, dict) and ("required_parameters" in spec or "optional_parameters" in spec):
+        for param in spec.get("required_parameters") or []:
+            properties[param["name"]] = _rapidapi_param(param)
+            required.append(param["name"])
+        for param in spec.get("optional_parameters") or []:
+            properties.setdefault(param["name"], _rapidapi_param(param))
+        summary = str(spec.get("description", "")).strip()
+        parent = str(spec.get("parent_tool_description", "")).strip()
+        desc = " ".join(part for part in (summary, f"(Part of {spec.get('parent_tool_name')}: {parent})") if part)
+    else:
+        match = _ARGS_SCHEMA_RE.search(text) or _ANY_BRACES_RE.search(text)
+        for field_name, field_type in _FIELD_RE.findall(match.group(1) if match else ""):
+            properties[field_name] = {"type": _BMTOOLS_TYPES.get(field_type.lower(), "string")}
+            required.append(field_name)
+        desc = re.split(r"\s*Your input should be a json|\s*The Action to trigger this API", text)[0].strip()
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": desc,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+def _split_descriptions(text: str, names: list[str]) -> dict[str, str]:
+    """`api_descriptions` may hold several APIs, each starting with 'API_name: NAME'."""
+    if len(names) <= 1:
+        return {names[0]: text} if names else {}
+    parts = re.split(r"(?m)^(?=API_name:)", text)
+    found: dict[str, str] = {}
+    for part in parts:
+        head = part.split("\n", 1)[0].removeprefix("API_name:").strip()
+        if head in names:
+            found[head] = part
+    return {name: found.get(name, "") for name in names}
+
+
+def load_items(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
+    """Items of an STE test file; `limit` is per API."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"STE test file '{path}' does not exist",
+            hint="pass the STE test JSON with --data (e.g. ../shared/data/ste/tool_test_dev.json)",
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DataError(f"STE test file '{path}' is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DataError(f"STE test file '{path}': expected a JSON object of API name -> list of test items")
+    items: list[EvalItem] = []
+    for api, rows in data.items():
+        if not isinstance(rows, list):
+            raise DataError(f"STE test file '{path}': '{api}' should map to a list of items")
+        for index, row in enumerate(rows[:limit] if limit else rows):
+            try:
+                names = list(row["API_name_list"])
+                descriptions = _split_descriptions(row["api_descriptions"], names)
+                arguments = json.loads(row["action_input"]) if str(row["action_input"]).strip() else {}
+                query, action = row["query"], row["action"]
+            except (KeyError, TypeError, json.JSONDecodeError) as exc:
+                raise DataError(
+                    f"STE test file '{path}': item {index} of '{api}' is malformed ({type(exc).__name__}: {exc})",
+                    hint="each item needs query, API_name_list, api_descriptions, action, action_input (JSON)",
+                ) from None
+            items.append(
+                EvalItem(
+                    id=f"{api}#{index}",
+                    messages=[{"role": "user", "content": query}],
+                    tools=[tool_schema(name, descriptions.get(name, "")) for name in names],
+                    gold_calls=[tool_call(action, arguments if isinstance(arguments, dict) else {})],
+                    benchmark="ste",
+                    category=api,
+                    meta={"api": api},
+                )
+            )
+    if not items:
+        raise ToolschoolError(f"STE test file '{path}' has no items")
+    return items

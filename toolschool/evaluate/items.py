@@ -1,0 +1,105 @@
+"""What gets evaluated: one `EvalItem` per gold assistant turn, from a dataset file or a benchmark loader.
+
+A dataset line (`{"messages", "tools", "meta"}`) becomes one item: the conversation up to its first assistant
+turn is the prompt, that turn is the gold (its tool calls, or its text as the expected final answer), and
+`meta.expected_answer` (else the last assistant text) is what `--execute` scores the final answer against.
+Benchmarks (BFCL, STE) build items themselves and may attach a `judge` that adds their official verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.chat.types import ParsedReply
+from toolschool.errors import DataError
+
+Judge = Callable[[ParsedReply], dict[str, Any]]
+
+
+@dataclass
+class EvalItem:
+    id: str
+    messages: list[dict[str, Any]]  # the prompt: conversation before the gold assistant turn
+    tools: list[dict[str, Any]]  # OpenAI function schemas offered
+    gold_calls: list[dict[str, Any]]  # canonical tool calls of the gold turn (empty: answer directly)
+    gold_final: str | None = None  # the gold turn's text when it makes no call
+    expected_answer: str | None = None  # end-to-end answer for --execute
+    benchmark: str = "data"
+    category: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+    judge: Judge | None = None  # benchmark verdict {"valid": bool, ...}; None: metrics.score_item only
+
+    @property
+    def query(self) -> str:
+        """The last user message: what retrieval compares."""
+        for message in reversed(self.messages):
+            if message.get("role") == "user" and isinstance(message.get("content"), str):
+                return message["content"]
+        return ""
+
+
+def read_examples(path: str | Path) -> list[dict[str, Any]]:
+    """Dataset lines through the DATA package's loader (it validates and reports bad lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file '{path}' does not exist", hint="pass a JSONL file of conversations with --data")
+    try:
+        from toolschool.data.dataset import load_dataset_jsonl
+    except ImportError:  # the DATA package is optional for reading plain files
+        return _read_jsonl(path)
+    examples, _report = load_dataset_jsonl(path, on_error="skip")
+    return list(examples)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})", hint="fix or remove that line") from None
+        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
+            raise DataError(f"{path}:{number}: expected an object with a 'messages' list")
+        rows.append(row)
+    return rows
+
+
+def item_from_example(example: dict[str, Any], index: int, *, source: str = "data") -> EvalItem | None:
+    """The first assistant turn of a conversation as an item; None when there is no assistant turn."""
+    messages = example.get("messages") or []
+    meta = dict(example.get("meta") or {})
+    turn = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if turn is None:
+        return None
+    gold = messages[turn]
+    calls = list(gold.get("tool_calls") or [])
+    final = None if calls else (gold.get("content") or "")
+    last_text = next(
+        (m.get("content") for m in reversed(messages) if m.get("role") == "assistant" and m.get("content")), None
+    )
+    expected = meta.get("expected_answer", last_text)
+    return EvalItem(
+        id=str(meta.get("id", index)),
+        messages=[m for m in messages[:turn]],
+        tools=list(example.get("tools") or []),
+        gold_calls=calls,
+        gold_final=final,
+        expected_answer=None if expected is None else str(expected),
+        benchmark=source,
+        category=str(meta.get("category", "")),
+        meta=meta,
+    )
+
+
+def items_from_file(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
+    examples = read_examples(path)
+    items = [item for i, ex in enumerate(examples) if (item := item_from_example(ex, i)) is not None]
+    if not items:
+        raise DataError(f"data file '{path}' has no conversation with an assistant turn to evaluate")
+    return items[:limit] if limit else items
