@@ -72,10 +72,30 @@ class SFTSection(Section):
     dtype: str = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
 
 
+class ExploreSection(Section):
+    """STE exploration (Wang et al., 2024); defaults follow the paper: 15 episodes x 3 trials, 4 calls per trial."""
+
+    episodes: int = Field(15, ge=1, description="episodes per tool; each is one conversation (short-term memory)")
+    stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
+    max_turns: int = Field(4, ge=1, description="tool calls per trial before the final answer")
+    concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")
+    format: str = Field("hermes", description="hermes | json | react: how the explorer writes calls")
+    temperature: float = Field(0.7, ge=0.0, description="sampling temperature (the paper used 1.0 with GPT-3.5)")
+    max_tokens: int = Field(256, ge=1, description="tokens per model turn")
+    tools: list[str] = Field(default_factory=list, description="tools to explore (empty: every tool of the set)")
+    ltm_max_queries: int = Field(0, ge=0, description="long-term memory shown when imagining: last N (0: all)")
+    prompts: str | None = Field(None, description="folder of .jinja files replacing the packaged prompts by name")
+    no_exec_feedback: bool = Field(False, description="ablation: hide observations behind a neutral message")
+    no_stm: bool = Field(False, description="ablation: every trial in a fresh conversation")
+    no_ltm: bool = Field(False, description="ablation: never show the queries already explored")
+    no_reflection: bool = Field(False, description="ablation: skip the Yes/No self-reflection")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
+    explore: ExploreSection = Field(default_factory=ExploreSection)
     sft: SFTSection = Field(default_factory=SFTSection)
 
     def run_dir(self) -> Path:

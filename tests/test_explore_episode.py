@@ -1,0 +1,339 @@
+"""Exploration algorithm, memory, ablations, failures and resume — with scripted test doubles (no model)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import pytest
+
+from toolschool.chat.types import ParsedReply, tool_call
+from toolschool.explore.episode import (
+    Ablations,
+    ExploreContext,
+    ExploreSettings,
+    clean_query,
+    parse_reflection,
+    run_episode,
+)
+from toolschool.explore.log import ERRORS_FILE, TRIALS_FILE, TrialLog, read_trials
+from toolschool.explore.memory import LongTermMemory
+from toolschool.explore.runner import check_resumable, plan_episodes, run_exploration
+from toolschool.explore.summary import summarize
+from toolschool.explore.templates import PromptSet
+from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.tools.base import Observation
+
+SCHEMAS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "weekday",
+            "description": "The weekday of a date.",
+            "parameters": {"type": "object", "properties": {"date": {"type": "string"}}},
+        },
+    },
+]
+
+
+class FakeFormat:
+    """A tiny text format: `CALL name {json}` is a call, `BAD ...` a parse error, anything else a final answer."""
+
+    name = "hermes"
+    stop: list[str] = []
+    prefill = ""
+
+    def to_messages(self, messages, tools):
+        return [dict(m) for m in messages], tools
+
+    def parse(self, text: str) -> ParsedReply:
+        text = text.strip()
+        if text.startswith("BAD"):
+            return ParsedReply(text=text, error="could not read the call: missing JSON arguments")
+        match = re.match(r"CALL (\w+) (\{.*\})", text)
+        if match:
+            return ParsedReply(text=text, calls=[tool_call(match.group(1), json.loads(match.group(2)))])
+        return ParsedReply(text=text, final=text)
+
+
+class FakeRegistry:
+    """Executes calculator for real (eval of digits), crashes on 'boom', counts calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict]] = []
+
+    async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+        self.calls.append((name, args))
+        if args.get("expression") == "boom":
+            raise RuntimeError("tool crashed")
+        if name == "calculator":
+            return Observation(str(eval(args["expression"], {"__builtins__": {}})), None)
+        return Observation("Error: unknown tool", None, is_error=True, error_kind="unknown_tool")
+
+
+def scripted_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    """Imagines numbered queries, calls the calculator once, answers, reflects Yes."""
+    last = request.messages[-1]
+    content = last.get("content") or ""
+    if last["role"] == "user" and content.rstrip().endswith("User request:"):
+        counter["q"] += 1
+        return f'User request: "What is {counter["q"]} * 7?"'
+    if last["role"] == "user" and "Yes" in content and "No" in content:
+        return "Yes, I did."
+    if last["role"] == "tool":
+        return f"The answer is {content}."
+    query = re.search(r"Request.*?: What is (\d+) \* 7\?", content)
+    if query:
+        return f'CALL calculator {{"expression": "{query.group(1)} * 7"}}'
+    return "I am not sure."
+
+
+class ScriptedBackend(Backend):
+    name = "scripted"
+
+    def __init__(self, policy=scripted_policy, fail_when=None) -> None:
+        self.requests: list[GenerationRequest] = []
+        self.counter = {"q": 0}
+        self.policy = policy
+        self.fail_when = fail_when
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        self.requests.append(request)
+        await asyncio.sleep(0)  # let other episodes interleave, as with a batching backend
+        if self.fail_when is not None:
+            self.fail_when(request, len(self.requests))
+        text = self.policy(request, self.counter)
+        return [Completion(text=text, token_ids=list(range(len(text.split()))), prompt_tokens=10)]
+
+
+def make_ctx(tmp_path, backend, *, registry=None, resume=False, **settings) -> ExploreContext:
+    ablations = Ablations(**{k: settings.pop(k) for k in list(settings) if k.startswith("no_")})
+    return ExploreContext(
+        backend=backend,
+        fmt=FakeFormat(),
+        registry=registry or FakeRegistry(),
+        prompts=PromptSet("hermes"),
+        memory=LongTermMemory(),
+        log=TrialLog.open(tmp_path, resume=resume),
+        settings=ExploreSettings(**{"episodes": 2, "stm_slots": 2, "max_turns": 3, **settings}, ablations=ablations),
+        tool_schemas=SCHEMAS,
+        model_name="scripted",
+    )
+
+
+def imagination_requests(backend: ScriptedBackend) -> list[GenerationRequest]:
+    return [r for r in backend.requests if r.messages[-1]["content"].rstrip().endswith("User request:")]
+
+
+async def test_one_episode_imagines_tries_reflects_and_logs(tmp_path) -> None:
+    backend = ScriptedBackend()
+    registry = FakeRegistry()
+    ctx = make_ctx(tmp_path, backend, registry=registry)
+    assert await run_episode(ctx, "calculator", 0, {}) == 2
+    ctx.log.close()
+    records = read_trials(tmp_path / TRIALS_FILE)
+    assert [(r["tool"], r["episode"], r["slot"]) for r in records] == [("calculator", 0, 0), ("calculator", 0, 1)]
+    first = records[0]
+    assert first["query"] == "What is 1 * 7?"
+    assert first["query_raw"].startswith("User request:")
+    assert len(first["steps"]) == 2
+    call = first["steps"][0]["calls"][0]
+    assert call["name"] == "calculator" and call["observation"]["text"] == "7" and call["shown"] == "7"
+    assert first["steps"][0]["executed"] and not first["steps"][0]["error"]
+    assert first["final_answer"] == "The answer is 7." and first["steps"][1]["final"] == "The answer is 7."
+    assert first["reflection"] == "Yes, I did." and first["solved"] is True
+    assert first["tokens"]["prompt"] == 40 and first["tokens"]["completion"] > 0
+    assert first["model"] == "scripted" and first["format"] == "hermes"
+    assert first["ablations"] == Ablations().to_dict()
+    assert first["tools"] == SCHEMAS
+    roles = [m["role"] for m in first["messages"]]
+    assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant", "user", "assistant"]
+    assert first["messages"][3]["tool_calls"][0]["id"] == first["messages"][4]["tool_call_id"]
+    assert registry.calls == [("calculator", {"expression": "1 * 7"}), ("calculator", {"expression": "2 * 7"})]
+    # short-term memory: the second trial's requests carry the first trial's conversation and a follow-up prompt
+    second_imagination = imagination_requests(backend)[1]
+    assert "explores it further" in second_imagination.messages[-1]["content"]
+    assert second_imagination.messages[1:9] == first["messages"]
+
+
+async def test_long_term_memory_is_shown_only_when_imagining(tmp_path) -> None:
+    backend = ScriptedBackend()
+    ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=1)
+    await run_episode(ctx, "calculator", 0, {})
+    await run_episode(ctx, "calculator", 1, {})
+    await run_episode(ctx, "weekday", 0, {})
+    first, second, other_tool = imagination_requests(backend)
+    assert "already explored" not in first.messages[-1]["content"]
+    assert "- What is 1 * 7? | solved: Yes" in second.messages[-1]["content"]
+    assert "already explored" not in other_tool.messages[-1]["content"]  # memory is per tool
+    # the conversation keeps the prompt without the memory
+    record = read_trials(tmp_path / TRIALS_FILE)[1]
+    assert "already explored" not in record["messages"][0]["content"]
+    later = [r for r in backend.requests if len(r.messages) > 3 and r.messages[1] == record["messages"][0]]
+    assert later and all("already explored" not in m["content"] for r in later for m in r.messages[:2])
+
+
+async def test_turn_budget_parse_errors_and_crashing_tool(tmp_path) -> None:
+    replies = iter(["What is 6 * 7?", "BAD call", 'CALL calculator {"expression": "boom"}'])
+
+    def policy(request, counter):
+        return next(replies, 'CALL calculator {"expression": "6 * 7"}')
+
+    registry = FakeRegistry()
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=3, no_reflection=True)
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    steps = record["steps"]
+    assert len(steps) == 4  # max_turns executed turns + the reply written after the budget, not executed
+    assert steps[0]["parse_error"] and steps[0]["error"] and not steps[0]["executed"]
+    assert "could not be used: could not read the call" in steps[0]["feedback"]
+    assert steps[1]["error"] and steps[1]["calls"][0]["observation"]["error_kind"] == "execution"
+    assert "tool crashed" in steps[1]["calls"][0]["observation"]["text"]
+    assert not steps[2]["error"] and steps[2]["calls"][0]["observation"]["text"] == "42"
+    assert not steps[3]["executed"] and steps[3]["calls"] == []
+    assert len(registry.calls) == 2
+    assert record["final_answer"] is None
+    assert record["reflection"] is None and record["solved"] is None  # no_reflection ablation
+    assert record["messages"][-1] == {"role": "assistant", "content": steps[3]["raw"]}
+    counts = summarize([record])["total"]
+    assert counts["parse_errors"] == 1 and counts["executed_calls"] == 2 and counts["execution_errors"] == 1
+    assert counts["trials_calls_ok"] == 0
+
+
+async def test_no_exec_feedback_hides_observations_but_logs_them(tmp_path) -> None:
+    backend = ScriptedBackend()
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, no_exec_feedback=True)
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    call = record["steps"][0]["calls"][0]
+    assert call["observation"]["text"] == "7"
+    assert call["shown"] == "The call was made. No result is available."
+    tool_message = next(m for m in record["messages"] if m["role"] == "tool")
+    assert tool_message["content"] == call["shown"]
+    assert record["ablations"]["no_exec_feedback"] is True
+
+
+async def test_no_stm_starts_every_trial_fresh_and_no_ltm_hides_memory(tmp_path) -> None:
+    backend = ScriptedBackend()
+    ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=3, no_stm=True, no_ltm=True)
+    await run_episode(ctx, "calculator", 0, {})
+    imaginations = imagination_requests(backend)
+    assert len(imaginations) == 3
+    for request in imaginations:
+        assert [m["role"] for m in request.messages] == ["system", "user"]  # fresh conversation each time
+        assert "already explored" not in request.messages[-1]["content"]
+        assert "explores it further" not in request.messages[-1]["content"]
+
+
+async def test_backend_error_in_one_episode_is_logged_and_the_run_goes_on(tmp_path) -> None:
+    def fail(request, count):
+        if any("What is 2 * 7?" in (m.get("content") or "") for m in request.messages):
+            raise ConnectionError("backend went away")
+
+    backend = ScriptedBackend(fail_when=fail)
+    ctx = make_ctx(tmp_path, backend, episodes=2, stm_slots=1)
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=1)
+    ctx.log.close()
+    assert len(result.failures) == 1 and "backend went away" in result.failures[0]["error"]
+    errors = [json.loads(line) for line in (tmp_path / ERRORS_FILE).read_text().splitlines()]
+    assert errors[0]["tool"] == result.failures[0]["tool"] and "ConnectionError" in errors[0]["error"]
+    assert result.trials_run == 3
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["run"]["failed_episodes"] == 1 and saved["total"]["trials"] == 3
+
+
+class Crash(BaseException):
+    """Stands in for Ctrl-C / a killed process: not an Exception, so nothing catches it."""
+
+
+async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path) -> None:
+    def crash(request, count):
+        if count == 30:
+            raise Crash()
+
+    first = ScriptedBackend(fail_when=crash)
+    ctx = make_ctx(tmp_path, first, episodes=3, stm_slots=3)
+    with pytest.raises(Crash):
+        await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    ctx.log.close()
+    before = read_trials(tmp_path / TRIALS_FILE)
+    assert 0 < len(before) < 18
+    with (tmp_path / TRIALS_FILE).open("a") as handle:  # and the process died mid-line
+        handle.write('{"tool": "calculator", "episode": 2, "sl')
+
+    second = ScriptedBackend()
+    second.counter["q"] = 100
+    ctx = make_ctx(tmp_path, second, resume=True, episodes=3, stm_slots=3)
+    ctx.memory = LongTermMemory.from_records(ctx.log.existing)
+    check_resumable(ctx.log.existing, model="scripted", fmt="hermes", ablations=Ablations().to_dict())
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    ctx.log.close()
+    after = read_trials(tmp_path / TRIALS_FILE)
+    keys = [(r["tool"], r["episode"], r["slot"]) for r in after]
+    assert len(keys) == len(set(keys)) == 18
+    assert after[: len(before)] == before
+    assert result.trials_run == 18 - len(before)
+    assert result.summary["total"]["trials"] == 18
+    # a partly finished episode resumed with its finished trials replayed into the conversation
+    by_key = {(r["tool"], r["episode"], r["slot"]): r for r in after}
+    partial = {(t, e) for (t, e, s) in keys[: len(before)]} & {(t, e) for (t, e, s) in keys[len(before) :]}
+    assert partial
+    tool, episode = sorted(partial)[0]
+    resumed_slot = min(s for (t, e, s) in keys[len(before) :] if (t, e) == (tool, episode))
+    replayed = [m for s in range(resumed_slot) for m in by_key[(tool, episode, s)]["messages"]]
+    query_text = by_key[(tool, episode, resumed_slot)]["query"]
+    request = next(r for r in second.requests if any(m.get("content") == query_text for m in r.messages))
+    assert request.messages[1 : 1 + len(replayed)] == replayed
+    # the long-term memory was rebuilt from the log: resumed imaginations list queries of the first run
+    assert any("What is 1 * 7?" in r.messages[-1]["content"] for r in imagination_requests(second))
+
+
+def test_resume_with_other_settings_is_a_clear_error() -> None:
+    records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "react", "ablations": {}}]
+    with pytest.raises(Exception, match="format = 'react', this run has 'hermes'.*--out"):
+        check_resumable(records, model="m", fmt="hermes", ablations={})
+
+
+def test_plan_is_episode_major_and_skips_finished_episodes() -> None:
+    done = {("a", 0): {0: {}, 1: {}}, ("b", 0): {0: {}}}
+    assert plan_episodes(["a", "b"], 2, 2, done) == [("b", 0), ("a", 1), ("b", 1)]
+
+
+@pytest.mark.parametrize(
+    ("text", "query"),
+    [
+        ('User request: "Convert 5 miles to km."', "Convert 5 miles to km."),
+        ("**Query:** What day was 2020-02-29?\nThought: I should", "What day was 2020-02-29?"),
+        ("  How far is it? <tool_call>{}", "How far is it?"),
+        ("", ""),
+    ],
+)
+def test_clean_query(text: str, query: str) -> None:
+    assert clean_query(text) == query
+
+
+@pytest.mark.parametrize(
+    ("text", "solved"), [("Yes.", True), ("No, the tool failed", False), ("I did not.", False), ("Maybe", None)]
+)
+def test_parse_reflection(text: str, solved: bool | None) -> None:
+    assert parse_reflection(text) is solved
+
+
+def test_memory_window_and_pending_entries() -> None:
+    memory = LongTermMemory(max_shown=2)
+    memory.add("t", "q1", True)
+    memory.add("t", "q2", False)
+    entry = memory.add("t", "q3", pending=True)
+    assert memory.shown("t") == [{"query": "q2", "solved": "No"}, {"query": "q3", "solved": "not yet known"}]
+    LongTermMemory.resolve(entry, None)
+    assert memory.shown("t", with_outcome=False)[-1] == {"query": "q3", "solved": "unknown"}

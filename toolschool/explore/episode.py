@@ -1,0 +1,401 @@
+"""One STE episode: a conversation (short-term memory) holding `stm_slots` trials for one tool.
+
+Each trial (Wang et al., 2024, "LLMs in the Imaginarium"):
+1. imagine: the explorer writes a user query for the tool. It is shown the long-term memory (queries already
+   explored for this tool, solved or not) in this request only; the conversation keeps the prompt without it.
+   Trials after the first in a conversation use the follow-up prompt ("explore further, building on what you
+   discovered").
+2. try: up to `max_turns` model turns with calls; each call is executed for real and its observation (or the
+   parse/execution error) is fed back; then the model gives a final answer. As in the paper, a reply that is
+   still a call when the budget is spent is recorded but not executed.
+3. reflect: "did you fulfil the query?" Yes/No.
+
+The canonical conversation (toolschool.chat.types dicts) is kept here; the format turns it into what the
+model sees (`fmt.to_messages`) and parses what the model writes (`fmt.parse`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from toolschool.chat.types import ParsedReply
+from toolschool.config import ExploreSection
+from toolschool.explore.log import TrialLog
+from toolschool.explore.memory import LongTermMemory
+from toolschool.explore.templates import PromptSet
+from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
+from toolschool.tools.base import Observation
+
+# Imagination must end with the query: cut where a model starts solving it instead.
+IMAGINE_STOP = ["Thought:", "Action:", "<tool_call>", "Final Answer:"]
+_QUERY_PREFIX = re.compile(r"^\s*(?:\*\*)?(?:user\s+)?(?:request|query)(?:\*\*)?\s*:\s*(?:\*\*)?", re.IGNORECASE)
+# A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
+CALL_TIMEOUT_S = 120.0
+
+
+class ChatFormat(Protocol):
+    """What exploration needs from a format (toolschool.chat.formats)."""
+
+    name: str
+    stop: list[str]
+    prefill: str
+
+    def to_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]: ...
+
+    def parse(self, text: str) -> ParsedReply: ...
+
+
+class ToolCaller(Protocol):
+    """What exploration needs from a tool registry (toolschool.tools.registry.ToolRegistry)."""
+
+    async def acall(self, name: str, args: dict[str, Any]) -> Observation: ...
+
+
+class BackendFailure(RuntimeError):
+    """The backend answered with an error completion; the episode stops and is logged as failed."""
+
+
+@dataclass(frozen=True)
+class Ablations:
+    no_exec_feedback: bool = False
+    no_stm: bool = False
+    no_ltm: bool = False
+    no_reflection: bool = False
+
+    def to_dict(self) -> dict[str, bool]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ExploreSettings:
+    episodes: int = 15
+    stm_slots: int = 3
+    max_turns: int = 4
+    temperature: float = 0.7
+    max_tokens: int = 256
+    reflection_max_tokens: int = 16
+    seed: int = 0
+    ablations: Ablations = field(default_factory=Ablations)
+
+    @classmethod
+    def from_section(cls, section: ExploreSection, seed: int = 0) -> ExploreSettings:
+        return cls(
+            episodes=section.episodes,
+            stm_slots=section.stm_slots,
+            max_turns=section.max_turns,
+            temperature=section.temperature,
+            max_tokens=section.max_tokens,
+            seed=seed,
+            ablations=Ablations(
+                no_exec_feedback=section.no_exec_feedback,
+                no_stm=section.no_stm,
+                no_ltm=section.no_ltm,
+                no_reflection=section.no_reflection,
+            ),
+        )
+
+
+@dataclass
+class ExploreContext:
+    """Everything the episodes of one run share."""
+
+    backend: Backend
+    fmt: ChatFormat
+    registry: ToolCaller
+    prompts: PromptSet
+    memory: LongTermMemory
+    log: TrialLog
+    settings: ExploreSettings
+    tool_schemas: list[dict[str, Any]]
+    model_name: str
+    on_trial: Callable[[dict[str, Any]], None] | None = None
+
+    def schema_of(self, tool: str) -> dict[str, Any]:
+        for schema in self.tool_schemas:
+            if schema["function"]["name"] == tool:
+                return schema["function"]
+        raise KeyError(tool)
+
+
+def clean_query(text: str) -> str:
+    """The imagined query without a 'User request:' label, wrapping quotes, or the start of a solution."""
+    for marker in IMAGINE_STOP:
+        text = text.split(marker, 1)[0]
+    text = _QUERY_PREFIX.sub("", text.strip()).strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
+        text = text[1:-1].strip()
+    return text
+
+
+def parse_reflection(text: str) -> bool | None:
+    """The first yes/no word decides (the paper checks for "No"); neither: None (counted as not solved)."""
+    for word in re.findall(r"[a-z]+", text.lower()):
+        if word in ("yes", "yeah", "yep"):
+            return True
+        if word in ("no", "not", "nope"):
+            return False
+    return None
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class _Trial:
+    """State of one trial while it runs: the messages it adds, its steps and its token counts."""
+
+    def __init__(self, ctx: ExploreContext, tool: str, episode: int, slot: int) -> None:
+        self.ctx = ctx
+        self.tool = tool
+        self.episode = episode
+        self.slot = slot
+        self.messages: list[dict[str, Any]] = []
+        self.steps: list[dict[str, Any]] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self._generations = 0
+
+    async def generate(
+        self, conversation: list[dict[str, Any]], *, stop: list[str], prefill: str, max_tokens: int
+    ) -> Completion:
+        ctx = self.ctx
+        key = f"{ctx.settings.seed}/{self.tool}/{self.episode}/{self.slot}/{self._generations}"
+        self._generations += 1
+        messages, tools = ctx.fmt.to_messages(conversation, ctx.tool_schemas)
+        params = SamplingParams(
+            n=1,
+            temperature=ctx.settings.temperature,
+            max_tokens=max_tokens,
+            stop=list(stop),
+            seed=zlib.crc32(key.encode()),
+        )
+        completions = await ctx.backend.generate(
+            GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill)
+        )
+        if not completions:
+            raise BackendFailure(f"backend returned no completion for {self.tool} episode {self.episode}")
+        completion = completions[0]
+        if completion.finish_reason == "error":
+            raise BackendFailure(f"backend error: {completion.text.strip()[:300]}")
+        self.prompt_tokens += completion.prompt_tokens
+        self.completion_tokens += len(completion.token_ids)
+        return completion
+
+
+async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Observation:
+    """Run one call; whatever goes wrong becomes an error observation so the episode goes on."""
+    try:
+        return await asyncio.wait_for(ctx.registry.acall(name, args), timeout=CALL_TIMEOUT_S)
+    except TimeoutError:
+        message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:.0f} s."
+        return Observation(message, None, is_error=True, error_kind="timeout")
+    except Exception as exc:  # a registry/tool bug must not stop exploration; the model sees the error
+        return Observation(f"Error: the tool '{name}' failed: {exc}", None, is_error=True, error_kind="execution")
+
+
+async def _run_calls(
+    ctx: ExploreContext, trial: _Trial, parsed: ParsedReply, turn: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Execute the calls of one reply; return (step call records, tool messages for the conversation)."""
+    records: list[dict[str, Any]] = []
+    tool_messages: list[dict[str, Any]] = []
+    calls = []
+    for index, call in enumerate(parsed.calls):
+        call = json.loads(json.dumps(call, default=str))  # own copy; the conversation keeps it
+        call.setdefault("type", "function")
+        if not call.get("id"):
+            call["id"] = f"call_{trial.slot}_{turn}_{index}"
+        calls.append(call)
+    parsed.calls = calls
+    for call in calls:
+        name = call["function"]["name"]
+        args = call["function"].get("arguments") or {}
+        observation = await _execute(ctx, name, args if isinstance(args, dict) else {"value": args})
+        shown = ctx.prompts.render("no_feedback") if ctx.settings.ablations.no_exec_feedback else observation.text
+        records.append(
+            {
+                "id": call["id"],
+                "name": name,
+                "arguments": args,
+                "observation": observation.to_dict(),
+                "shown": shown,
+            }
+        )
+        tool_messages.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": shown})
+    return records, tool_messages
+
+
+def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bool) -> dict[str, Any]:
+    return {
+        "raw": raw,
+        "calls": [],
+        "final": parsed.final if not parsed.calls else None,
+        "parse_error": parsed.error,
+        "error": parsed.error is not None,
+        "executed": executed,
+        "finish_reason": completion.finish_reason,
+        "completion_tokens": len(completion.token_ids),
+    }
+
+
+async def run_trial(
+    ctx: ExploreContext, tool: str, episode: int, slot: int, conversation: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Imagine, try and reflect once; write the trial's log line and return it."""
+    settings = ctx.settings
+    ablations = settings.ablations
+    started, clock = _now(), time.perf_counter()
+    trial = _Trial(ctx, tool, episode, slot)
+    schema = ctx.schema_of(tool)
+    first = not any(m["role"] == "assistant" for m in conversation)
+    variables = {
+        "tool": tool,
+        "description": schema.get("description", ""),
+        "parameters": json.dumps(schema.get("parameters", {}), ensure_ascii=False),
+        "tool_names": [s["function"]["name"] for s in ctx.tool_schemas],
+        "max_turns": settings.max_turns,
+    }
+    # 1. imagine — the long-term memory goes into this request only
+    imagine = "imagine" if first else "imagine_followup"
+    memory = [] if ablations.no_ltm else ctx.memory.shown(tool, with_outcome=not ablations.no_reflection)
+    shown_prompt = ctx.prompts.render(imagine, memory=memory, **variables)
+    kept_prompt = ctx.prompts.render(imagine, memory=[], **variables)
+    completion = await trial.generate(
+        [*conversation, {"role": "user", "content": shown_prompt}],
+        stop=IMAGINE_STOP,
+        prefill="",
+        max_tokens=settings.max_tokens,
+    )
+    query_raw = completion.text
+    query = clean_query(query_raw)
+    trial.messages += [{"role": "user", "content": kept_prompt}, {"role": "assistant", "content": query}]
+    entry = ctx.memory.add(tool, query, pending=True) if query else None
+
+    try:
+        final_answer, reflection, solved = await _attempt(ctx, trial, conversation, query, first, variables)
+    except BaseException:
+        if entry is not None:
+            ctx.memory.discard(tool, entry)
+        raise
+    if entry is not None:
+        ctx.memory.resolve(entry, solved)
+
+    record = {
+        "tool": tool,
+        "episode": episode,
+        "slot": slot,
+        "status": "ok" if query else "empty_query",
+        "query": query,
+        "query_raw": query_raw,
+        "steps": trial.steps,
+        "final_answer": final_answer,
+        "reflection": reflection,
+        "solved": solved,
+        "messages": trial.messages,
+        "tools": ctx.tool_schemas,
+        "tokens": {"prompt": trial.prompt_tokens, "completion": trial.completion_tokens},
+        "model": ctx.model_name,
+        "format": ctx.fmt.name,
+        "ablations": ablations.to_dict(),
+        "started_at": started,
+        "finished_at": _now(),
+        "seconds": round(time.perf_counter() - clock, 3),
+    }
+    ctx.log.write(record)
+    if ctx.on_trial is not None:
+        ctx.on_trial(record)
+    return record
+
+
+async def _attempt(
+    ctx: ExploreContext,
+    trial: _Trial,
+    conversation: list[dict[str, Any]],
+    query: str,
+    first: bool,
+    variables: dict[str, Any],
+) -> tuple[str | None, str | None, bool | None]:
+    """Steps 2 and 3: try to fulfil the query, then reflect. Returns (final answer, reflection, solved)."""
+    settings = ctx.settings
+    ablations = settings.ablations
+    final_answer: str | None = None
+    reflection: str | None = None
+    solved: bool | None = None
+    if query:
+        # 2. try
+        trial_prompt = ctx.prompts.render("trial" if first else "trial_followup", query=query, **variables)
+        trial.messages.append({"role": "user", "content": trial_prompt})
+        fmt = ctx.fmt
+        for turn in range(settings.max_turns + 1):
+            completion = await trial.generate(
+                [*conversation, *trial.messages], stop=fmt.stop, prefill=fmt.prefill, max_tokens=settings.max_tokens
+            )
+            raw = fmt.prefill + completion.text
+            parsed = fmt.parse(raw)
+            last = turn == settings.max_turns
+            if parsed.final is not None and not parsed.calls and parsed.error is None:
+                trial.steps.append(_step(completion, raw, parsed, executed=False))
+                trial.messages.append(parsed.as_message())
+                final_answer = parsed.final
+                break
+            if last:  # the call budget is spent: record the reply, do not execute it (as in the paper)
+                trial.steps.append(_step(completion, raw, parsed, executed=False))
+                trial.messages.append({"role": "assistant", "content": raw})
+                break
+            step = _step(completion, raw, parsed, executed=parsed.error is None)
+            if parsed.error is not None:
+                if ablations.no_exec_feedback:
+                    feedback = ctx.prompts.render("no_feedback")
+                else:
+                    feedback = ctx.prompts.render("parse_error", error=parsed.error, **variables)
+                step["feedback"] = feedback
+                trial.messages += [{"role": "assistant", "content": raw}, {"role": "user", "content": feedback}]
+            else:
+                step["calls"], tool_messages = await _run_calls(ctx, trial, parsed, turn)
+                step["error"] = any(c["observation"]["is_error"] for c in step["calls"])
+                trial.messages += [parsed.as_message(), *tool_messages]
+            trial.steps.append(step)
+        # 3. reflect
+        if not ablations.no_reflection:
+            trial.messages.append({"role": "user", "content": ctx.prompts.render("reflect", **variables)})
+            completion = await trial.generate(
+                [*conversation, *trial.messages],
+                stop=[],
+                prefill="",
+                max_tokens=min(settings.reflection_max_tokens, settings.max_tokens),
+            )
+            reflection = completion.text.strip()
+            solved = parse_reflection(reflection)
+            trial.messages.append({"role": "assistant", "content": reflection})
+    return final_answer, reflection, solved
+
+
+async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[int, dict[str, Any]]) -> int:
+    """Run the slots of one episode not in `done` (slot -> logged record); return how many trials ran.
+
+    Resume replays the logged trials' messages into the conversation, so a resumed episode continues exactly
+    where its short-term memory stopped (with `no_stm`, every trial starts from the system message anyway).
+    """
+    system = {"role": "system", "content": ctx.prompts.render("system", tool=tool)}
+    conversation: list[dict[str, Any]] = [system]
+    ran = 0
+    for slot in range(ctx.settings.stm_slots):
+        if ctx.settings.ablations.no_stm:
+            conversation = [system]
+        if slot in done:
+            conversation += done[slot].get("messages", [])
+            continue
+        record = await run_trial(ctx, tool, episode, slot, conversation)
+        conversation += record["messages"]
+        ran += 1
+    return ran

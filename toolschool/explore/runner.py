@@ -1,0 +1,162 @@
+"""Run every tool's episodes as concurrent coroutines; the backend batches their generations.
+
+Scheduling is episode-major (episode 0 of every tool, then episode 1, ...) through one semaphore, so with
+several tools the episodes of any one tool still run roughly in sequence and each sees the long-term memory of
+the ones before it, as in the sequential original.
+
+Resumption unit: the episode. Finished trials are never redone; an episode with some finished trials resumes
+at its first missing slot with those trials' messages replayed into its conversation (`run_episode`). An
+episode that fails (e.g. the backend errors) is written to `errors.jsonl`, the others go on, and `--resume`
+retries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from toolschool.errors import ToolschoolError
+from toolschool.explore.episode import ExploreContext, run_episode
+from toolschool.explore.log import completed_slots, read_trials
+from toolschool.explore.summary import summarize
+
+SUMMARY_FILE = "summary.json"
+
+
+@dataclass
+class ExploreResult:
+    summary: dict[str, Any]
+    trials_run: int
+    seconds: float
+    failures: list[dict[str, Any]] = field(default_factory=list)
+
+
+def plan_episodes(
+    tools: list[str], episodes: int, stm_slots: int, done: dict[tuple[str, int], dict[int, Any]]
+) -> list[tuple[str, int]]:
+    """(tool, episode) pairs still to run, episode-major."""
+    return [
+        (tool, episode)
+        for episode in range(episodes)
+        for tool in tools
+        if len(done.get((tool, episode), {})) < stm_slots
+    ]
+
+
+def check_resumable(records: list[dict[str, Any]], *, model: str, fmt: str, ablations: dict[str, bool]) -> None:
+    """A resumed log must continue the same experiment; mixing models, formats or ablations is an error."""
+    if not records:
+        return
+    first = records[0]
+    for key, now in (("model", model), ("format", fmt), ("ablations", ablations)):
+        if first.get(key) != now:
+            raise ToolschoolError(
+                f"cannot resume: the trial log was written with {key} = {first.get(key)!r}, this run has {now!r}",
+                hint="resume with the same settings, or write to another folder with --out",
+            )
+
+
+async def run_exploration(
+    ctx: ExploreContext, tools: list[str], *, concurrency: int, console: Console | None = None
+) -> ExploreResult:
+    """Run the missing episodes of `tools`, then summarise the whole log and save `summary.json`."""
+    settings = ctx.settings
+    done = completed_slots(ctx.log.existing)
+    plan = plan_episodes(tools, settings.episodes, settings.stm_slots, done)
+    failures: list[dict[str, Any]] = []
+    semaphore = asyncio.Semaphore(concurrency)
+    started = time.perf_counter()
+    trials_run = 0
+
+    progress = _make_progress(console)
+    overall = per_tool = None
+    if progress is not None:
+        total = len(tools) * settings.episodes * settings.stm_slots
+        finished = {t: sum(len(s) for (tool, _), s in done.items() if tool == t) for t in tools}
+        overall = progress.add_task("[bold]all tools", total=total, completed=sum(finished.values()))
+        per_tool = {
+            t: progress.add_task(t, total=settings.episodes * settings.stm_slots, completed=finished[t]) for t in tools
+        }
+        progress.start()
+
+    def on_trial(record: dict[str, Any]) -> None:
+        nonlocal trials_run
+        trials_run += 1
+        if progress is not None and overall is not None and per_tool is not None:
+            progress.advance(overall)
+            progress.advance(per_tool[record["tool"]])
+
+    ctx.on_trial = on_trial
+
+    async def guarded(tool: str, episode: int) -> None:
+        async with semaphore:
+            try:
+                await run_episode(ctx, tool, episode, done.get((tool, episode), {}))
+            except Exception as exc:  # one broken episode must not end the run; it is logged and retried on resume
+                failure = {
+                    "tool": tool,
+                    "episode": episode,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": traceback.format_exc(limit=8),
+                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                }
+                failures.append(failure)
+                ctx.log.write_error(failure)
+                if console is not None:
+                    console.print(
+                        f"[yellow]warning:[/yellow] {tool} episode {episode} stopped: {failure['error']}",
+                        markup=True,
+                        highlight=False,
+                    )
+
+    try:
+        await asyncio.gather(*(guarded(tool, episode) for tool, episode in plan))
+    finally:
+        if progress is not None:
+            progress.stop()
+    seconds = time.perf_counter() - started
+    summary = summarize(read_trials(ctx.log.path), tools)
+    summary["run"] = {
+        "trials_this_run": trials_run,
+        "seconds": round(seconds, 2),
+        "trials_per_minute": round(60.0 * trials_run / seconds, 3) if seconds > 0 else 0.0,
+        "concurrency": concurrency,
+        "failed_episodes": len(failures),
+    }
+    summary["settings"] = {
+        "episodes": settings.episodes,
+        "stm_slots": settings.stm_slots,
+        "max_turns": settings.max_turns,
+        "temperature": settings.temperature,
+        "max_tokens": settings.max_tokens,
+    }
+    write_summary(ctx.log.directory, summary)
+    return ExploreResult(summary=summary, trials_run=trials_run, seconds=seconds, failures=failures)
+
+
+def write_summary(directory: Path, summary: dict[str, Any]) -> Path:
+    path = directory / SUMMARY_FILE
+    path.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
+
+
+def _make_progress(console: Console | None) -> Progress | None:
+    if console is None:
+        return None
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("trials"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    )

@@ -1,0 +1,74 @@
+"""The exploration prompts: editable Jinja template files, one folder per format.
+
+Why files: the prompts are the part of STE a user most wants to tune (wording for a small model, another
+language, a domain), so they live as plain text in `toolschool/explore/prompts/<format>/` and a run can point
+`[explore] prompts = "DIR"` at a folder whose files replace the packaged ones by name. A format without its own
+folder (e.g. `json`) uses the `hermes` prompts, which describe calling tools without format-specific syntax
+beyond the system message the format writes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from toolschool.errors import ConfigError
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+FALLBACK_FORMAT = "hermes"
+TEMPLATE_NAMES = (
+    "system",  # system message of every exploration conversation
+    "imagine",  # first query of a conversation; gets the long-term memory
+    "imagine_followup",  # later queries of an episode: build on what was discovered
+    "trial",  # ask to solve the query just imagined (first trial of a conversation)
+    "trial_followup",  # same for later trials
+    "parse_error",  # fed back when a reply could not be parsed
+    "no_feedback",  # what the model sees instead of observations in the no-execution-feedback ablation
+    "reflect",  # "did you fulfil the query? Yes or No"
+)
+
+
+def format_prompt_dir(format_name: str) -> Path:
+    directory = PROMPTS_DIR / format_name
+    return directory if directory.is_dir() else PROMPTS_DIR / FALLBACK_FORMAT
+
+
+class PromptSet:
+    """Renders the exploration templates for one format, with optional user overrides."""
+
+    def __init__(self, format_name: str, override_dir: str | Path | None = None) -> None:
+        searchpath: list[str] = []
+        if override_dir is not None:
+            override = Path(override_dir).expanduser()
+            if not override.is_dir():
+                raise ConfigError(
+                    f"[explore] prompts = '{override_dir}' is not an existing folder",
+                    hint=f"create it with files named like those in {PROMPTS_DIR / FALLBACK_FORMAT}, or unset it",
+                )
+            searchpath.append(str(override))
+        searchpath += [str(format_prompt_dir(format_name)), str(PROMPTS_DIR / FALLBACK_FORMAT)]
+        self.format_name = format_name
+        self._env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(searchpath),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=False,
+            autoescape=False,
+        )
+        for name in TEMPLATE_NAMES:  # fail before any work if an override is broken
+            try:
+                self._env.get_template(f"{name}.jinja")
+            except jinja2.TemplateSyntaxError as exc:
+                raise ConfigError(f"prompt template {exc.filename}:{exc.lineno}: {exc.message}") from None
+
+    def render(self, name: str, **variables: Any) -> str:
+        try:
+            return self._env.get_template(f"{name}.jinja").render(**variables).strip()
+        except jinja2.UndefinedError as exc:
+            raise ConfigError(
+                f"prompt template '{name}.jinja' uses an unknown variable: {exc.message}",
+                hint="available: tool, description, parameters, memory, query, tool_names, max_turns, error",
+            ) from None
