@@ -1,0 +1,50 @@
+"""Check tool-call arguments against the tool's JSON schema before anything runs.
+
+The message names the argument and the problem in words a model can act on ("missing required argument
+'expression'", "argument 'days': 'three' is not of type 'integer'"), because it is fed back as an observation.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import ValidationError
+
+
+@functools.lru_cache(maxsize=512)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    schema = json.loads(schema_json)
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return cls(schema)
+
+
+def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str | None:
+    """None when `args` fits `schema`, else one message naming the argument(s) at fault."""
+    if not isinstance(args, dict):
+        return f"invalid arguments for {tool_name}: arguments must be a JSON object, got {type(args).__name__}"
+    try:
+        validator = _validator(json.dumps(schema or {"type": "object"}, sort_keys=True))
+    except (TypeError, ValueError, jsonschema.SchemaError) as exc:
+        return f"tool {tool_name} has an invalid argument schema: {exc}"
+    errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.path), e.message))
+    if not errors:
+        return None
+    return f"invalid arguments for {tool_name}: " + "; ".join(_describe(e) for e in errors[:5])
+
+
+def _describe(error: ValidationError) -> str:
+    if error.validator == "required":
+        missing = error.message.split("'")[1] if "'" in error.message else error.message
+        return f"missing required argument '{missing}'"
+    if error.validator == "additionalProperties":
+        known = set((error.schema or {}).get("properties", {}))
+        extra = sorted(str(k) for k in error.instance if k not in known) if isinstance(error.instance, dict) else []
+        allowed = ", ".join(sorted(known)) or "none"
+        return f"unexpected argument(s) {', '.join(repr(k) for k in extra)} (allowed: {allowed})"
+    if error.path:
+        where = ".".join(str(p) for p in error.path)
+        return f"argument '{where}': {error.message}"
+    return error.message
