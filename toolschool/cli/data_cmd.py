@@ -1,0 +1,211 @@
+"""`toolschool dataset ...` (build, validate, stats) and `toolschool distill` (trials -> training data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from toolschool.cli.console import console, err_console
+from toolschool.errors import ConfigError
+
+app = typer.Typer(help="Build, validate and inspect training datasets (JSONL conversations).", no_args_is_help=True)
+
+ON_ERROR_HELP = "skip: report bad lines and go on; stop: fail on the first bad line."
+
+
+def _parse_ratios(values: list[str] | None) -> dict[str, float] | None:
+    if not values:
+        return None
+    ratios: dict[str, float] = {}
+    for item in values:
+        name, sep, number = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            ratios[name.strip()] = float(number)
+        except ValueError:
+            raise ConfigError(f"--ratio {item!r} is not CATEGORY=NUMBER", hint="e.g. --ratio calculator=0.5") from None
+    return ratios
+
+
+def _split_list(value: str | None) -> list[str] | None:
+    return [part.strip() for part in value.split(",") if part.strip()] if value else None
+
+
+@app.command("build-calc-python")
+def build_calc_python_cmd(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML ([dataset]); flags override it."),
+    gsm8k: str = typer.Option(None, help="GSM8K-style {question, answer}: file, or HF id ID[:CONFIG]:SPLIT."),
+    cruxeval: str = typer.Option(None, help="CRUXEval-style {code, input, output}: file or HF id."),
+    instructions: str = typer.Option(
+        None, help="No-tool data {dialog_history, response} or {instruction, input, output}: file or HF id."
+    ),
+    size: int = typer.Option(None, help="Examples in all."),
+    ratio: list[str] = typer.Option(None, help="CATEGORY=SHARE, repeatable (calculator, python_exec, no_tool)."),
+    formats: str = typer.Option(None, help="Comma-separated: hermes,json."),
+    validation_fraction: float = typer.Option(None),
+    max_expression_chars: int = typer.Option(None),
+    workers: int = typer.Option(None, help="Parallel sandbox runs."),
+    seed: int = typer.Option(None),
+    run_name: str = typer.Option(None, "--run", help="Run name (output in runs/NAME/dataset)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/dataset)."),
+) -> None:
+    """Build the calculator / python / no-tool dataset: records, per-format train/validation, summary, card."""
+    from toolschool.config import load_config, stage_dir
+    from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+
+    overrides = {
+        "dataset.gsm8k": gsm8k,
+        "dataset.cruxeval": cruxeval,
+        "dataset.instructions": instructions,
+        "dataset.size": size,
+        "dataset.ratios": _parse_ratios(ratio),
+        "dataset.formats": _split_list(formats),
+        "dataset.validation_fraction": validation_fraction,
+        "dataset.max_expression_chars": max_expression_chars,
+        "dataset.workers": workers,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+    d = config.dataset
+    out_dir = stage_dir(config, "dataset", out if out is not None else d.out)
+    err_console.print(f"[dim]dataset build-calc-python -> {out_dir}[/dim]")
+    with err_console.status("building (python_exec runs each candidate in the sandbox)..."):
+        summary = build_calc_python(
+            BuildOptions(
+                gsm8k=d.gsm8k,
+                cruxeval=d.cruxeval,
+                instructions=d.instructions,
+                out=out_dir,
+                size=d.size,
+                ratios=d.ratios,
+                validation_fraction=d.validation_fraction,
+                seed=config.run.seed,
+                formats=d.formats,
+                max_expression_chars=d.max_expression_chars,
+                max_prompt_chars=d.max_prompt_chars,
+                workers=d.workers,
+            )
+        )
+    table = Table(title=f"dataset -> {out_dir}")
+    for column in ("category", "available", "examined", "valid", "dropped", "target", "used"):
+        table.add_column(column, justify="left" if column == "category" else "right")
+    for category, s in summary["categories"].items():
+        table.add_row(category, *(str(s[k]) for k in ("available", "examined", "valid", "dropped", "target", "used")))
+    console.print(table)
+    for category, s in summary["categories"].items():
+        for reason, count in s["dropped_by_reason"].items():
+            console.print(f"  {category}: dropped {count} — {reason}", highlight=False)
+    console.print(f"files: {json.dumps(summary['files'])}; card: {out_dir / 'README.md'}", highlight=False)
+
+
+@app.command("validate")
+def validate_cmd(
+    path: str = typer.Argument(..., help="Dataset JSONL file (or a Hugging Face dataset id)."),
+    on_error: str = typer.Option("skip", "--on-error", help=ON_ERROR_HELP),
+    split: str = typer.Option("train", help="Split, for a Hugging Face id."),
+) -> None:
+    """Check every line against the dataset contract; print each bad line as file:line: reason (exit 1 if any)."""
+    from toolschool.data.dataset import load_examples
+
+    _examples, report = load_examples(path, on_error=on_error, split=split)
+    for error in report.errors:
+        console.print(error, markup=False, highlight=False)
+    console.print(report.summary(), markup=False, highlight=False)
+    if report.errors:
+        raise typer.Exit(code=1)
+
+
+@app.command("stats")
+def stats_cmd(
+    path: str = typer.Argument(..., help="Dataset JSONL file (or a Hugging Face dataset id)."),
+    on_error: str = typer.Option("skip", "--on-error", help=ON_ERROR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Counts per tool, category and source; calls and turns."""
+    from toolschool.data.dataset import dataset_stats, load_examples
+
+    examples, report = load_examples(path, on_error=on_error)
+    for error in report.errors:
+        err_console.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
+    stats = {"source": report.source, "skipped_lines": report.skipped, **dataset_stats(examples)}
+    if as_json:
+        typer.echo(json.dumps(stats, indent=2))
+        return
+    table = Table(title=report.summary(), show_header=False)
+    for key, value in stats.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    console.print(table)
+
+
+def distill(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML ([distill]); flags override it."),
+    trials: str = typer.Option(None, help="Trial log (default: runs/NAME/explore/trials.jsonl)."),
+    judge_model: str = typer.Option(None, help="LLM judge (model spec); default: rules only."),
+    paraphrase_model: str = typer.Option(None, help="Paraphrasing model (model spec)."),
+    target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
+    max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),
+    dedupe_threshold: float = typer.Option(None, help="Token-set Jaccard at which two queries are duplicates."),
+    validation_fraction: float = typer.Option(None),
+    require_solved: bool = typer.Option(None, "--require-solved/--no-require-solved"),
+    concurrency: int = typer.Option(None),
+    seed: int = typer.Option(None),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/distill)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
+) -> None:
+    """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
+    import asyncio
+
+    from toolschool.config import load_config, stage_dir
+    from toolschool.data.distill import DistillOptions, run_distill
+    from toolschool.explore.log import read_trials
+
+    overrides = {
+        "distill.trials": trials,
+        "distill.judge_model": judge_model,
+        "distill.paraphrase_model": paraphrase_model,
+        "distill.target_per_tool": target_per_tool,
+        "distill.max_paraphrases": max_paraphrases,
+        "distill.dedupe_threshold": dedupe_threshold,
+        "distill.validation_fraction": validation_fraction,
+        "distill.require_solved": require_solved,
+        "distill.concurrency": concurrency,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+    d = config.distill
+    trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
+    records = read_trials(trials_path)
+    out_dir = stage_dir(config, "distill", out)
+    opts = DistillOptions(
+        trials=trials_path,
+        out=out_dir,
+        target_per_tool=d.target_per_tool,
+        max_paraphrases=d.max_paraphrases,
+        dedupe_threshold=d.dedupe_threshold,
+        validation_fraction=d.validation_fraction,
+        require_solved=d.require_solved,
+        seed=config.run.seed,
+        concurrency=d.concurrency,
+        judge_model=d.judge_model,
+        paraphrase_model=d.paraphrase_model,
+        temperature=d.temperature,
+        max_tokens=d.max_tokens,
+    )
+    err_console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
+    summary = asyncio.run(run_distill(records, opts))
+    table = Table(title=f"distill -> {out_dir}")
+    table.add_column("tool")
+    steps = list(summary["total"])
+    for step in steps:
+        table.add_column(step, justify="right")
+    for tool, row in summary["per_tool"].items():
+        table.add_row(tool, *(str(row[s]) for s in steps))
+    table.add_row("total", *(str(summary["total"][s]) for s in steps))
+    console.print(table)
+    console.print(f"card: {out_dir / 'README.md'}", highlight=False)

@@ -1,0 +1,350 @@
+"""The training-data contract: one conversation per JSON line, `{"messages", "tools", "meta"}`.
+
+Every reader in toolschool goes through `validate_example`, and every bad line is reported as
+`file:line: reason` — then skipped or fatal, per `on_error` — never dropped silently. Tool-call arguments
+stay JSON objects (dicts), as chat templates and TRL expect; `datasets.load_dataset("json", ...)` (datasets
+>= 5) stores columns whose structure differs between lines (calculator `{"expression"}` vs python `{"code"}`
+arguments) with its `Json` feature, so they load back exactly, without null-filled keys from other lines
+(tests/test_data_dataset.py checks the round trip).
+
+Sources are a local path or, when online, a Hugging Face dataset id; the project never needs a fixed folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from toolschool.chat.types import Message, ToolSchema
+from toolschool.errors import DataError
+
+OnError = Literal["skip", "stop"]
+ON_ERROR_CHOICES = ("skip", "stop")
+EXAMPLE_KEYS = ("messages", "tools", "meta")
+META_STRING_KEYS = ("tool", "source", "category", "expected_answer", "split", "id", "original_id")
+
+
+@dataclass
+class DatasetReport:
+    """What a load found: how many lines were read and kept, and each bad line as `file:line: reason`."""
+
+    source: str
+    lines: int = 0
+    kept: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def skipped(self) -> int:
+        return len(self.errors)
+
+    def summary(self) -> str:
+        return f"{self.source}: {self.lines} lines, {self.kept} kept, {self.skipped} skipped"
+
+
+def _pydantic_reason(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(parts)
+
+
+def validate_example(example: Any) -> str | None:
+    """Return why `example` is not a valid dataset line, or None when it is.
+
+    Checks the shape (messages/tools/meta), each message and tool schema against the canonical types, that
+    arguments are JSON objects, that calls name offered tools, that tool results answer a call, and that
+    the conversation ends with the assistant (what training learns from).
+    """
+    if not isinstance(example, dict):
+        return f"a line must be a JSON object with keys {', '.join(EXAMPLE_KEYS)}, got {type(example).__name__}"
+    unknown = sorted(set(example) - set(EXAMPLE_KEYS))
+    if unknown:
+        return f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(EXAMPLE_KEYS)}; put extras in meta)"
+    messages = example.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list of chat messages"
+    tools = example.get("tools", [])
+    if not isinstance(tools, list):
+        return f"'tools' must be a list of OpenAI function schemas, got {type(tools).__name__}"
+    meta = example.get("meta", {})
+    if not isinstance(meta, dict):
+        return f"'meta' must be a JSON object, got {type(meta).__name__}"
+    for key in META_STRING_KEYS:
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            return f"meta.{key} must be a string or null, got {meta[key]!r}"
+
+    tool_names: set[str] = set()
+    for i, tool in enumerate(tools):
+        try:
+            tool_names.add(ToolSchema.model_validate(tool).function.name)
+        except ValidationError as exc:
+            return f"tools[{i}]: {_pydantic_reason(exc)}"
+
+    open_calls = 0
+    for i, raw in enumerate(messages):
+        if isinstance(raw, dict):
+            for call in raw.get("tool_calls") or []:
+                args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+                if isinstance(args, str):
+                    return f"messages[{i}]: tool-call arguments must be a JSON object, not a string ({args[:60]!r})"
+        try:
+            message = Message.model_validate(raw)
+        except ValidationError as exc:
+            return f"messages[{i}]: {_pydantic_reason(exc)}"
+        if message.role == "assistant":
+            if message.tool_calls:
+                for call in message.tool_calls:
+                    if tool_names and call.function.name not in tool_names:
+                        return (
+                            f"messages[{i}]: calls '{call.function.name}', which is not in 'tools' "
+                            f"({', '.join(sorted(tool_names))})"
+                        )
+                open_calls = len(message.tool_calls)
+            elif message.content is None:
+                return f"messages[{i}]: an assistant message needs 'content' or 'tool_calls'"
+        elif message.role == "tool":
+            if open_calls == 0:
+                return f"messages[{i}]: a tool result must follow an assistant message with tool_calls"
+            open_calls -= 1
+        elif message.content is None:
+            return f"messages[{i}]: a {message.role} message needs 'content'"
+    if messages[-1].get("role") != "assistant":
+        return "the conversation must end with an assistant message (what training learns from)"
+    return None
+
+
+def normalize_example(example: dict[str, Any]) -> dict[str, Any]:
+    """Fill the optional keys so every line has the same top-level shape."""
+    return {"messages": example["messages"], "tools": example.get("tools") or [], "meta": example.get("meta") or {}}
+
+
+def _check_on_error(on_error: str) -> None:
+    if on_error not in ON_ERROR_CHOICES:
+        raise DataError(f"on_error={on_error!r} is not valid", hint=f"use one of {', '.join(ON_ERROR_CHOICES)}")
+
+
+def _bad(report: DatasetReport, where: str, reason: str, on_error: str) -> None:
+    message = f"{where}: {reason}"
+    if on_error == "stop":
+        raise DataError(message, hint="fix the line, or load with on_error='skip' (--on-error skip) to skip bad lines")
+    report.errors.append(message)
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, text) for each non-blank line."""
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
+
+
+def _require_file(path: Path) -> None:
+    if not path.exists():
+        raise DataError(f"data file '{path}' does not exist", hint="check the path")
+    if path.is_dir():
+        raise DataError(f"data path '{path}' is a folder", hint="pass a .jsonl file")
+
+
+def load_dataset_jsonl(
+    path: str | Path, on_error: OnError | str = "skip"
+) -> tuple[list[dict[str, Any]], DatasetReport]:
+    """Read and validate a dataset JSONL file; bad lines go to the report (skip) or raise DataError (stop)."""
+    _check_on_error(on_error)
+    path = Path(path)
+    _require_file(path)
+    report = DatasetReport(source=str(path))
+    examples: list[dict[str, Any]] = []
+    try:
+        for number, line in iter_jsonl(path):
+            report.lines += 1
+            where = f"{path}:{number}"
+            try:
+                example = json.loads(line)
+            except json.JSONDecodeError as exc:
+                _bad(report, where, f"not valid JSON ({exc.msg} at column {exc.colno})", on_error)
+                continue
+            reason = validate_example(example)
+            if reason is not None:
+                _bad(report, where, reason, on_error)
+                continue
+            examples.append(normalize_example(example))
+            report.kept += 1
+    except UnicodeDecodeError:
+        raise DataError(f"data file '{path}' is not UTF-8 text") from None
+    return examples, report
+
+
+def is_local_source(source: str) -> bool:
+    """A source is local when it exists on disk or looks like a path (./, /, ~ or a .json/.jsonl suffix).
+
+    Anything else (`openai/gsm8k`, `cruxeval-org/cruxeval`) is taken as a Hugging Face dataset id.
+    """
+    if Path(source).expanduser().exists():
+        return True
+    return source.startswith((".", "/", "~")) or Path(source).suffix in {".jsonl", ".json"}
+
+
+def parse_hub_source(source: str, *, config: str | None = None, split: str = "train") -> tuple[str, str | None, str]:
+    """`ID`, `ID:SPLIT` or `ID:CONFIG:SPLIT` (e.g. `openai/gsm8k:main:train`) -> (id, config, split)."""
+    parts = source.split(":")
+    if len(parts) == 1:
+        return source, config, split
+    if len(parts) == 2:
+        return parts[0], config, parts[1]
+    if len(parts) == 3:
+        return parts[0], parts[1] or config, parts[2]
+    raise DataError(f"source {source!r} is not ID, ID:SPLIT or ID:CONFIG:SPLIT", hint="e.g. openai/gsm8k:main:train")
+
+
+def load_hub_rows(dataset_id: str, *, split: str, config: str | None = None) -> list[dict[str, Any]]:
+    """Rows of a Hugging Face dataset (online, or from the local datasets cache); a clear error otherwise."""
+    try:
+        import datasets
+
+        loaded = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as exc:  # offline, unknown id, unknown split: all end in one actionable line
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        why = "offline mode is on (HF_HUB_OFFLINE/HF_DATASETS_OFFLINE)" if offline else type(exc).__name__
+        raise DataError(
+            f"could not load Hugging Face dataset '{dataset_id}' (config={config}, split={split}): {why}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}",
+            hint="pass a local .jsonl/.json file instead, or go online and check the id and split",
+        ) from None
+    return [dict(row) for row in loaded]
+
+
+def load_examples(
+    source: str | Path, *, on_error: OnError | str = "skip", split: str = "train"
+) -> tuple[list[dict[str, Any]], DatasetReport]:
+    """Dataset lines from a local JSONL file or a Hugging Face dataset id, each validated."""
+    _check_on_error(on_error)
+    text = str(source)
+    if isinstance(source, Path) or is_local_source(text):
+        return load_dataset_jsonl(text, on_error)
+    text, config, split = parse_hub_source(text, split=split)
+    rows = load_hub_rows(text, split=split, config=config)
+    report = DatasetReport(source=f"{text}[{split}]")
+    examples = []
+    for index, row in enumerate(rows):
+        report.lines += 1
+        row = {key: value for key, value in row.items() if key in EXAMPLE_KEYS}
+        reason = validate_example(row)
+        if reason is not None:
+            _bad(report, f"{text}[{split}]:row {index}", reason, on_error)
+            continue
+        examples.append(normalize_example(row))
+        report.kept += 1
+    return examples, report
+
+
+def read_raw_records(
+    source: str | Path, *, split: str = "train", config: str | None = None, on_error: OnError | str = "skip"
+) -> tuple[list[dict[str, Any]], DatasetReport]:
+    """Raw source rows (GSM8K, CRUXEval, instruction data): JSONL, a JSON list, or a Hugging Face id.
+
+    Only JSON well-formedness is checked here; each builder checks its own fields and reports per row using
+    the `_where` key added to every row (`file:line`, `file:item N` or `id[split]:row N`).
+    """
+    _check_on_error(on_error)
+    text = str(source)
+    if not (isinstance(source, Path) or is_local_source(text)):
+        text, config, split = parse_hub_source(text, config=config, split=split)
+        rows = load_hub_rows(text, split=split, config=config)
+        for index, row in enumerate(rows):
+            row["_where"] = f"{text}[{split}]:row {index}"
+        return rows, DatasetReport(source=f"{text}[{split}]", lines=len(rows), kept=len(rows))
+    path = Path(text).expanduser()
+    _require_file(path)
+    report = DatasetReport(source=str(path))
+    rows: list[dict[str, Any]] = []
+    try:
+        if path.suffix == ".json":
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})", hint="fix the file") from None
+            if isinstance(data, dict):  # {"train": [...]} or column-oriented is not supported: say so
+                if split in data and isinstance(data[split], list):
+                    data = data[split]
+                else:
+                    raise DataError(
+                        f"{path}: expected a JSON list of records (or an object with a '{split}' list), "
+                        f"got an object with keys {', '.join(list(data)[:5])}",
+                        hint="convert it to JSONL, one record per line",
+                    )
+            if not isinstance(data, list):
+                raise DataError(f"{path}: expected a JSON list of records, got {type(data).__name__}")
+            for index, item in enumerate(data):
+                report.lines += 1
+                if isinstance(item, dict):
+                    rows.append({**item, "_where": f"{path}:item {index}"})
+                    report.kept += 1
+                else:
+                    _bad(report, f"{path}:item {index}", f"expected a JSON object, got {type(item).__name__}", on_error)
+            return rows, report
+        for number, line in iter_jsonl(path):
+            report.lines += 1
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                _bad(report, f"{path}:{number}", f"not valid JSON ({exc.msg} at column {exc.colno})", on_error)
+                continue
+            if not isinstance(item, dict):
+                _bad(report, f"{path}:{number}", f"expected a JSON object, got {type(item).__name__}", on_error)
+                continue
+            rows.append({**item, "_where": f"{path}:{number}"})
+            report.kept += 1
+    except UnicodeDecodeError:
+        raise DataError(f"data file '{path}' is not UTF-8 text") from None
+    return rows, report
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Write rows as JSON lines (UTF-8, non-ASCII kept), atomically (temp file + rename); returns the count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    count = 0
+    with tmp.open("w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            count += 1
+    tmp.replace(path)
+    return count
+
+
+def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Counts a user wants before training: per tool, per category, per source, calls and turns."""
+    per_tool: Counter[str] = Counter()
+    per_category: Counter[str] = Counter()
+    per_source: Counter[str] = Counter()
+    calls = 0
+    turns = 0
+    with_calls = 0
+    for example in examples:
+        meta = example.get("meta", {})
+        per_tool[str(meta.get("tool"))] += 1
+        per_category[str(meta.get("category"))] += 1
+        per_source[str(meta.get("source"))] += 1
+        n_calls = sum(len(m.get("tool_calls") or []) for m in example["messages"])
+        calls += n_calls
+        with_calls += n_calls > 0
+        turns += sum(1 for m in example["messages"] if m.get("role") == "assistant")
+    n = len(examples)
+    return {
+        "examples": n,
+        "with_tool_calls": with_calls,
+        "tool_calls": calls,
+        "assistant_turns_mean": round(turns / n, 3) if n else 0.0,
+        "per_tool": dict(sorted(per_tool.items())),
+        "per_category": dict(sorted(per_category.items())),
+        "per_source": dict(sorted(per_source.items())),
+    }

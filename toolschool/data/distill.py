@@ -1,0 +1,672 @@
+"""`toolschool distill`: exploration trials -> a training dataset (filter, judge, dedupe, paraphrase, split).
+
+Steps, each counted per tool in `summary.json` and the dataset card (`README.md`) next to the data:
+
+1. **rules** — keep a trial whose final answer follows a call that executed without error, and in which the
+   explored tool itself was called successfully. The training conversation is the clean path: the query,
+   the steps whose calls all executed, the final answer (failed attempts are not taught).
+2. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
+   query informatively; it is faithful to the execution results; the tools were used appropriately). Every
+   judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
+3. **dedupe** — near-identical queries per tool (normalised text, token-set Jaccard >= threshold).
+4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
+   original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
+   query, or repeats the original or another paraphrase.
+5. **split** — train / validation by original query, so an original and its paraphrases stay together.
+
+Judge and paraphraser replies are cached append-only (`cache.jsonl`), so an interrupted run resumes
+without asking the model again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import random
+import re
+import unicodedata
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.chat.types import tool_call
+from toolschool.data.dataset import validate_example, write_jsonl
+from toolschool.errors import DataError
+from toolschool.models.backend import Backend, GenerationRequest, SamplingParams
+
+STEPS = ("trials", "rules", "judge", "dedupe", "paraphrases", "final", "train", "validation")
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+class ReplyCache:
+    """Append-only JSONL of model replies keyed by a hash of (purpose, model, prompt, sampling)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._data: dict[str, Any] = {}
+        if path.exists():
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+                if not line.strip():
+                    continue
+                try:
+                    entry = json.loads(line)
+                    self._data[entry["key"]] = entry["value"]
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    if number < len(path.read_text(encoding="utf-8").splitlines()):
+                        raise DataError(
+                            f"{path}:{number}: not a cache entry", hint="delete the cache file to start over"
+                        ) from None
+                    # a torn last line from an interrupted run: ignored, its reply is asked for again
+
+    @staticmethod
+    def key(*parts: Any) -> str:
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> Any:
+        return self._data.get(key)
+
+    def put(self, key: str, value: Any) -> None:
+        self._data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n")
+            handle.flush()
+
+
+# ---------------------------------------------------------------------------------------------- rules
+
+
+@dataclass
+class Candidate:
+    """One kept trial, as a training conversation plus what later steps need."""
+
+    id: str
+    tool: str
+    query: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+    final_answer: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def example(self, query: str | None = None, **meta: Any) -> dict[str, Any]:
+        messages = [dict(m) for m in self.messages]
+        if query is not None:
+            messages[0] = {**messages[0], "content": query}
+        return {"messages": messages, "tools": self.tools, "meta": {**self.meta, **meta}}
+
+
+def _call_ok(call: dict[str, Any]) -> bool:
+    observation = call.get("observation") or {}
+    return call.get("executed", True) is not False and not observation.get("is_error", False)
+
+
+def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -> tuple[Candidate | None, str | None]:
+    """The clean conversation of a trial, or the rule it fails."""
+    tool = str(trial.get("tool"))
+    if trial.get("status", "ok") != "ok":
+        return None, f"status {trial.get('status')}"
+    query = (trial.get("query") or "").strip()
+    if not query:
+        return None, "empty query"
+    final = trial.get("final_answer")
+    if not isinstance(final, str) or not final.strip():
+        return None, "no final answer"
+    if require_solved and trial.get("solved") is not True:
+        return None, "not self-reported as solved"
+    steps = trial.get("steps") or []
+    call_steps = [s for s in steps if s.get("calls")]
+    if not call_steps:
+        return None, "no tool call"
+    last = call_steps[-1]
+    if last.get("executed") is False or not all(_call_ok(c) for c in last["calls"]) or last.get("parse_error"):
+        return None, "last call before the final answer failed"
+    messages: list[dict[str, Any]] = [{"role": "user", "content": query}]
+    calls: list[dict[str, Any]] = []
+    n = 0
+    for step in call_steps:
+        if step.get("executed") is False or step.get("parse_error") or not all(_call_ok(c) for c in step["calls"]):
+            continue  # failed attempts are not taught; the clean path keeps what worked
+        tool_calls, results = [], []
+        for call in step["calls"]:
+            call_id = call.get("id") or f"call_{n}"
+            n += 1
+            arguments = call.get("arguments")
+            if not isinstance(arguments, dict):
+                return None, "call arguments are not a JSON object"
+            tool_calls.append(tool_call(str(call.get("name")), arguments, call_id))
+            observation = call.get("observation") or {}
+            text = observation.get("text") if observation.get("text") is not None else call.get("shown", "")
+            results.append({"role": "tool", "tool_call_id": call_id, "name": call.get("name"), "content": str(text)})
+            calls.append({"name": call.get("name"), "arguments": arguments})
+        messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
+        messages.extend(results)
+    if not any(c["name"] == tool for c in calls):
+        return None, "the explored tool was not called successfully"
+    messages.append({"role": "assistant", "content": final.strip()})
+    tools = trial.get("tools") or []
+    example = {"messages": messages, "tools": tools, "meta": {}}
+    problem = validate_example(example)
+    if problem is not None:
+        return None, f"invalid conversation ({problem})"
+    trial_id = f"{tool}/e{trial.get('episode')}/s{trial.get('slot')}"
+    meta = {
+        "id": trial_id,
+        "original_id": trial_id,
+        "tool": tool,
+        "source": "explore",
+        "category": "explore",
+        "expected_answer": None,
+        "model": trial.get("model"),
+        "solved": trial.get("solved"),
+        "paraphrase": False,
+    }
+    return Candidate(trial_id, tool, query, messages, tools, calls, final.strip(), meta), None
+
+
+# ---------------------------------------------------------------------------------------------- judge
+
+JUDGE_CRITERIA = ("addresses", "faithful", "appropriate")
+JUDGE_PROMPT = """You check one example of an assistant using tools.
+Answer each question with Yes or No and a short reason.
+
+User query:
+{query}
+
+Tool calls and their results:
+{calls}
+
+Final answer:
+{final}
+
+Questions:
+1. Does the final answer address the query informatively?
+2. Is the final answer faithful to the tool results (no invented facts)?
+3. Were the tools used appropriately for the query?
+
+Reply with exactly three lines:
+Addresses: Yes|No - reason
+Faithful: Yes|No - reason
+Appropriate: Yes|No - reason"""
+_JUDGE_LINE = re.compile(r"^\W*(addresses|faithful|appropriate)\W*\s*(yes|no)\b\W*(.*)$", re.IGNORECASE)
+
+
+def judge_prompt(candidate: Candidate) -> str:
+    lines = []
+    for message in candidate.messages[1:-1]:
+        if message.get("tool_calls"):
+            for call in message["tool_calls"]:
+                lines.append(f"CALL {call['function']['name']}({json.dumps(call['function']['arguments'])})")
+        elif message.get("role") == "tool":
+            lines.append(f"RESULT {str(message.get('content'))[:600]}")
+    return JUDGE_PROMPT.format(query=candidate.query, calls="\n".join(lines), final=candidate.final_answer)
+
+
+def parse_judgment(text: str) -> dict[str, Any]:
+    """{criterion: {"verdict": bool, "reason": str}} plus `keep` (all Yes) and `error` when a line is missing."""
+    found: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        match = _JUDGE_LINE.match(line.strip())
+        if match and match.group(1).lower() not in found:
+            found[match.group(1).lower()] = {
+                "verdict": match.group(2).lower() == "yes",
+                "reason": match.group(3).strip(" -:"),
+            }
+    missing = [c for c in JUDGE_CRITERIA if c not in found]
+    result: dict[str, Any] = {**found, "raw": text}
+    result["error"] = f"no verdict for {', '.join(missing)}" if missing else None
+    result["keep"] = not missing and all(found[c]["verdict"] for c in JUDGE_CRITERIA)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- dedupe
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def normalize_text(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).lower()
+    return " ".join(_WORD.findall(text))
+
+
+def jaccard(a: str, b: str) -> float:
+    sa, sb = set(normalize_text(a).split()), set(normalize_text(b).split())
+    if not sa and not sb:
+        return 1.0
+    return len(sa & sb) / len(sa | sb)
+
+
+def near_duplicate(text: str, others: list[str], threshold: float) -> bool:
+    norm = normalize_text(text)
+    return any(norm == normalize_text(o) or jaccard(text, o) >= threshold for o in others)
+
+
+def dedupe(candidates: list[Candidate], threshold: float) -> tuple[list[Candidate], list[Candidate]]:
+    """Keep the first of each group of near-identical queries (per tool); return (kept, removed)."""
+    kept: list[Candidate] = []
+    removed: list[Candidate] = []
+    seen: dict[str, list[str]] = defaultdict(list)
+    for candidate in candidates:
+        if near_duplicate(candidate.query, seen[candidate.tool], threshold):
+            removed.append(candidate)
+        else:
+            seen[candidate.tool].append(candidate.query)
+            kept.append(candidate)
+    return kept, removed
+
+
+# ---------------------------------------------------------------------------------------------- paraphrase
+
+PARAPHRASE_PROMPT = """Rewrite the user request below in different words, as a user would ask it.
+Keep every number, date, name and unit exactly as written. Reply with the rewritten request only.
+
+Request: {query}"""
+_NUM = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+
+
+def _numbers(text: str) -> set[str]:
+    out = set()
+    for match in _NUM.findall(text):
+        raw = match.replace(",", "")
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        out.add(repr(value))
+    return out
+
+
+def _flatten(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flatten(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in _flatten(v)]
+    return [value]
+
+
+def required_atoms(query: str, calls: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
+    """What a paraphrase must keep: (numbers, phrases) that the calls' arguments take from the query.
+
+    Numbers are compared by value (`1,200` = `1200`); phrases are short string arguments (units, dates,
+    names such as `km`, `2024-05-01`, `Paris`) that appear in the query, compared case-insensitively.
+    """
+    query_numbers = _numbers(query)
+    query_lower = query.lower()
+    numbers: set[str] = set()
+    phrases: set[str] = set()
+    for call in calls:
+        for value in _flatten(call.get("arguments") or {}):
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, int | float):
+                key = repr(float(value))
+                if key in query_numbers:
+                    numbers.add(key)
+                continue
+            text = str(value)
+            numbers |= _numbers(text) & query_numbers
+            for date in _DATE.findall(text):
+                if date in query:
+                    phrases.add(date.lower())
+            if (
+                len(text.split()) <= 4
+                and text.strip()
+                and re.search(rf"(?<!\w){re.escape(text.lower())}(?!\w)", query_lower)
+            ):
+                phrases.add(text.lower())
+    return numbers, phrases
+
+
+def paraphrase_problem(
+    paraphrase: str, original: str, calls: list[dict[str, Any]], others: list[str], threshold: float
+) -> str | None:
+    """Why a paraphrase is rejected, or None."""
+    if not paraphrase.strip():
+        return "empty"
+    if normalize_text(paraphrase) == normalize_text(original):
+        return "same as the original"
+    numbers, phrases = required_atoms(original, calls)
+    missing_numbers = numbers - _numbers(paraphrase)
+    if missing_numbers:
+        return "loses a number the call needs"
+    lower = paraphrase.lower()
+    if any(not re.search(rf"(?<!\w){re.escape(p)}(?!\w)", lower) for p in phrases):
+        return "loses a date, unit or name the call needs"
+    if near_duplicate(paraphrase, others, threshold):
+        return "near-duplicate of another paraphrase"
+    return None
+
+
+def clean_paraphrase(text: str) -> str:
+    text = text.strip()
+    text = re.sub(r"^(rewritten request|request|paraphrase)\s*:\s*", "", text, flags=re.IGNORECASE)
+    text = text.strip().strip('"“”').strip()
+    return text.split("\n\n")[0].strip()
+
+
+def paraphrase_plan(counts: dict[str, int], target: int, max_per_original: int) -> dict[str, int]:
+    """Paraphrases to ask per original: spread (target - originals) over a tool's originals, capped."""
+    plan: dict[str, int] = {}
+    for tool, n in counts.items():
+        missing = max(0, target - n)
+        plan[tool] = 0 if n == 0 or target <= 0 else min(max_per_original, -(-missing // n))
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class DistillOptions:
+    trials: Path
+    out: Path
+    target_per_tool: int = 0
+    max_paraphrases: int = 3
+    dedupe_threshold: float = 0.9
+    validation_fraction: float = 0.1
+    require_solved: bool = False
+    seed: int = 0
+    concurrency: int = 16
+    judge_model: str | None = None
+    paraphrase_model: str | None = None
+    temperature: float = 0.8
+    max_tokens: int = 160
+
+
+async def _generate(
+    backend: Backend, prompt: str, *, n: int, temperature: float, max_tokens: int, seed: int
+) -> list[str]:
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": prompt}],
+        params=SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed),
+    )
+    return [c.text for c in await backend.generate(request)]
+
+
+async def run_judge(
+    candidates: list[Candidate], backend: Backend, cache: ReplyCache, opts: DistillOptions, progress: Any = None
+) -> list[dict[str, Any]]:
+    """One judgment per candidate (cached); order follows `candidates`."""
+    semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+
+    async def one(candidate: Candidate) -> dict[str, Any]:
+        prompt = judge_prompt(candidate)
+        key = cache.key("judge", getattr(backend, "name", ""), prompt, opts.max_tokens)
+        text = cache.get(key)
+        if text is None:
+            async with semaphore:
+                text = (
+                    await _generate(backend, prompt, n=1, temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
+                )[0]
+            cache.put(key, text)
+        if progress is not None:
+            progress()
+        return parse_judgment(text)
+
+    return list(await asyncio.gather(*(one(c) for c in candidates)))
+
+
+async def run_paraphrase(
+    candidates: list[Candidate],
+    plan: dict[str, int],
+    backend: Backend,
+    cache: ReplyCache,
+    opts: DistillOptions,
+    progress: Any = None,
+) -> dict[str, list[str]]:
+    """Raw paraphrase texts per candidate id (cached); each candidate asks for its tool's planned count."""
+    semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+
+    async def one(candidate: Candidate) -> tuple[str, list[str]]:
+        n = plan.get(candidate.tool, 0)
+        if n <= 0:
+            return candidate.id, []
+        prompt = PARAPHRASE_PROMPT.format(query=candidate.query)
+        # ask for a few extra: some will be rejected
+        n_ask = n + 2
+        seed = int(hashlib.sha256(f"{opts.seed}:{candidate.id}".encode()).hexdigest()[:8], 16)
+        key = cache.key(
+            "paraphrase", getattr(backend, "name", ""), prompt, n_ask, opts.temperature, opts.max_tokens, seed
+        )
+        texts = cache.get(key)
+        if texts is None:
+            async with semaphore:
+                texts = await _generate(
+                    backend, prompt, n=n_ask, temperature=opts.temperature, max_tokens=opts.max_tokens, seed=seed
+                )
+            cache.put(key, texts)
+        if progress is not None:
+            progress()
+        return candidate.id, list(texts)
+
+    return dict(await asyncio.gather(*(one(c) for c in candidates)))
+
+
+def split_by_original(originals: list[Candidate], fraction: float, seed: int) -> set[str]:
+    """Original ids going to validation, per tool (seeded), so every tool is split the same way."""
+    if not 0.0 <= fraction < 1.0:
+        raise DataError(f"validation_fraction {fraction} must be in [0, 1)", hint="e.g. 0.1")
+    chosen: set[str] = set()
+    by_tool: dict[str, list[str]] = defaultdict(list)
+    for c in originals:
+        by_tool[c.tool].append(c.id)
+    for tool, ids in sorted(by_tool.items()):
+        ids = sorted(ids)
+        random.Random(f"{seed}:{tool}").shuffle(ids)
+        chosen.update(ids[: round(len(ids) * fraction)])
+    return chosen
+
+
+def distill(
+    trials: list[dict[str, Any]],
+    opts: DistillOptions,
+    *,
+    judge: Backend | None = None,
+    paraphraser: Backend | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Synchronous entry point: `adistill` in a fresh event loop."""
+    return asyncio.run(adistill(trials, opts, judge=judge, paraphraser=paraphraser, progress=progress))
+
+
+async def run_distill(trials: list[dict[str, Any]], opts: DistillOptions, *, progress: Any = None) -> dict[str, Any]:
+    """Make the judge/paraphraser backends named in `opts` (one backend when both name the same model), run,
+    and close them, all in one event loop (a local backend's batching worker lives on that loop)."""
+    from toolschool.models.backends import make_backend
+
+    backends: dict[str, Backend] = {}
+    for spec in (opts.judge_model, opts.paraphrase_model):
+        if spec and spec not in backends:
+            backends[spec] = make_backend(spec, concurrency=opts.concurrency)
+    try:
+        return await adistill(
+            trials,
+            opts,
+            judge=backends.get(opts.judge_model or ""),
+            paraphraser=backends.get(opts.paraphrase_model or ""),
+            progress=progress,
+        )
+    finally:
+        for backend in backends.values():
+            await backend.aclose()
+
+
+async def adistill(
+    trials: list[dict[str, Any]],
+    opts: DistillOptions,
+    *,
+    judge: Backend | None = None,
+    paraphraser: Backend | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Run every step over `trials`, write train/validation/summary/card into `opts.out`; return the summary."""
+    if opts.target_per_tool > 0 and paraphraser is None:
+        raise DataError(
+            f"target_per_tool={opts.target_per_tool} needs a paraphrasing model",
+            hint="pass --paraphrase-model (any backend), or --target-per-tool 0 to skip paraphrasing",
+        )
+    if opts.max_paraphrases < 0 or not 0.0 < opts.dedupe_threshold <= 1.0:
+        raise DataError(
+            f"max_paraphrases={opts.max_paraphrases} must be >= 0 and "
+            f"dedupe_threshold={opts.dedupe_threshold} must be in (0, 1]"
+        )
+    opts.out.mkdir(parents=True, exist_ok=True)
+    cache = ReplyCache(opts.out / "cache.jsonl")
+    counts: dict[str, Counter[str]] = defaultdict(Counter)
+    drops: dict[str, dict[str, Counter[str]]] = {
+        "rules": defaultdict(Counter),
+        "judge": defaultdict(Counter),
+        "paraphrase": defaultdict(Counter),
+    }
+
+    candidates: list[Candidate] = []
+    seen_trials: set[str] = set()
+    for trial in trials:
+        tool = str(trial.get("tool"))
+        counts[tool]["trials"] += 1
+        candidate, reason = trial_to_candidate(trial, require_solved=opts.require_solved)
+        if candidate is not None and candidate.id in seen_trials:
+            candidate, reason = None, "duplicate trial line"
+        if candidate is None:
+            drops["rules"][tool][str(reason)] += 1
+            continue
+        seen_trials.add(candidate.id)
+        counts[tool]["rules"] += 1
+        candidates.append(candidate)
+
+    judged = candidates
+    if judge is not None:
+        judgments = await run_judge(candidates, judge, cache, opts, progress)
+        write_jsonl(
+            opts.out / "judgments.jsonl",
+            ({"id": c.id, "tool": c.tool, "query": c.query, **j} for c, j in zip(candidates, judgments, strict=True)),
+        )
+        judged = []
+        for candidate, judgment in zip(candidates, judgments, strict=True):
+            candidate.meta["judge"] = {k: judgment[k] for k in JUDGE_CRITERIA if k in judgment}
+            if judgment["keep"]:
+                judged.append(candidate)
+            else:
+                reason = judgment["error"] or "judged No on " + ", ".join(
+                    k for k in JUDGE_CRITERIA if not judgment[k]["verdict"]
+                )
+                drops["judge"][candidate.tool][reason] += 1
+    for candidate in judged:
+        counts[candidate.tool]["judge"] += 1
+
+    originals, _removed = dedupe(judged, opts.dedupe_threshold)
+    for candidate in originals:
+        counts[candidate.tool]["dedupe"] += 1
+
+    paraphrases: list[tuple[Candidate, str, int]] = []
+    if paraphraser is not None and opts.target_per_tool > 0 and opts.max_paraphrases > 0:
+        plan = paraphrase_plan(Counter(c.tool for c in originals), opts.target_per_tool, opts.max_paraphrases)
+        raw = await run_paraphrase(originals, plan, paraphraser, cache, opts, progress)
+        per_tool_made: Counter[str] = Counter()
+        for candidate in originals:
+            need = opts.target_per_tool - counts[candidate.tool]["dedupe"] - per_tool_made[candidate.tool]
+            accepted: list[str] = []
+            others = [c.query for c in originals if c.tool == candidate.tool]
+            for text in raw.get(candidate.id, []):
+                if len(accepted) >= min(opts.max_paraphrases, plan.get(candidate.tool, 0), max(0, need)):
+                    break
+                text = clean_paraphrase(text)
+                problem = paraphrase_problem(
+                    text, candidate.query, candidate.calls, others + accepted, opts.dedupe_threshold
+                )
+                if problem is not None:
+                    drops["paraphrase"][candidate.tool][problem] += 1
+                    continue
+                accepted.append(text)
+            for index, text in enumerate(accepted, start=1):
+                paraphrases.append((candidate, text, index))
+            per_tool_made[candidate.tool] += len(accepted)
+            counts[candidate.tool]["paraphrases"] += len(accepted)
+
+    validation_ids = split_by_original(originals, opts.validation_fraction, opts.seed)
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
+    for candidate in originals:
+        split = "validation" if candidate.id in validation_ids else "train"
+        splits[split].append(candidate.example(split=split))
+    for candidate, text, index in paraphrases:
+        split = "validation" if candidate.id in validation_ids else "train"
+        splits[split].append(
+            candidate.example(
+                text, id=f"{candidate.id}/p{index}", paraphrase=True, original_query=candidate.query, split=split
+            )
+        )
+    for split, examples in splits.items():
+        random.Random(f"{opts.seed}:{split}").shuffle(examples)
+        for example in examples:
+            counts[example["meta"]["tool"]][split] += 1
+            counts[example["meta"]["tool"]]["final"] += 1
+        write_jsonl(opts.out / f"{split}.jsonl", examples)
+
+    summary = {
+        "options": {
+            "trials": str(opts.trials),
+            "target_per_tool": opts.target_per_tool,
+            "max_paraphrases": opts.max_paraphrases,
+            "dedupe_threshold": opts.dedupe_threshold,
+            "validation_fraction": opts.validation_fraction,
+            "require_solved": opts.require_solved,
+            "seed": opts.seed,
+            "judge_model": opts.judge_model if judge is not None else None,
+            "paraphrase_model": opts.paraphrase_model if paraphraser is not None else None,
+        },
+        "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts)},
+        "total": {step: sum(counts[t][step] for t in counts) for step in STEPS},
+        "dropped": {stage: {t: dict(c.most_common()) for t, c in sorted(per.items())} for stage, per in drops.items()},
+        "files": {"train": str(opts.out / "train.jsonl"), "validation": str(opts.out / "validation.jsonl")},
+    }
+    (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    (opts.out / "README.md").write_text(distill_card(summary), encoding="utf-8")
+    return summary
+
+
+def distill_card(summary: dict[str, Any]) -> str:
+    """The markdown dataset card: where the data came from and what each step kept, per tool."""
+    o = summary["options"]
+    lines = [
+        "# Distilled tool-use dataset",
+        "",
+        f"Built by `toolschool distill` from `{o['trials']}` (exploration trials). One conversation per JSON line "
+        '(`{"messages", "tools", "meta"}`): the query, the calls that executed without error with their results, '
+        "the final answer.",
+        "",
+        f"- judge: {o['judge_model'] or 'none (rules only)'}; paraphraser: {o['paraphrase_model'] or 'none'}",
+        f"- target per tool {o['target_per_tool']}, at most {o['max_paraphrases']} paraphrases per original, "
+        f"dedupe Jaccard >= {o['dedupe_threshold']}, validation fraction {o['validation_fraction']} (by original "
+        f"query), seed {o['seed']}, require self-reported success: {o['require_solved']}",
+        "",
+        "## Counts per tool at each step",
+        "",
+        "| tool | " + " | ".join(STEPS) + " |",
+        "| --- | " + " | ".join("---:" for _ in STEPS) + " |",
+    ]
+    for tool, row in summary["per_tool"].items():
+        lines.append(f"| {tool} | " + " | ".join(str(row[s]) for s in STEPS) + " |")
+    lines.append("| **total** | " + " | ".join(str(summary["total"][s]) for s in STEPS) + " |")
+    lines += ["", "## Why items were dropped", ""]
+    for stage, per_tool in summary["dropped"].items():
+        totals: Counter[str] = Counter()
+        for reasons in per_tool.values():
+            totals.update(reasons)
+        if totals:
+            lines.append(f"- **{stage}**: " + "; ".join(f"{r}: {n}" for r, n in totals.most_common()))
+    if not any(summary["dropped"].values()):
+        lines.append("- nothing was dropped")
+    lines += [
+        "",
+        "Steps: rules (final answer after a call that executed without error, explored tool called) → judge "
+        "(three Yes/No criteria, reasons in `judgments.jsonl` and `meta.judge`) → near-duplicate removal → "
+        "paraphrasing (paraphrases that drop a number, date or unit the call takes from the query are rejected) → "
+        "split by original query.",
+        "",
+    ]
+    return "\n".join(lines)
