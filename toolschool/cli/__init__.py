@@ -62,6 +62,10 @@ def _register() -> None:
 
     app.add_typer(models.app, name="models")
     app.add_typer(config_cmd.app, name="config")
+    from toolschool.cli import serve_cmd
+
+    app.command("serve")(serve_cmd.serve)
+    app.command("generate")(serve_cmd.generate)
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)

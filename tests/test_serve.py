@@ -1,0 +1,257 @@
+"""`toolschool serve`: OpenAI-compatible responses, batching of concurrent clients, errors, disconnects, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+from typer.testing import CliRunner
+
+from toolschool.chat.formats import get_format
+from toolschool.cli import app
+from toolschool.models.backend import Completion
+from toolschool.models.backends import make_backend
+from toolschool.models.backends.local import LocalBackend
+from toolschool.models.backends.openai_http import _completion_from_choice
+from toolschool.serve.app import ChatCompletionRequest, to_response
+from toolschool.serve.server import running_server
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+CONVERSATION = [
+    {"role": "user", "content": "What is 12*7 and 3+4?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_a",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": {"expression": "12*7"}},
+            },
+            {
+                "id": "call_b",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": {"expression": "3+4"}},
+            },
+        ],
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir: Path):
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=16)
+    yield b
+    asyncio.run(b.aclose())
+
+
+@pytest.fixture(scope="module")
+def base_url(backend: LocalBackend):
+    with running_server(backend, "tiny") as url:
+        yield url
+
+
+def _wire(messages: list[dict]) -> list[dict]:
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
+        out.append(m)
+    return out
+
+
+async def test_models_endpoint(base_url: str) -> None:
+    async with httpx.AsyncClient() as client:
+        data = (await client.get(f"{base_url}/models")).json()
+    assert [m["id"] for m in data["data"]] == ["tiny"]
+
+
+async def test_chat_completion_is_valid_openai_form(base_url: str) -> None:
+    client = AsyncOpenAI(base_url=base_url, api_key="x")
+    conversation = _wire(CONVERSATION) + [
+        {"role": "tool", "tool_call_id": "call_a", "content": "84"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "7"},
+    ]
+    response = await client.chat.completions.create(
+        model="tiny", messages=conversation, tools=[CALC], n=2, temperature=0.8, seed=3, max_tokens=8, logprobs=True
+    )
+    await client.close()
+    assert len(response.choices) == 2
+    for choice in response.choices:
+        assert choice.finish_reason in ("stop", "length", "tool_calls")
+        for call in choice.message.tool_calls or []:
+            assert call.id.startswith("call_") and isinstance(json.loads(call.function.arguments), dict)
+        assert choice.logprobs is not None and all(t.logprob <= 0 for t in choice.logprobs.content)
+    assert response.usage.prompt_tokens > 50
+    assert response.usage.completion_tokens == sum(len(c.logprobs.content) for c in response.choices)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"model": "tiny"}, "messages: Field required"),
+        ({"messages": []}, "messages: List should have at least 1 item"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "hi"}], "n": 0}, "n: Input should be greater than or equal to 1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "stream": True}, "stream=true is not supported"),
+        ({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}, "tools[0] must be"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{oops"}}]},
+                ]
+            },
+            "messages[1].tool_calls[0].function.arguments is not a JSON object",
+        ),
+        ({"messages": [{"role": "user", "content": "hi"}], "continue_final_message": True}, "last message"),
+    ],
+)
+async def test_malformed_requests_get_400_with_a_message(base_url: str, body: dict, message: str) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+
+
+async def test_invalid_json_and_oversized_prompt_get_400(base_url: str) -> None:
+    async with httpx.AsyncClient() as client:
+        bad_json = await client.post(
+            f"{base_url}/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        too_long = await client.post(
+            f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "word " * 1100}]}
+        )
+    assert bad_json.status_code == 400 and "JSON" in bad_json.json()["error"]["message"]
+    assert too_long.status_code == 400 and "positions" in too_long.json()["error"]["message"]
+
+
+async def test_64_concurrent_clients_all_answered_in_shared_batches(base_url: str, backend: LocalBackend) -> None:
+    async def one(client: httpx.AsyncClient, i: int) -> dict:
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"Question number {i}?"}],
+            "tools": [CALC] if i % 2 else None,
+            "max_tokens": 6,
+            "temperature": 0,
+        }
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(limits=limits, timeout=120) as client:
+        results = await asyncio.gather(*(one(client, i) for i in range(64)))
+    assert len(results) == 64 and all(len(r["choices"]) == 1 for r in results)
+    assert len({r["id"] for r in results}) == 64
+    assert backend.max_rows_seen > 1  # requests were decoded together
+
+
+async def test_client_disconnect_cancels_its_generation(base_url: str, backend: LocalBackend) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 900, "temperature": 0}
+    async with httpx.AsyncClient(timeout=0.5) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.post(f"{base_url}/chat/completions", json=body)
+    for _ in range(200):  # the abandoned rows leave the batch within a poll interval or two
+        if not backend._rows:
+            break
+        await asyncio.sleep(0.05)
+    assert not backend._rows
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(
+            f"{base_url}/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        )
+    assert response.status_code == 200
+
+
+def test_round_trip_render_parse_serve_client(tokenizer) -> None:
+    """Calls rendered by the chat template parse back, survive the server's response and the HTTP client."""
+    hermes = get_format("hermes")
+    rendered = tokenizer.apply_chat_template(CONVERSATION, tools=[CALC], tokenize=False)
+    reply_text = rendered.split("<|im_start|>assistant\n")[-1].split("<|im_end|>")[0]
+    assert reply_text == hermes.format_reply(CONVERSATION[1])
+    expected = [(c["function"]["name"], c["function"]["arguments"]) for c in CONVERSATION[1]["tool_calls"]]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in hermes.parse(reply_text).calls] == expected
+
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=[CALC])
+    response = to_response(body, [Completion(text=reply_text, token_ids=[1, 2], prompt_tokens=5)], "tiny", True)
+    choice = response["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    wire_calls = choice["message"]["tool_calls"]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in wire_calls] == expected
+    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+    from openai.types.chat import ChatCompletion
+
+    client_side = _completion_from_choice(ChatCompletion.model_validate(response).choices[0], 5)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in client_side.tool_calls or []] == expected
+    assert [
+        (c["function"]["name"], c["function"]["arguments"]) for c in hermes.parse(client_side.text).calls
+    ] == expected
+
+    # tool_choice "none": the same text is returned as text, not calls.
+    none = to_response(body, [Completion(text=reply_text)], "tiny", False)
+    assert none["choices"][0]["message"] == {"role": "assistant", "content": reply_text}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_refuses_a_busy_port(tiny_model_dir: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve", "--model", str(tiny_model_dir), "--port", str(port)])
+    assert result.exit_code == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in result.output
+
+
+def test_serve_exits_cleanly_on_sigterm(tiny_model_dir: Path) -> None:
+    port = _free_port()
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "toolschool", "serve", "--model", str(tiny_model_dir), "--port", str(port)]
+    proc = subprocess.Popen([*cmd, "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.2)
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,96 @@
+"""`toolschool serve`: an OpenAI-compatible server on the batching local backend; `toolschool generate`: one reply."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import typer
+
+from toolschool.cli.console import err_console
+from toolschool.cli.models import MODEL_HELP
+from toolschool.errors import ToolschoolError
+
+
+def serve(
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 exposes it to the network)."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+    served_name: str = typer.Option(None, help="Model name clients send and /v1/models lists (default: --model)."),
+    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32"),
+    device: str = typer.Option(None, help="cpu, cuda, ... (default: cuda if available)"),
+    max_batch_size: int = typer.Option(16, help="Sequences decoded together (concurrent requests x n)."),
+    log_level: str = typer.Option("info", help="uvicorn log level: debug | info | warning | error"),
+    api_key: str = typer.Option(
+        None, envvar="TOOLSCHOOL_SERVE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests."
+    ),
+) -> None:
+    """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
+    from toolschool.models.backends import make_backend
+    from toolschool.models.spec import parse_model_spec
+    from toolschool.serve.server import bind_socket, run_server
+
+    if parse_model_spec(model).kind == "openai":
+        raise ToolschoolError(f"model '{model}' is already an endpoint", hint="serve local weights or a folder")
+    sock = bind_socket(host, port)  # fail on a busy port before spending time loading the model
+    backend = make_backend(model, dtype=dtype, device=device, max_batch_size=max_batch_size)
+    name = served_name or model
+    err_console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (stop with Ctrl+C or SIGTERM)")
+    run_server(backend, name, host=host, port=port, log_level=log_level, api_key=api_key, sock=sock)
+
+
+def generate(
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The user message."),
+    model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
+    tool: list[str] = typer.Option([], "--tool", help="Offer this built-in calculator schema: 'calculator'."),
+    max_tokens: int = typer.Option(128, help="Most tokens to generate."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    n: int = typer.Option(1, help="Number of samples."),
+    seed: int = typer.Option(None, help="Seed for sampling."),
+    as_json: bool = typer.Option(False, "--json", help="Print the completions and the parsed reply as JSON."),
+) -> None:
+    """Answer one prompt with any backend (local or openai:URL#name) and show the parsed hermes reply."""
+    from toolschool.chat.formats import get_format
+    from toolschool.cli.models import CALCULATOR_SCHEMA
+    from toolschool.models.backend import GenerationRequest, SamplingParams
+    from toolschool.models.backends import make_backend
+
+    unknown = [t for t in tool if t != "calculator"]
+    if unknown:
+        raise ToolschoolError(f"unknown --tool {', '.join(unknown)}", hint="only 'calculator' is offered here")
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": prompt}],
+        tools=[CALCULATOR_SCHEMA] if tool else None,
+        params=SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed),
+    )
+
+    async def run() -> list:
+        backend = make_backend(model)
+        try:
+            return await backend.generate(request)
+        finally:
+            await backend.aclose()
+
+    completions = asyncio.run(run())
+    fmt = get_format("hermes")
+    rows = []
+    for c in completions:
+        parsed = fmt.parse(c.text)
+        rows.append(
+            {
+                "text": c.text,
+                "finish_reason": c.finish_reason,
+                "tokens": len(c.token_ids),
+                "calls": parsed.calls,
+                "final": parsed.final,
+                "parse_error": parsed.error,
+            }
+        )
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
+        return
+    for i, row in enumerate(rows):
+        typer.echo(f"--- completion {i} ({row['finish_reason']}, {row['tokens']} tokens)")
+        typer.echo(row["text"])
+        if row["calls"]:
+            typer.echo(f"tool calls: {json.dumps(row['calls'], ensure_ascii=False)}")

@@ -1,0 +1,241 @@
+"""OpenAI-compatible HTTP backend (vLLM, llama.cpp server, Ollama, OpenAI, `toolschool serve`).
+
+Uses the official `openai` client with its own retries switched off (`max_retries=0`): this module retries
+explicitly, so the policy is visible and testable — 429, 5xx, timeouts and dropped connections are retried
+with exponential backoff (0.5 s, 1 s, 2 s, ... capped at 8 s, with jitter); authentication failures (401/403)
+and other 4xx are not retried. At most `concurrency` requests are in flight. On first use the endpoint is
+checked with `models.list()`, so a wrong URL or key fails at once with one clear line instead of after the
+first batch of work.
+
+Tool calls: arguments cross the wire as JSON strings and are converted at this boundary. When the server
+returns parsed `tool_calls`, `Completion.tool_calls` holds them (canonical, dict arguments) and they are also
+re-rendered as hermes `<tool_call>` text after the content, so callers can always parse `Completion.text`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+from typing import Any
+
+from toolschool.chat.types import arguments_from_wire, arguments_to_wire
+from toolschool.errors import ToolschoolError
+from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class EndpointError(ToolschoolError):
+    """An OpenAI-compatible endpoint is unreachable, refuses our key, or rejects a request."""
+
+
+class OpenAIBackend(Backend):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        api_key: str | None = None,
+        concurrency: int = 16,
+        timeout: float = 120.0,
+        max_retries: int = 4,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+    ) -> None:
+        from openai import AsyncOpenAI
+
+        if concurrency < 1:
+            raise ToolschoolError(f"concurrency must be at least 1, got {concurrency}")
+        self.spec = spec
+        self.name = spec.name
+        self.served_name = spec.path_or_id
+        self.base_url = spec.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+        # Local servers accept any key; the client insists on one.
+        key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
+        self.client = AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0)
+        self.max_retries = max_retries
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.retries_done = 0  # how many retries happened (visible to tests and logs)
+        self._semaphore = asyncio.Semaphore(concurrency)
+        self._checked = False
+        self._check_lock = asyncio.Lock()
+
+    async def check(self) -> list[str]:
+        """Reach the endpoint and list its models; raise EndpointError naming the URL and the fix."""
+        import openai
+
+        try:
+            page = await self.client.models.list()
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise EndpointError(
+                f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
+                hint="set OPENAI_API_KEY (or pass api_key) to a key this server accepts",
+            ) from exc
+        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
+            raise EndpointError(
+                f"endpoint {self.base_url} is unreachable ({type(exc).__name__}: {exc})",
+                hint="start the server (e.g. toolschool serve --port 8000) or fix the URL in --model openai:URL#NAME",
+            ) from exc
+        except openai.APIStatusError as exc:
+            raise EndpointError(
+                f"endpoint {self.base_url} answered GET /models with HTTP {exc.status_code}: {_error_text(exc)}",
+                hint="check that the URL ends with the API root, e.g. http://127.0.0.1:8000/v1",
+            ) from exc
+        names = [m.id for m in page.data]
+        if names and self.served_name not in names:
+            log.warning("endpoint %s does not list model '%s' (it lists %s)", self.base_url, self.served_name, names)
+        return names
+
+    async def _ensure_checked(self) -> None:
+        if self._checked:
+            return
+        async with self._check_lock:
+            if not self._checked:
+                await self.check()
+                self._checked = True
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        await self._ensure_checked()
+        params = request.params
+        completions: list[Completion] = []
+        # Some servers (llama.cpp) ignore n > 1: ask again for whatever is missing.
+        for _ in range(params.n):
+            missing = params.n - len(completions)
+            if missing <= 0:
+                break
+            completions.extend(await self._create(request, missing))
+        return completions[: params.n]
+
+    async def _create(self, request: GenerationRequest, n: int) -> list[Completion]:
+        params = request.params
+        messages = [_message_to_wire(m) for m in request.messages]
+        kwargs: dict[str, Any] = {
+            "model": self.served_name,
+            "messages": messages,
+            "n": n,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+        }
+        if request.tools:
+            kwargs["tools"] = request.tools
+        if params.stop:
+            kwargs["stop"] = params.stop
+        if params.seed is not None:
+            kwargs["seed"] = params.seed
+        if params.logprobs:
+            kwargs["logprobs"] = True
+        if request.prefill:
+            # vLLM's (and `toolschool serve`'s) extension: continue a partial assistant message.
+            messages.append({"role": "assistant", "content": request.prefill})
+            kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
+        response = await self._with_retries(kwargs)
+        prompt_tokens = response.usage.prompt_tokens if response.usage else 0
+        return [_completion_from_choice(choice, prompt_tokens) for choice in response.choices]
+
+    async def _with_retries(self, kwargs: dict[str, Any]) -> Any:
+        import openai
+
+        attempt = 0
+        while True:
+            try:
+                async with self._semaphore:
+                    return await self.client.chat.completions.create(**kwargs)
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+                raise EndpointError(
+                    f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
+                    hint="set OPENAI_API_KEY (or pass api_key) to a key this server accepts",
+                ) from exc
+            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError) as exc:
+                retry_error: Exception = exc
+            except openai.APIConnectionError as exc:
+                retry_error = exc
+            except openai.APIStatusError as exc:
+                if exc.status_code in (408, 409) or exc.status_code >= 500:
+                    retry_error = exc
+                else:
+                    raise EndpointError(
+                        f"endpoint {self.base_url} rejected the request for model '{self.served_name}' "
+                        f"(HTTP {exc.status_code}: {_error_text(exc)})",
+                        hint="check the model name after # and the sampling parameters",
+                    ) from exc
+            if attempt >= self.max_retries:
+                raise EndpointError(
+                    f"endpoint {self.base_url} failed {attempt + 1} times "
+                    f"(last: {type(retry_error).__name__}: {retry_error})",
+                    hint="the server is overloaded or down; lower --concurrency or retry later",
+                ) from retry_error
+            delay = min(self.backoff_max, self.backoff_base * 2**attempt) * (0.5 + random.random() / 2)
+            log.info("retrying after %s (attempt %d, waiting %.2fs)", type(retry_error).__name__, attempt + 1, delay)
+            attempt += 1
+            self.retries_done += 1
+            await asyncio.sleep(delay)
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def _error_text(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:300]
+    return str(getattr(exc, "message", exc))[:300]
+
+
+def _message_to_wire(message: dict[str, Any]) -> dict[str, Any]:
+    """Canonical message (dict arguments) -> OpenAI wire message (JSON-string arguments)."""
+    out = dict(message)
+    if message.get("tool_calls"):
+        wire_calls = []
+        for i, call in enumerate(message["tool_calls"]):
+            function = call.get("function", call)
+            wire_calls.append(
+                {
+                    "id": call.get("id") or f"call_{i}",
+                    "type": "function",
+                    "function": {"name": function["name"], "arguments": arguments_to_wire(function["arguments"])},
+                }
+            )
+        out["tool_calls"] = wire_calls
+    return out
+
+
+def _completion_from_choice(choice: Any, prompt_tokens: int) -> Completion:
+    message = choice.message
+    text = message.content or ""
+    calls: list[dict[str, Any]] | None = None
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            try:
+                arguments = arguments_from_wire(call.function.arguments)
+            except ValueError:  # the server passed through unparsable arguments: keep them visible as text
+                arguments = {"_unparsed": call.function.arguments}
+            calls.append(
+                {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": arguments}}
+            )
+        text = hermes_text(text, calls)
+    logprobs = None
+    if getattr(choice, "logprobs", None) is not None and choice.logprobs.content:
+        logprobs = [item.logprob for item in choice.logprobs.content]
+    finish = {"stop": "stop", "tool_calls": "stop", "length": "length"}.get(choice.finish_reason or "stop", "stop")
+    return Completion(
+        text=text,
+        token_ids=[],
+        logprobs=logprobs,
+        finish_reason=finish,  # type: ignore[arg-type]
+        tool_calls=calls,
+        prompt_tokens=prompt_tokens,
+    )
+
+
+def hermes_text(content: str, calls: list[dict[str, Any]]) -> str:
+    """The hermes-format text a model writes for this content and these calls (what `parse` reads back)."""
+    from toolschool.chat.formats import get_format
+
+    return get_format("hermes").format_reply({"role": "assistant", "content": content, "tool_calls": calls})

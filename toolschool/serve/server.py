@@ -1,0 +1,112 @@
+"""Run the OpenAI-compatible app under uvicorn, with a clean exit on SIGTERM.
+
+uvicorn shuts down gracefully on SIGTERM (stops accepting, finishes in-flight requests, runs the app's shutdown,
+which closes the backend) and then re-raises the signal, so the process would end "killed by SIGTERM". A
+service manager asking us to stop is a normal stop, so we swallow the re-raise and exit 0. The listening
+socket is bound here first, so a busy port is one clear error instead of a uvicorn traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import signal
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import uvicorn
+
+from toolschool.errors import ToolschoolError
+from toolschool.models.backend import Backend
+from toolschool.serve.app import create_app
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if sig == signal.SIGTERM:
+            captured = getattr(self, "_captured_signals", None)
+            if isinstance(captured, list) and sig in captured:
+                captured.remove(sig)  # graceful stop requested: exit normally instead of re-raising
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ToolschoolError(f"port {port} on {host} is already in use", hint="pick another --port") from exc
+        raise ToolschoolError(
+            f"cannot listen on {host}:{port} ({exc.strerror})", hint="check --host and --port"
+        ) from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_server(
+    backend: Backend,
+    model_name: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    api_key: str | None = None,
+    graceful_timeout: float = 30.0,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM; returns after a graceful shutdown (the backend is closed)."""
+    sock = sock or bind_socket(host, port)
+    config = uvicorn.Config(
+        create_app(backend, model_name, api_key=api_key),
+        log_level=log_level,
+        timeout_graceful_shutdown=graceful_timeout,
+        access_log=log_level == "debug",
+    )
+    _Server(config).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def running_server(
+    backend: Backend,
+    model_name: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    log_level: str = "warning",
+    close_backend: bool = False,
+) -> Iterator[str]:
+    """Serve in a background thread of this process and yield the base URL (`http://HOST:PORT/v1`).
+
+    For programs that want an OpenAI endpoint over a backend they already hold (and for tests): port 0 picks
+    a free port. The server stops when the block ends; the backend stays open unless `close_backend`.
+    """
+    sock = bind_socket(host, port)
+    actual_port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        create_app(backend, model_name, api_key=api_key, close_backend=close_backend),
+        log_level=log_level,
+        timeout_graceful_shutdown=5.0,
+    )
+    server = _Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="toolschool-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30.0
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise ToolschoolError(f"the server on {host}:{actual_port} did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{actual_port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15.0)
+        sock.close()
