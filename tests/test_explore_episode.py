@@ -131,6 +131,11 @@ def make_ctx(tmp_path, backend, *, registry=None, resume=False, **settings) -> E
     )
 
 
+def unmarked(messages: list[dict]) -> list[dict]:
+    """Logged messages as the model saw them (the `verbatim` mark is only for the format conversion)."""
+    return [{k: v for k, v in m.items() if k != "verbatim"} for m in messages]
+
+
 def imagination_requests(backend: ScriptedBackend) -> list[GenerationRequest]:
     return [r for r in backend.requests if r.messages[-1]["content"].rstrip().endswith("User request:")]
 
@@ -163,7 +168,7 @@ async def test_one_episode_imagines_tries_reflects_and_logs(tmp_path) -> None:
     # short-term memory: the second trial's requests carry the first trial's conversation and a follow-up prompt
     second_imagination = imagination_requests(backend)[1]
     assert "explores it further" in second_imagination.messages[-1]["content"]
-    assert second_imagination.messages[1:9] == first["messages"]
+    assert second_imagination.messages[1:9] == unmarked(first["messages"])
 
 
 async def test_long_term_memory_is_shown_only_when_imagining(tmp_path) -> None:
@@ -204,7 +209,7 @@ async def test_turn_budget_parse_errors_and_crashing_tool(tmp_path) -> None:
     assert len(registry.calls) == 2
     assert record["final_answer"] is None
     assert record["reflection"] is None and record["solved"] is None  # no_reflection ablation
-    assert record["messages"][-1] == {"role": "assistant", "content": steps[3]["raw"]}
+    assert record["messages"][-1] == {"role": "assistant", "content": steps[3]["raw"], "verbatim": True}
     counts = summarize([record])["total"]
     assert counts["parse_errors"] == 1 and counts["executed_calls"] == 2 and counts["execution_errors"] == 1
     assert counts["trials_calls_ok"] == 0
@@ -293,7 +298,7 @@ async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path
     replayed = [m for s in range(resumed_slot) for m in by_key[(tool, episode, s)]["messages"]]
     query_text = by_key[(tool, episode, resumed_slot)]["query"]
     request = next(r for r in second.requests if any(m.get("content") == query_text for m in r.messages))
-    assert request.messages[1 : 1 + len(replayed)] == replayed
+    assert request.messages[1 : 1 + len(replayed)] == unmarked(replayed)
     # the long-term memory was rebuilt from the log: resumed imaginations list queries of the first run
     assert any("What is 1 * 7?" in r.messages[-1]["content"] for r in imagination_requests(second))
 

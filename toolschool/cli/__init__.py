@@ -62,10 +62,9 @@ def _register() -> None:
 
     app.add_typer(models.app, name="models")
     app.add_typer(config_cmd.app, name="config")
-    from toolschool.cli import serve_cmd
+    from toolschool.cli import explore_cmd
 
-    app.command("serve")(serve_cmd.serve)
-    app.command("generate")(serve_cmd.generate)
+    app.command("explore")(explore_cmd.explore)
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)

@@ -147,6 +147,46 @@ def parse_reflection(text: str) -> bool | None:
     return None
 
 
+VERBATIM_KEY = "verbatim"
+_PLACEHOLDER = "@@toolschool-verbatim-{}@@"
+
+
+def model_view(
+    fmt: ChatFormat, conversation: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """What the model sees: `fmt.to_messages`, except that assistant messages marked `verbatim` keep their text.
+
+    Why: a text format (react, json) renders every plain assistant message as a final answer ("Final Answer:
+    ..."), but in exploration some assistant turns are not answers: the imagined query, the Yes/No reflection,
+    an unparsable reply. Each is swapped for a placeholder before conversion and restored after, so the format
+    still renders calls, results and answers its own way.
+    """
+    originals: dict[str, str] = {}
+    prepared: list[dict[str, Any]] = []
+    for message in conversation:
+        if message.get(VERBATIM_KEY):
+            placeholder = _PLACEHOLDER.format(len(originals))
+            originals[placeholder] = message.get("content") or ""
+            message = {"role": message["role"], "content": placeholder}
+        prepared.append(message)
+    messages, out_tools = fmt.to_messages(prepared, tools)
+    if originals:
+        restored = []
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                hit = next((p for p in originals if p in content), None)
+                if hit is not None:
+                    message = {**message, "content": originals[hit]}
+            restored.append(message)
+        messages = restored
+    return messages, out_tools
+
+
+def _verbatim(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, VERBATIM_KEY: True}
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
@@ -171,7 +211,7 @@ class _Trial:
         ctx = self.ctx
         key = f"{ctx.settings.seed}/{self.tool}/{self.episode}/{self.slot}/{self._generations}"
         self._generations += 1
-        messages, tools = ctx.fmt.to_messages(conversation, ctx.tool_schemas)
+        messages, tools = model_view(ctx.fmt, conversation, ctx.tool_schemas)
         params = SamplingParams(
             n=1,
             temperature=ctx.settings.temperature,
@@ -278,7 +318,7 @@ async def run_trial(
     )
     query_raw = completion.text
     query = clean_query(query_raw)
-    trial.messages += [{"role": "user", "content": kept_prompt}, {"role": "assistant", "content": query}]
+    trial.messages += [{"role": "user", "content": kept_prompt}, _verbatim(query)]
     entry = ctx.memory.add(tool, query, pending=True) if query else None
 
     try:
@@ -350,7 +390,7 @@ async def _attempt(
                 break
             if last:  # the call budget is spent: record the reply, do not execute it (as in the paper)
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
-                trial.messages.append({"role": "assistant", "content": raw})
+                trial.messages.append(_verbatim(raw))  # plain text: a call without a result breaks endpoints
                 break
             step = _step(completion, raw, parsed, executed=parsed.error is None)
             if parsed.error is not None:
@@ -359,7 +399,7 @@ async def _attempt(
                 else:
                     feedback = ctx.prompts.render("parse_error", error=parsed.error, **variables)
                 step["feedback"] = feedback
-                trial.messages += [{"role": "assistant", "content": raw}, {"role": "user", "content": feedback}]
+                trial.messages += [_verbatim(raw), {"role": "user", "content": feedback}]
             else:
                 step["calls"], tool_messages = await _run_calls(ctx, trial, parsed, turn)
                 step["error"] = any(c["observation"]["is_error"] for c in step["calls"])
@@ -376,7 +416,7 @@ async def _attempt(
             )
             reflection = completion.text.strip()
             solved = parse_reflection(reflection)
-            trial.messages.append({"role": "assistant", "content": reflection})
+            trial.messages.append(_verbatim(reflection))
     return final_answer, reflection, solved
 
 

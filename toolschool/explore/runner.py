@@ -36,6 +36,7 @@ class ExploreResult:
     summary: dict[str, Any]
     trials_run: int
     seconds: float
+    log_dir: Path
     failures: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -139,7 +140,9 @@ async def run_exploration(
         "max_tokens": settings.max_tokens,
     }
     write_summary(ctx.log.directory, summary)
-    return ExploreResult(summary=summary, trials_run=trials_run, seconds=seconds, failures=failures)
+    return ExploreResult(
+        summary=summary, trials_run=trials_run, seconds=seconds, log_dir=ctx.log.directory, failures=failures
+    )
 
 
 def write_summary(directory: Path, summary: dict[str, Any]) -> Path:

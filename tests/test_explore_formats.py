@@ -1,0 +1,84 @@
+"""Exploration through the real chat formats (react as in the paper, hermes) with a scripted backend."""
+
+from __future__ import annotations
+
+from test_explore_episode import SCHEMAS, ScriptedBackend, make_ctx
+
+from toolschool.chat.formats import get_format
+from toolschool.explore.episode import model_view, run_episode
+from toolschool.explore.log import TRIALS_FILE, read_trials
+from toolschool.models.backend import GenerationRequest
+
+
+def react_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    last = request.messages[-1]["content"]
+    if last.rstrip().endswith("User request:"):
+        return "What is 6 * 7?"
+    if last.startswith("Observation:"):
+        return " I now know the final answer\nFinal Answer: 42"
+    if "Yes" in last and "No" in last:
+        return "Yes"
+    return ' I should compute it.\nAction: calculator\nAction Input: {"expression": "6 * 7"}\n'
+
+
+async def test_react_trial_is_rendered_and_parsed_like_the_paper(tmp_path) -> None:
+    backend = ScriptedBackend(react_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1)
+    ctx.fmt = get_format("react")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["format"] == "react"
+    assert record["steps"][0]["raw"].startswith("Thought: I should compute it.")
+    assert record["steps"][0]["calls"][0]["observation"]["text"] == "42"
+    assert record["final_answer"] == "42" and record["solved"] is True
+    trial_requests = [r for r in backend.requests if r.prefill == "Thought:"]
+    assert len(trial_requests) == 2 and all(
+        r.params.stop == ["Observation:"] and r.tools is None for r in trial_requests
+    )
+    view = trial_requests[1].messages
+    assert "Action Input" in view[0]["content"]  # the format describes the tools in the system message
+    assert view[2] == {"role": "assistant", "content": "What is 6 * 7?"}  # the imagined query, not a Final Answer
+    assert view[4]["content"].startswith("Thought: I should compute it.\nAction: calculator")
+    assert view[5] == {"role": "user", "content": "Observation: 42"}
+    reflection_view = backend.requests[-1].messages
+    assert reflection_view[-2]["content"].startswith("Thought: I now know the final answer")
+    assert "Final Answer: 42" in reflection_view[-2]["content"]
+
+
+def hermes_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    last = request.messages[-1]
+    if last["role"] == "tool":
+        return "It is 42."
+    if last["content"].rstrip().endswith("User request:"):
+        return "What is 6 * 7?"
+    if "Yes" in last["content"] and "No" in last["content"]:
+        return "No"
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "6 * 7"}}</tool_call>'
+
+
+async def test_hermes_passes_tools_to_the_template_and_tool_results_as_tool_messages(tmp_path) -> None:
+    backend = ScriptedBackend(hermes_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1)
+    ctx.fmt = get_format("hermes")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["final_answer"] == "It is 42." and record["solved"] is False
+    assert all(r.tools == SCHEMAS and r.prefill == "" for r in backend.requests)
+    tool_message = backend.requests[2].messages[-1]
+    assert tool_message["role"] == "tool" and tool_message["content"] == "42"
+    assert backend.requests[2].messages[-2]["tool_calls"][0]["function"]["name"] == "calculator"
+
+
+def test_model_view_keeps_verbatim_turns_of_text_formats() -> None:
+    conversation = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "imagine"},
+        {"role": "assistant", "content": "Convert 3 km to miles", "verbatim": True},
+        {"role": "user", "content": "solve"},
+        {"role": "assistant", "content": "The answer is 1.86 miles."},
+    ]
+    for name in ("react", "json"):
+        messages, _ = model_view(get_format(name), conversation, SCHEMAS)
+        assert messages[2] == {"role": "assistant", "content": "Convert 3 km to miles"}
+        assert messages[4]["content"] != "The answer is 1.86 miles."  # a real answer is written the format's way
+        assert "1.86 miles" in messages[4]["content"]

@@ -1,0 +1,92 @@
+"""`toolschool explore`: simulated trial and error over a tool set (STE, Wang et al., 2024)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from toolschool.cli.console import console, err_console
+
+
+def _split_names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def explore(
+    config_path: Path = typer.Option(None, "--config", "-c", help="Run TOML; flags override it."),
+    toolbox: list[str] = typer.Option(None, "--toolbox", help="Built-in toolbox to load (repeatable): builtin."),
+    mcp: list[str] = typer.Option(
+        None, "--mcp", help='MCP server command over stdio (repeatable), e.g. "mcp-server-time".'
+    ),
+    module: list[str] = typer.Option(None, "--module", help="Python module of @tool functions (repeatable)."),
+    tools: str = typer.Option(
+        None, "--tools", help="Comma-separated tools to explore (default: every tool of the set)."
+    ),
+    model: str = typer.Option(None, "--model", "-m", help="Explorer: embedded name, HF id, folder or openai:URL#name."),
+    episodes: int = typer.Option(None, help="Episodes per tool (default 15)."),
+    stm_slots: int = typer.Option(None, "--stm-slots", help="Trials per episode / conversation (default 3)."),
+    max_turns: int = typer.Option(
+        None, "--max-turns", help="Tool calls per trial before the final answer (default 4)."
+    ),
+    concurrency: int = typer.Option(None, help="Episodes at once; the local backend batches them (default 16)."),
+    format: str = typer.Option(None, "--format", help="hermes | json | react (default hermes)."),
+    temperature: float = typer.Option(None, help="Sampling temperature."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Tokens per model turn."),
+    no_exec_feedback: bool = typer.Option(None, "--no-exec-feedback", help="Ablation: hide execution results."),
+    no_stm: bool = typer.Option(
+        None, "--no-stm", help="Ablation: no short-term memory (fresh conversation per trial)."
+    ),
+    no_ltm: bool = typer.Option(None, "--no-ltm", help="Ablation: no long-term memory of explored queries."),
+    no_reflection: bool = typer.Option(None, "--no-reflection", help="Ablation: no Yes/No self-reflection."),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/explore)."),
+    out: Path = typer.Option(None, "--out", help="Output folder (default: runs/NAME/explore)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted exploration in the output folder."),
+    fsync: bool = typer.Option(False, "--fsync", help="fsync the log after every trial (slower, survives power loss)."),
+    seed: int = typer.Option(None, help="Sampling seed."),
+) -> None:
+    """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
+    from toolschool.config import load_config
+    from toolschool.explore.stage import run_explore_stage
+    from toolschool.explore.summary import summary_table
+
+    overrides = {
+        "tools.toolbox": toolbox or None,
+        "tools.mcp": mcp or None,
+        "tools.modules": module or None,
+        "explore.tools": _split_names(tools),
+        "model.name": model,
+        "explore.episodes": episodes,
+        "explore.stm_slots": stm_slots,
+        "explore.max_turns": max_turns,
+        "explore.concurrency": concurrency,
+        "explore.format": format,
+        "explore.temperature": temperature,
+        "explore.max_tokens": max_tokens,
+        "explore.no_exec_feedback": no_exec_feedback,
+        "explore.no_stm": no_stm,
+        "explore.no_ltm": no_ltm,
+        "explore.no_reflection": no_reflection,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+    err_console.print(f"[dim]explore: {config.model.name} ({config.explore.format})[/dim]", highlight=False)
+    result = run_explore_stage(config, out=out, resume=resume, console=err_console, fsync=fsync)
+    console.print(summary_table(result.summary))
+    run = result.summary["run"]
+    console.print(
+        f"{run['trials_this_run']} trial(s) in {run['seconds']:.1f} s ({run['trials_per_minute']:.2f}/min); "
+        f"log and summary.json in {result.log_dir}",
+        highlight=False,
+        markup=False,
+    )
+    if result.failures:
+        err_console.print(
+            f"[yellow]{len(result.failures)} episode(s) stopped on an error[/yellow] (see errors.jsonl); "
+            "rerun with --resume to retry them",
+            highlight=False,
+        )
+        raise typer.Exit(code=1)

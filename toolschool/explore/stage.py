@@ -1,0 +1,134 @@
+"""The explore stage end to end: validate everything a user can get wrong, then run and summarise.
+
+Order matters for the user: the format, prompt overrides, tool set, tool names and the existing log are checked
+first (cheap, one clear line each), then the model is loaded or the endpoint reached, and only then does
+exploration start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from toolschool.config import ToolschoolConfig, stage_dir
+from toolschool.errors import ToolschoolError
+from toolschool.explore.episode import ExploreContext, ExploreSettings
+from toolschool.explore.log import TrialLog
+from toolschool.explore.memory import LongTermMemory
+from toolschool.explore.runner import ExploreResult, check_resumable, run_exploration
+from toolschool.explore.templates import PromptSet
+from toolschool.models.backend import Backend
+
+STAGE = "explore"
+
+
+def explore_dir(config: ToolschoolConfig, out: str | Path | None = None) -> Path:
+    return Path(out) if out is not None else config.run_dir() / STAGE
+
+
+def resolve_targets(available: list[str], wanted: list[str], *, where: str) -> list[str]:
+    """The tools to explore: `wanted` (validated) or every available tool."""
+    if not available:
+        raise ToolschoolError(
+            f"the tool set is empty ({where})",
+            hint="add --toolbox builtin, --mcp SERVER or --module PKG.MOD, or loosen [tools] only",
+        )
+    unknown = [name for name in wanted if name not in available]
+    if unknown:
+        raise ToolschoolError(
+            f"unknown tool name(s) to explore: {', '.join(unknown)}",
+            hint=f"the tool set has: {', '.join(available)}",
+        )
+    return list(dict.fromkeys(wanted)) if wanted else list(available)
+
+
+def _describe_tool_sources(config: ToolschoolConfig) -> str:
+    tools = config.tools
+    parts = [f"toolbox={tools.toolbox}", f"mcp={tools.mcp}", f"modules={tools.modules}"]
+    if tools.only:
+        parts.append(f"only={tools.only}")
+    return ", ".join(parts)
+
+
+def default_backend_factory(config: ToolschoolConfig) -> Backend:
+    from toolschool.models.backends import make_backend
+
+    concurrency = config.explore.concurrency
+    return make_backend(
+        config.model.name,
+        dtype=config.model.dtype,
+        device=config.model.device,
+        max_batch_size=concurrency,
+        concurrency=concurrency,
+    )
+
+
+def default_registry_factory(config: ToolschoolConfig) -> Any:
+    from toolschool.tools.registry import build_registry
+
+    tools = config.tools
+    return build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+
+
+def run_explore_stage(
+    config: ToolschoolConfig,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    console: Console | None = None,
+    fsync: bool = False,
+    backend_factory: Callable[[ToolschoolConfig], Backend] = default_backend_factory,
+    registry_factory: Callable[[ToolschoolConfig], Any] = default_registry_factory,
+) -> ExploreResult:
+    """Validate, explore every target tool, write `trials.jsonl` + `summary.json` in the stage folder."""
+    from toolschool.chat.formats import get_format
+
+    section = config.explore
+    fmt = get_format(section.format)
+    prompts = PromptSet(fmt.name, section.prompts)
+    settings = ExploreSettings.from_section(section, seed=config.run.seed)
+    registry = registry_factory(config)
+    try:
+        targets = resolve_targets(registry.names(), section.tools, where=_describe_tool_sources(config))
+        directory = explore_dir(config, out)
+        log = TrialLog.open(directory, resume=resume, fsync=fsync)
+        try:
+            check_resumable(log.existing, model=config.model.name, fmt=fmt.name, ablations=settings.ablations.to_dict())
+            stage_dir(config, STAGE, directory)
+            backend = backend_factory(config)
+            ctx = ExploreContext(
+                backend=backend,
+                fmt=fmt,
+                registry=registry,
+                prompts=prompts,
+                memory=LongTermMemory.from_records(log.existing, section.ltm_max_queries),
+                log=log,
+                settings=settings,
+                tool_schemas=registry.schemas(),
+                model_name=config.model.name,
+            )
+            return asyncio.run(_run(ctx, targets, section.concurrency, console))
+        finally:
+            log.close()
+    finally:
+        _close(registry)
+
+
+async def _run(ctx: ExploreContext, targets: list[str], concurrency: int, console: Console | None) -> ExploreResult:
+    try:
+        check = getattr(ctx.backend, "check", None)
+        if check is not None:  # an HTTP endpoint: fail before any work when it cannot be reached
+            await check()
+        return await run_exploration(ctx, targets, concurrency=concurrency, console=console)
+    finally:
+        await ctx.backend.aclose()
+
+
+def _close(registry: Any) -> None:
+    close = getattr(registry, "close", None)
+    if close is not None:
+        close()
