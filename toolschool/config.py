@@ -151,11 +151,50 @@ class EvalSection(Section):
     out: str | None = Field(None, description="output folder (default: runs/NAME/eval)")
 
 
+class DistillSection(Section):
+    """Exploration trials -> training data: rules, optional LLM judge, dedupe, paraphrase, split."""
+
+    trials: str | None = Field(None, description="trial log (default: the run's explore/trials.jsonl)")
+    judge_model: str | None = Field(None, description="LLM judge (any backend spec); none: rules only")
+    paraphrase_model: str | None = Field(None, description="paraphraser (any backend spec); none: no paraphrasing")
+    target_per_tool: int = Field(0, ge=0, description="examples per tool to reach by paraphrasing (0: no paraphrasing)")
+    max_paraphrases: int = Field(3, ge=0, description="paraphrases per original query at most")
+    dedupe_threshold: float = Field(0.9, gt=0.0, le=1.0, description="token-set Jaccard at which queries are duplicates")
+    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of original queries in validation")
+    require_solved: bool = Field(False, description="also require the explorer's reflection to say Yes")
+    concurrency: int = Field(16, ge=1, description="judge/paraphrase requests in flight")
+    temperature: float = Field(0.8, ge=0.0, description="paraphrase sampling temperature")
+    max_tokens: int = Field(160, ge=1, description="tokens per judge/paraphrase reply")
+
+
+class DatasetSection(Section):
+    """`toolschool dataset build-calc-python`: sources are local files or Hugging Face ids (ID[:CONFIG]:SPLIT)."""
+
+    gsm8k: str = Field("openai/gsm8k:main:train", description="GSM8K-style {question, answer} (file or HF id)")
+    cruxeval: str = Field("cruxeval-org/cruxeval:test", description="CRUXEval-style {code, input, output}")
+    instructions: str = Field(
+        "tatsu-lab/alpaca:train", description="{dialog_history, response} or {instruction, input, output}"
+    )
+    size: int = Field(1000, ge=0, description="examples in all")
+    ratios: dict[str, float] = Field(
+        default_factory=lambda: {"calculator": 0.4, "python_exec": 0.3, "no_tool": 0.3},
+        description="share of each category (normalised)",
+    )
+    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0)
+    formats: list[str] = Field(default_factory=lambda: ["hermes", "json"], description="hermes and/or json")
+    max_expression_chars: int = Field(200, ge=10, description="longest composed calculator expression kept")
+    max_prompt_chars: int = Field(2000, ge=10, description="longest no-tool prompt + response kept")
+    workers: int = Field(2, ge=1, description="parallel sandbox runs for python_exec")
+    out: str | None = Field(None, description="output folder (default: the run's dataset/ folder)")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
     explore: ExploreSection = Field(default_factory=ExploreSection)
+    distill: DistillSection = Field(default_factory=DistillSection)
+    dataset: DatasetSection = Field(default_factory=DatasetSection)
     sft: SFTSection = Field(default_factory=SFTSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     rl: RLSection = Field(default_factory=RLSection)

@@ -62,6 +62,10 @@ def _register() -> None:
 
     app.add_typer(models.app, name="models")
     app.add_typer(config_cmd.app, name="config")
+    from toolschool.cli import data_cmd
+
+    app.add_typer(data_cmd.app, name="dataset")
+    app.command("distill")(data_cmd.distill)
     from toolschool.cli import explore_cmd
 
     app.command("explore")(explore_cmd.explore)
