@@ -72,6 +72,10 @@ def _register() -> None:
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)
+    from toolschool.cli import serve_cmd
+
+    app.command("serve")(serve_cmd.serve)
+    app.command("generate")(serve_cmd.generate)
 
 
 _register()
