@@ -62,13 +62,21 @@ def _register() -> None:
 
     app.add_typer(models.app, name="models")
     app.add_typer(config_cmd.app, name="config")
+    from toolschool.cli import tools_cmd
+
+    app.add_typer(tools_cmd.app, name="tools")
+    from toolschool.cli import eval_cmd
+
+    app.command("eval")(eval_cmd.eval_command)
+    app.command("evaluate")(eval_cmd.evaluate_command)
+    app.command("report")(eval_cmd.report_command)
+    from toolschool.cli import explore_cmd
+
+    app.command("explore")(explore_cmd.explore)
     from toolschool.cli import data_cmd
 
     app.add_typer(data_cmd.app, name="dataset")
     app.command("distill")(data_cmd.distill)
-    from toolschool.cli import explore_cmd
-
-    app.command("explore")(explore_cmd.explore)
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)

@@ -1,0 +1,261 @@
+"""MCP servers over stdio as tools, with the official `mcp` SDK.
+
+The SDK is async and its session must live inside one task (anyio cancel scopes). Callers are both sync
+(CLI, data tools) and async (exploration, RL, evaluation, on their own event loops), so each server gets a
+dedicated event-loop thread owned by its `MCPToolSource`: one long-lived task holds the session, and
+`call` / `acall` submit requests to that loop from any thread or loop. A server that crashes or stops
+answering yields an error observation; the next call starts it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import shutil
+import tempfile
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+from typing import IO, Any
+
+from toolschool.errors import ToolschoolError
+from toolschool.tools.base import Observation, Tool
+from toolschool.tools.validation import validation_error
+
+
+class MCPTool(Tool):
+    """One tool of an MCP server; execution goes through the server's `MCPToolSource`."""
+
+    def __init__(self, source: MCPToolSource, name: str, description: str, parameters: dict[str, Any]) -> None:
+        self.source = source
+        self.name = name
+        self.description = description
+        self.parameters = parameters or {"type": "object", "properties": {}}
+
+    def execute(self, args: dict[str, Any]) -> Observation:
+        problem = validation_error(self.name, self.parameters, args)
+        if problem:
+            return Observation(problem, is_error=True, error_kind="invalid_arguments")
+        return self.source.call(self.name, args)
+
+    async def aexecute(self, args: dict[str, Any]) -> Observation:
+        problem = validation_error(self.name, self.parameters, args)
+        if problem:
+            return Observation(problem, is_error=True, error_kind="invalid_arguments")
+        return await self.source.acall(self.name, args)
+
+
+class MCPToolSource:
+    """A stdio MCP server started from a command line such as `mcp-server-time --local-timezone UTC`."""
+
+    def __init__(self, command: str, *, start_timeout: float = 30.0, call_timeout: float = 30.0) -> None:
+        argv = shlex.split(command)
+        if not argv:
+            raise ToolschoolError("empty MCP server command", hint='pass --mcp "COMMAND ARGS"')
+        executable = shutil.which(argv[0])
+        if executable is None:
+            raise ToolschoolError(
+                f"MCP server command {argv[0]!r} not found",
+                hint="install the server or give its full path, e.g. --mcp '.venv/bin/mcp-server-time'",
+            )
+        self.command = command
+        self.argv = [executable, *argv[1:]]
+        self.start_timeout = start_timeout
+        self.call_timeout = call_timeout
+        self.label = f"mcp:{command}"
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"mcp {argv[0]}", daemon=True)
+        self._thread.start()
+        self._session: Any = None
+        self._session_task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+        self._errlog: IO[str] | None = None
+        self._closed = False
+        self.restarts = -1  # incremented on every (re)start; 0 after the first
+
+    # --- public API --------------------------------------------------------------------------------------------
+
+    def list_tools(self) -> list[MCPTool]:
+        """Start the server (if needed) and return its tools; ToolschoolError when it cannot start."""
+        try:
+            listed = self._submit(self._list_tools()).result(self.start_timeout + 5)
+        except FutureTimeout:
+            wait = f"{self.start_timeout:g} s"
+            raise ToolschoolError(f"MCP server {self.command!r} did not answer within {wait}") from None
+        except ToolschoolError:
+            raise
+        except Exception as exc:
+            raise ToolschoolError(
+                f"MCP server {self.command!r} could not be started: {_reason(exc)}{self._stderr_tail()}"
+            ) from exc
+        return [MCPTool(self, t.name, t.description or "", dict(t.input_schema or {})) for t in listed]
+
+    def call(self, name: str, args: dict[str, Any]) -> Observation:
+        """Call a tool synchronously (from any thread that is not this source's loop thread)."""
+        future = self._submit(self._call(name, args))
+        try:
+            return future.result(self.call_timeout + self.start_timeout + 5)
+        except FutureTimeout:
+            future.cancel()
+            return self._failed(name, f"no answer within {self.call_timeout:g} s")
+
+    async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+        """Call a tool from any event loop; the request runs on this source's own loop."""
+        return await asyncio.wrap_future(self._submit(self._call(name, args)))
+
+    def server_pids(self) -> list[int]:
+        """Process ids of the running server (children of this process started from its command)."""
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            except (OSError, IndexError):
+                continue
+            if int(fields[1]) == _own_pid() and any(self.argv[0].encode() == part for part in cmdline):
+                pids.append(int(stat.parent.name))
+        return pids
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(Exception):
+            self._submit(self._shutdown()).result(15)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
+        if self._errlog is not None:
+            self._errlog.close()
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+    # --- inside the source's loop --------------------------------------------------------------------------------
+
+    def _submit(self, coro: Any) -> Future[Any]:
+        if self._closed and not self._thread.is_alive():
+            coro.close()
+            raise ToolschoolError(f"MCP server {self.command!r} was closed")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _list_tools(self) -> list[Any]:
+        session = await self._ensure_session()
+        result = await session.list_tools()
+        return list(result.tools)
+
+    async def _call(self, name: str, args: dict[str, Any]) -> Observation:
+        try:
+            session = await self._ensure_session()
+        except Exception as exc:
+            return self._failed(name, f"could not be started: {_reason(exc)}{self._stderr_tail()}")
+        try:
+            result = await session.call_tool(name, args, read_timeout_seconds=self.call_timeout)
+        except Exception as exc:  # transport failure, crash, timeout: restart on the next call
+            await self._drop_session()
+            return self._failed(name, _reason(exc))
+        return _to_observation(result)
+
+    async def _ensure_session(self) -> Any:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._session is not None and self._session_task is not None and not self._session_task.done():
+                return self._session
+            await self._drop_session()
+            ready: asyncio.Future[Any] = self._loop.create_future()
+            self._stop = asyncio.Event()
+            self._session_task = self._loop.create_task(self._hold_session(ready, self._stop))
+            try:
+                self._session = await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
+            except BaseException:
+                await self._drop_session()
+                raise
+            self.restarts += 1
+            return self._session
+
+    async def _hold_session(self, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
+        """Owns the transport and the session for their whole life (both must exit in the task they entered)."""
+        from mcp import ClientSession, StdioServerParameters, stdio_client
+
+        if self._errlog is not None:
+            self._errlog.close()
+        self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+        params = StdioServerParameters(command=self.argv[0], args=self.argv[1:])
+        try:
+            async with stdio_client(params, errlog=self._errlog) as (read, write):
+                async with ClientSession(read, write, read_timeout_seconds=self.call_timeout) as session:
+                    await session.initialize()
+                    if not ready.done():
+                        ready.set_result(session)
+                    await stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            if not ready.done():
+                ready.set_exception(RuntimeError("the server closed the connection during start-up"))
+
+    async def _drop_session(self) -> None:
+        task, self._session, self._session_task = self._session_task, None, None
+        if self._stop is not None:
+            self._stop.set()
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(task, 10)
+            except BaseException:
+                task.cancel()
+
+    async def _shutdown(self) -> None:
+        await self._drop_session()
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+
+    def _failed(self, name: str, reason: str) -> Observation:
+        return Observation(
+            f"MCP server {self.command!r} failed while calling {name}: {reason}; it will be restarted on the next call",
+            is_error=True,
+            error_kind="server_error",
+        )
+
+    def _stderr_tail(self) -> str:
+        if self._errlog is None or self._errlog.closed:
+            return ""
+        try:
+            self._errlog.flush()
+            self._errlog.seek(0)
+            text = self._errlog.read()[-500:].strip()
+        except (OSError, ValueError):
+            return ""
+        return f" (server stderr: {' '.join(text.split())})" if text else ""
+
+
+def _own_pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        return _reason(exc.exceptions[0])
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
+
+
+def _to_observation(result: Any) -> Observation:
+    parts: list[str] = []
+    for block in result.content or []:
+        text = getattr(block, "text", None)
+        parts.append(text if text is not None else f"[{getattr(block, 'type', 'content')} content]")
+    text = "\n".join(parts).strip()
+    value = result.structured_content
+    if result.is_error:
+        return Observation(text or "the tool reported an error", value=value, is_error=True, error_kind="execution")
+    return Observation(text or "(empty result)", value=value)

@@ -1,0 +1,176 @@
+"""One registry over every tool source: the built-in toolbox, MCP servers and Python modules.
+
+`get` raises `ToolschoolError` for an unknown name (a programming or configuration mistake); `call` / `acall`
+never raise: an unknown tool, arguments that are not a JSON object, or a tool that crashes all become error
+observations, because the caller is usually a model in the middle of trial and error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from toolschool.errors import ToolschoolError
+from toolschool.tools.base import Observation, Tool
+from toolschool.tools.sandbox import SandboxLimits
+
+TOOLBOXES = ("builtin",)
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._sources: dict[str, str] = {}
+        self._closers: list[Any] = []
+
+    def add(self, tool: Tool, source: str) -> None:
+        """Register `tool`; a name already taken is an error naming both sources."""
+        if tool.name in self._tools:
+            raise ToolschoolError(
+                f"duplicate tool name {tool.name!r}: provided by {self._sources[tool.name]} and by {source}",
+                hint="drop one of the sources, or keep one with --only",
+            )
+        self._tools[tool.name] = tool
+        self._sources[tool.name] = source
+
+    def add_closer(self, resource: Any) -> None:
+        """Something with `close()` to release with the registry (an MCP server)."""
+        self._closers.append(resource)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def source(self, name: str) -> str:
+        self.get(name)
+        return self._sources[name]
+
+    def get(self, name: str) -> Tool:
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise ToolschoolError(f"unknown tool {name!r}", hint=f"known tools: {self._known()}") from None
+
+    def schemas(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """OpenAI function schemas, for all tools or the given names (in the order given)."""
+        return [self.get(n).schema() for n in (self._tools if names is None else names)]
+
+    def call(self, name: str, args: dict[str, Any] | str | None) -> Observation:
+        tool_or_error = self._resolve(name, args)
+        if isinstance(tool_or_error, Observation):
+            return tool_or_error
+        tool, parsed = tool_or_error
+        try:
+            return tool.execute(parsed)
+        except Exception as exc:  # a third-party Tool that broke its contract must not stop the run
+            return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+
+    async def acall(self, name: str, args: dict[str, Any] | str | None) -> Observation:
+        tool_or_error = self._resolve(name, args)
+        if isinstance(tool_or_error, Observation):
+            return tool_or_error
+        tool, parsed = tool_or_error
+        try:
+            return await tool.aexecute(parsed)
+        except Exception as exc:
+            return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+
+    def close(self) -> None:
+        for resource in reversed(self._closers):
+            resource.close()
+        self._closers.clear()
+
+    async def aclose(self) -> None:
+        for resource in reversed(self._closers):
+            await resource.aclose()
+        self._closers.clear()
+
+    def __enter__(self) -> ToolRegistry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(self._tools.values())
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def _known(self) -> str:
+        return ", ".join(self._tools) or "(none)"
+
+    def _resolve(self, name: str, args: dict[str, Any] | str | None) -> tuple[Tool, dict[str, Any]] | Observation:
+        if name not in self._tools:
+            return Observation(
+                f"unknown tool {name!r}; known tools: {self._known()}", is_error=True, error_kind="unknown_tool"
+            )
+        if args is None or args == "":
+            return self._tools[name], {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except json.JSONDecodeError as exc:
+                return Observation(
+                    f"invalid arguments for {name}: not valid JSON ({exc.msg} at position {exc.pos})",
+                    is_error=True,
+                    error_kind="invalid_arguments",
+                )
+        if not isinstance(args, dict):
+            return Observation(
+                f"invalid arguments for {name}: arguments must be a JSON object, got {type(args).__name__}",
+                is_error=True,
+                error_kind="invalid_arguments",
+            )
+        return self._tools[name], args
+
+
+def build_registry(
+    toolbox: Sequence[str] = ("builtin",),
+    mcp: Sequence[str] = (),
+    modules: Sequence[str] = (),
+    only: Sequence[str] = (),
+    *,
+    sandbox_limits: SandboxLimits | None = None,
+) -> ToolRegistry:
+    """A registry from toolboxes, MCP server commands and Python modules; `only` keeps just those names."""
+    registry = ToolRegistry()
+    try:
+        for name in toolbox:
+            if name not in TOOLBOXES:
+                raise ToolschoolError(f"unknown toolbox {name!r}", hint=f"known toolboxes: {', '.join(TOOLBOXES)}")
+            from toolschool.tools.builtin import builtin_tools
+
+            for tool in builtin_tools(sandbox_limits):
+                registry.add(tool, name)
+        for module in modules:
+            from toolschool.tools.functions import load_module_tools
+
+            for tool in load_module_tools(module):
+                registry.add(tool, f"module:{module}")
+        for command in mcp:
+            from toolschool.tools.mcp_source import MCPToolSource
+
+            source = MCPToolSource(command)
+            registry.add_closer(source)
+            for tool in source.list_tools():
+                registry.add(tool, source.label)
+        if only:
+            unknown = [n for n in only if n not in registry]
+            if unknown:
+                raise ToolschoolError(
+                    f"--only names unknown tool(s) {', '.join(map(repr, unknown))}",
+                    hint=f"known tools: {registry._known()}",
+                )
+            keep = ToolRegistry()
+            for name in only:
+                keep.add(registry.get(name), registry.source(name))
+            keep._closers = registry._closers
+            registry = keep
+    except BaseException:
+        registry.close()
+        raise
+    return registry
