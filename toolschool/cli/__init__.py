@@ -65,11 +65,6 @@ def _register() -> None:
     from toolschool.cli import tools_cmd
 
     app.add_typer(tools_cmd.app, name="tools")
-    from toolschool.cli import eval_cmd
-
-    app.command("eval")(eval_cmd.eval_command)
-    app.command("evaluate")(eval_cmd.evaluate_command)
-    app.command("report")(eval_cmd.report_command)
     from toolschool.cli import explore_cmd
 
     app.command("explore")(explore_cmd.explore)
