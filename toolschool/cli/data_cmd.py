@@ -113,9 +113,9 @@ def validate_cmd(
     from toolschool.data.dataset import load_examples
 
     _examples, report = load_examples(path, on_error=on_error, split=split)
-    for error in report.errors:
-        console.print(error, markup=False, highlight=False)
-    console.print(report.summary(), markup=False, highlight=False)
+    for error in report.errors:  # plain lines (no wrapping), one per bad line: easy to grep and to open
+        typer.echo(error)
+    typer.echo(report.summary())
     if report.errors:
         raise typer.Exit(code=1)
 

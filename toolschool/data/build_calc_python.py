@@ -410,7 +410,11 @@ def split_ids(ids: list[str], validation_fraction: float, seed: int) -> set[str]
 
 
 def _source_name(source: str) -> str:
-    return Path(source).stem if Path(source).suffix else source
+    """`gsm8k/train` for a local file (folder/stem: `train` alone says little), the id otherwise."""
+    path = Path(source)
+    if not path.suffix:
+        return source
+    return f"{path.parent.name}/{path.stem}" if path.parent.name else path.stem
 
 
 def build_calc_python(opts: BuildOptions) -> dict[str, Any]:

@@ -49,14 +49,15 @@ class ReplyCache:
         self.path = path
         self._data: dict[str, Any] = {}
         if path.exists():
-            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: replies may hold U+2028
+            for number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
                 try:
                     entry = json.loads(line)
                     self._data[entry["key"]] = entry["value"]
                 except (json.JSONDecodeError, KeyError, TypeError):
-                    if number < len(path.read_text(encoding="utf-8").splitlines()):
+                    if any(rest.strip() for rest in lines[number:]):
                         raise DataError(
                             f"{path}:{number}: not a cache entry", hint="delete the cache file to start over"
                         ) from None

@@ -1,0 +1,189 @@
+"""The dataset contract: validation, loaders that report bad lines as file:line, the writer, HF loading."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolschool.chat.types import tool_call
+from toolschool.data.dataset import (
+    dataset_stats,
+    load_dataset_jsonl,
+    load_examples,
+    parse_hub_source,
+    read_raw_records,
+    validate_example,
+    write_jsonl,
+)
+from toolschool.errors import DataError
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "math",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+PY = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "run code",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
+UNITS = {
+    "type": "function",
+    "function": {
+        "name": "unit_convert",
+        "description": "units",
+        "parameters": {"type": "object", "properties": {"value": {"type": "number"}, "from_unit": {"type": "string"}}},
+    },
+}
+
+
+def call_example(name: str, args: dict, result: str, answer: str, tools: list | None = None) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": "question"},
+            {"role": "assistant", "content": "", "tool_calls": [tool_call(name, args, "call_0")]},
+            {"role": "tool", "tool_call_id": "call_0", "name": name, "content": result},
+            {"role": "assistant", "content": answer},
+        ],
+        "tools": tools if tools is not None else [CALC, PY, UNITS],
+        "meta": {"tool": name, "expected_answer": answer},
+    }
+
+
+def test_valid_examples_pass() -> None:
+    assert validate_example(call_example("calculator", {"expression": "2+2"}, "4", "4")) is None
+    no_tool = {
+        "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        "tools": [CALC],
+        "meta": {},
+    }
+    assert validate_example(no_tool) is None
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda e: e.pop("messages"), "'messages' must be a non-empty list"),
+        (lambda e: e.update(extra=1), "unknown key(s) extra"),
+        (
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments='{"expression": "2"}'),
+            "arguments must be a JSON object, not a string",
+        ),
+        (
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(name="weather"),
+            "calls 'weather', which is not in 'tools'",
+        ),
+        (lambda e: e["messages"].pop(), "must end with an assistant message"),
+        (lambda e: e["messages"].pop(1), "a tool result must follow an assistant message with tool_calls"),
+        (lambda e: e["messages"][0].update(role="robot"), "messages[0]: role"),
+        (lambda e: e["meta"].update(expected_answer=4), "meta.expected_answer must be a string or null"),
+        (lambda e: e.update(tools=[{"type": "function"}]), "tools[0]: function"),
+    ],
+)
+def test_invalid_examples_say_why(mutate, reason: str) -> None:
+    example = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    mutate(example)
+    problem = validate_example(example)
+    assert problem is not None and reason in problem
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_loader_reports_bad_lines_with_file_and_line(tmp_path: Path) -> None:
+    good = json.dumps(call_example("calculator", {"expression": "2+2"}, "4", "4"))
+    bad_json = '{"messages": ['
+    bad_shape = json.dumps({"messages": [{"role": "user", "content": "only a question"}]})
+    path = write_lines(tmp_path / "d.jsonl", [good, bad_json, "", bad_shape, good])
+    examples, report = load_dataset_jsonl(path, on_error="skip")
+    assert len(examples) == 2 and report.lines == 4 and report.kept == 2 and report.skipped == 2
+    assert report.errors[0].startswith(f"{path}:2: not valid JSON")
+    assert report.errors[1].startswith(f"{path}:4: ") and "must end with an assistant message" in report.errors[1]
+    with pytest.raises(DataError, match=rf"{path}:2: not valid JSON.*on_error='skip'"):
+        load_dataset_jsonl(path, on_error="stop")
+
+
+def test_loader_errors_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_dataset_jsonl(tmp_path / "missing.jsonl")
+    with pytest.raises(DataError, match="is a folder"):
+        load_dataset_jsonl(tmp_path)
+    with pytest.raises(DataError, match="on_error='ignore' is not valid.*skip, stop"):
+        load_dataset_jsonl(tmp_path / "x.jsonl", on_error="ignore")
+    (tmp_path / "latin1.jsonl").write_bytes(b'{"a": "\xe9"}\n')
+    with pytest.raises(DataError, match="not UTF-8"):
+        load_dataset_jsonl(tmp_path / "latin1.jsonl")
+
+
+def test_writer_round_trip_and_hf_datasets_load_dict_arguments_exactly(tmp_path: Path) -> None:
+    """Arguments of different shapes (and types) on different lines load back unchanged, no null-filled keys."""
+    examples = [
+        call_example("calculator", {"expression": "2+2"}, "4", "4"),
+        call_example("python", {"code": "print(1)"}, "1", "1"),
+        call_example("unit_convert", {"value": 5, "from_unit": "m"}, "5 m", "5 m"),
+        call_example("unit_convert", {"value": "5", "from_unit": "km"}, "5 km", "5 km"),
+        {
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+            "tools": [],
+            "meta": {"category": "no_tool"},
+        },
+    ]
+    path = tmp_path / "mixed.jsonl"
+    assert write_jsonl(path, examples) == 5
+    loaded, report = load_dataset_jsonl(path, on_error="stop")
+    assert loaded == examples and report.errors == []
+
+    import datasets
+
+    ds = datasets.load_dataset("json", data_files=str(path), split="train")
+    assert len(ds) == 5
+    for row, original in zip(ds, examples, strict=True):
+        assert row["messages"] == original["messages"]
+        assert row["meta"] == original["meta"]
+        assert [t["function"]["parameters"]["properties"] for t in row["tools"]] == [
+            t["function"]["parameters"]["properties"] for t in original["tools"]
+        ]
+
+
+def test_raw_records_json_list_and_jsonl(tmp_path: Path) -> None:
+    listed = tmp_path / "l.json"
+    listed.write_text(json.dumps([{"a": 1}, 5, {"a": 2}]), encoding="utf-8")
+    rows, report = read_raw_records(listed)
+    assert [r["a"] for r in rows] == [1, 2] and report.errors == [f"{listed}:item 1: expected a JSON object, got int"]
+    lines = write_lines(tmp_path / "r.jsonl", ['{"a": 1}', "[1]"])
+    rows, report = read_raw_records(lines)
+    assert rows[0]["_where"] == f"{lines}:1" and report.errors == [f"{lines}:2: expected a JSON object, got list"]
+    obj = tmp_path / "o.json"
+    obj.write_text(json.dumps({"rows": []}), encoding="utf-8")
+    with pytest.raises(DataError, match="expected a JSON list of records"):
+        read_raw_records(obj)
+
+
+def test_hub_ids_offline_give_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    assert parse_hub_source("openai/gsm8k:main:train") == ("openai/gsm8k", "main", "train")
+    assert parse_hub_source("cruxeval-org/cruxeval:test") == ("cruxeval-org/cruxeval", None, "test")
+    with pytest.raises(DataError, match=r"could not load Hugging Face dataset 'toolschool-none/x'.*offline.*local"):
+        read_raw_records("toolschool-none/x:train")
+    with pytest.raises(DataError, match="could not load Hugging Face dataset"):
+        load_examples("toolschool-none/y")
+
+
+def test_stats_counts() -> None:
+    examples = [
+        call_example("calculator", {"expression": "1"}, "1", "1"),
+        call_example("python", {"code": "1"}, "", ""),
+    ]
+    stats = dataset_stats(examples)
+    assert stats["examples"] == 2 and stats["tool_calls"] == 2 and stats["per_tool"] == {"calculator": 1, "python": 1}
