@@ -219,7 +219,8 @@ def schema_from_signature(fn: Callable[..., Any], arg_docs: dict[str, str] | Non
             prop["description"] = arg_docs[param.name]
         if param.default is not inspect.Parameter.empty:
             if _jsonable(param.default):
-                prop["default"] = param.default.value if isinstance(param.default, enum.Enum) else param.default
+                default = param.default.value if isinstance(param.default, enum.Enum) else param.default
+                prop["default"] = list(default) if isinstance(default, tuple) else default
         elif not optional:
             required.append(param.name)
         properties[param.name] = prop

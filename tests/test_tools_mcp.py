@@ -1,0 +1,88 @@
+"""MCP over stdio against the real `mcp-server-time` server, started as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from toolschool.errors import ToolschoolError
+from toolschool.tools.mcp_source import MCPToolSource
+from toolschool.tools.registry import ToolRegistry, build_registry
+
+SERVER = Path(sys.executable).parent / "mcp-server-time"
+COMMAND = f"{SERVER} --local-timezone UTC"
+pytestmark = pytest.mark.skipif(not SERVER.exists(), reason="mcp-server-time is not installed (dev extra)")
+
+
+@pytest.fixture(scope="module")
+def registry():
+    with build_registry(toolbox=[], mcp=[COMMAND]) as reg:
+        yield reg
+
+
+def test_lists_the_servers_tools(registry: ToolRegistry) -> None:
+    assert sorted(registry.names()) == ["convert_time", "get_current_time"]
+    schema = registry.get("convert_time").parameters
+    assert set(schema["required"]) == {"source_timezone", "time", "target_timezone"}
+    assert registry.source("get_current_time") == f"mcp:{COMMAND}"
+
+
+def test_calls_tools(registry: ToolRegistry) -> None:
+    now = registry.call("get_current_time", {"timezone": "Europe/Paris"})
+    assert not now.is_error and now.value["timezone"] == "Europe/Paris" and "datetime" in now.text
+    converted = registry.call(
+        "convert_time", {"source_timezone": "Europe/London", "time": "12:00", "target_timezone": "Asia/Tokyo"}
+    )
+    assert not converted.is_error and converted.value["target"]["timezone"] == "Asia/Tokyo"
+
+
+def test_invalid_timezone_is_an_error_observation(registry: ToolRegistry) -> None:
+    obs = registry.call("get_current_time", {"timezone": "Mars/Olympus_Mons"})
+    assert obs.is_error and obs.error_kind == "execution" and "Invalid timezone" in obs.text
+
+
+def test_arguments_are_validated_before_the_call(registry: ToolRegistry) -> None:
+    obs = registry.call("get_current_time", {})
+    assert obs.error_kind == "invalid_arguments" and "missing required argument 'timezone'" in obs.text
+
+
+async def test_acall_from_another_event_loop(registry: ToolRegistry) -> None:
+    obs = await registry.acall("get_current_time", {"timezone": "UTC"})
+    assert not obs.is_error and obs.value["timezone"] == "UTC"
+
+
+def test_crashed_server_gives_an_error_then_restarts() -> None:
+    source = MCPToolSource(COMMAND)
+    try:
+        source.list_tools()
+        pids = source.server_pids()
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        time.sleep(0.3)
+        crashed = source.call("get_current_time", {"timezone": "UTC"})
+        assert crashed.is_error and crashed.error_kind == "server_error"
+        assert "restarted on the next call" in crashed.text
+        again = source.call("get_current_time", {"timezone": "UTC"})
+        assert not again.is_error and source.restarts == 1
+        assert source.server_pids() and source.server_pids() != pids
+    finally:
+        source.close()
+    assert not source.server_pids()
+
+
+def test_missing_command_is_a_clear_error() -> None:
+    with pytest.raises(ToolschoolError, match="MCP server command 'no-such-mcp-server' not found"):
+        build_registry(toolbox=[], mcp=["no-such-mcp-server --flag"])
+
+
+def test_server_that_exits_at_start_is_a_clear_error() -> None:
+    command = f"{sys.executable} -c \"import sys; sys.stderr.write('boom at start'); sys.exit(3)\""
+    with pytest.raises(ToolschoolError, match="could not be started") as info:
+        build_registry(toolbox=[], mcp=[command])
+    assert "boom at start" in str(info.value)

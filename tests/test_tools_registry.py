@@ -1,0 +1,126 @@
+"""The built-in toolbox through the registry: exact names, validation, error observations, duplicates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolschool.errors import ToolschoolError
+from toolschool.tools.base import Observation, Tool
+from toolschool.tools.registry import ToolRegistry, build_registry
+from toolschool.tools.sandbox import SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def registry():
+    with build_registry(sandbox_limits=SandboxLimits(wall_seconds=3)) as reg:
+        yield reg
+
+
+def test_builtin_names_and_schemas(registry: ToolRegistry) -> None:
+    assert registry.names() == ["calculator", "python", "unit_convert", "date_add", "date_diff", "weekday"]
+    schemas = {s["function"]["name"]: s["function"]["parameters"] for s in registry.schemas()}
+    assert schemas["calculator"]["required"] == ["expression"]
+    assert schemas["unit_convert"]["required"] == ["value", "from_unit", "to_unit"]
+    assert schemas["date_add"]["properties"]["days"]["type"] == "integer"
+    assert schemas["date_diff"]["required"] == ["start_date", "end_date"]
+    assert [s["function"]["name"] for s in registry.schemas(["weekday", "python"])] == ["weekday", "python"]
+    assert registry.source("python") == "builtin"
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "text", "value"),
+    [
+        ("calculator", {"expression": "1234 * 5678"}, "7006652", 7006652),
+        ("unit_convert", {"value": 5, "from_unit": "km", "to_unit": "mile"}, "3.1068559612 mile", None),
+        ("unit_convert", {"value": 100, "from_unit": "degC", "to_unit": "degF"}, "212 degF", 212.0),
+        ("date_add", {"date": "2024-02-28", "days": 2}, "2024-03-01", "2024-03-01"),
+        ("date_add", {"date": "2024-03-01", "days": -1}, "2024-02-29", "2024-02-29"),
+        ("date_diff", {"start_date": "2024-01-01", "end_date": "2024-12-25"}, "359", 359),
+        ("date_diff", {"start_date": "2024-12-25", "end_date": "2024-01-01"}, "-359", -359),
+        ("weekday", {"date": "2024-07-04"}, "Thursday", "Thursday"),
+        ("python", {"code": "print(2 ** 100)"}, str(2**100), None),
+    ],
+)
+def test_builtin_results(registry: ToolRegistry, name: str, args: dict, text: str, value: object) -> None:
+    obs = registry.call(name, args)
+    assert not obs.is_error, obs.text
+    assert obs.text == text
+    if value is not None:
+        assert obs.value == pytest.approx(value) if isinstance(value, float) else obs.value == value
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kind", "message"),
+    [
+        ("calculator", {"expression": "9**9**9"}, "execution", "too large"),
+        ("calculator", {}, "invalid_arguments", "missing required argument 'expression'"),
+        ("calculator", {"expression": 5}, "invalid_arguments", "argument 'expression': 5 is not of type 'string'"),
+        ("unit_convert", {"value": 1, "from_unit": "km", "to_unit": "second"}, "execution", "[length]"),
+        ("unit_convert", {"value": 1, "from_unit": "km", "to_unit": "second"}, "execution", "[time]"),
+        ("unit_convert", {"value": 1, "from_unit": "furlongz", "to_unit": "m"}, "execution", "unknown unit 'furlongz'"),
+        ("date_add", {"date": "2023-02-30", "days": 1}, "execution", "invalid date '2023-02-30' for date"),
+        ("date_add", {"date": "9999-12-31", "days": 1}, "execution", "outside the supported years"),
+        ("date_add", {"date": "2024-01-01", "days": "three"}, "invalid_arguments", "argument 'days'"),
+        ("date_diff", {"start_date": "01/02/2024", "end_date": "2024-01-01"}, "execution", "write YYYY-MM-DD"),
+        ("weekday", {"date": "tomorrow"}, "execution", "invalid date 'tomorrow'"),
+        ("python", {"code": "import socket\nsocket.socket()"}, "network", "network access is disabled"),
+        ("python", {"code": "while True: pass"}, "timeout", "wall time limit of 3 s"),
+        ("nope", {}, "unknown_tool", "known tools: calculator, python"),
+    ],
+)
+def test_error_observations(registry: ToolRegistry, name: str, args: dict, kind: str, message: str) -> None:
+    obs = registry.call(name, args)
+    assert obs.is_error and obs.error_kind == kind
+    assert message in obs.text
+
+
+def test_wire_arguments(registry: ToolRegistry) -> None:
+    assert registry.call("calculator", '{"expression": "2+2"}').text == "4"
+    bad = registry.call("calculator", '{"expression": ')
+    assert bad.is_error and "not valid JSON" in bad.text
+    assert "must be a JSON object" in registry.call("calculator", "[1]").text
+
+
+async def test_acall(registry: ToolRegistry) -> None:
+    assert (await registry.acall("calculator", {"expression": "6*7"})).text == "42"
+    assert (await registry.acall("missing", {})).error_kind == "unknown_tool"
+
+
+def test_get_unknown_raises(registry: ToolRegistry) -> None:
+    with pytest.raises(ToolschoolError, match="unknown tool 'nope' — known tools: calculator"):
+        registry.get("nope")
+
+
+class _Broken(Tool):
+    name = "broken"
+    description = "raises despite the contract"
+    parameters = {"type": "object", "properties": {}}
+
+    def execute(self, args):  # type: ignore[no-untyped-def]
+        raise RuntimeError("bad tool")
+
+
+def test_a_tool_that_raises_becomes_an_observation() -> None:
+    reg = ToolRegistry()
+    reg.add(_Broken(), "test")
+    obs = reg.call("broken", {})
+    assert isinstance(obs, Observation) and obs.is_error and "RuntimeError: bad tool" in obs.text
+
+
+def test_duplicates_name_both_sources(tmp_path: Path) -> None:
+    module = tmp_path / "dup.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n@tool\ndef weekday(date: str) -> str:\n    return date\n"
+    )
+    with pytest.raises(ToolschoolError, match=r"duplicate tool name 'weekday': provided by builtin and by module:"):
+        build_registry(modules=[str(module)])
+
+
+def test_only_and_unknown_toolbox() -> None:
+    assert build_registry(only=["calculator", "weekday"]).names() == ["calculator", "weekday"]
+    with pytest.raises(ToolschoolError, match="--only names unknown tool"):
+        build_registry(only=["calculatr"])
+    with pytest.raises(ToolschoolError, match="unknown toolbox 'extra' — known toolboxes: builtin"):
+        build_registry(toolbox=["extra"])
