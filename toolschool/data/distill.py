@@ -317,6 +317,7 @@ def required_atoms(query: str, calls: list[dict[str, Any]]) -> tuple[set[str], s
             if (
                 len(text.split()) <= 4
                 and text.strip()
+                and not _NUM.fullmatch(text.strip())  # a number is checked by value above
                 and re.search(rf"(?<!\w){re.escape(text.lower())}(?!\w)", query_lower)
             ):
                 phrases.add(text.lower())

@@ -1,0 +1,292 @@
+"""`toolschool distill`: rules, judge (reasons kept), dedupe, paraphrase (rejections), split, card, resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolschool.cli import app
+from toolschool.data.dataset import load_dataset_jsonl
+from toolschool.data.distill import (
+    DistillOptions,
+    ReplyCache,
+    distill,
+    jaccard,
+    paraphrase_plan,
+    paraphrase_problem,
+    parse_judgment,
+    required_atoms,
+    trial_to_candidate,
+)
+from toolschool.errors import DataError
+from toolschool.models.backend import Backend, Completion, GenerationRequest
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": name,
+            "parameters": {"type": "object", "properties": {key: {"type": "string"} for key in keys}},
+        },
+    }
+    for name, keys in (("calculator", ["expression"]), ("unit_convert", ["value", "from_unit", "to_unit"]))
+]
+
+
+def call(name: str, args: dict, text: str, *, error: bool = False, cid: str = "c1") -> dict:
+    return {
+        "name": name,
+        "arguments": args,
+        "id": cid,
+        "observation": {"text": text, "value": None, "is_error": error, "error_kind": "execution" if error else None},
+        "shown": text,
+    }
+
+
+def trial(tool: str, episode: int, slot: int, query: str, steps: list[dict], final: str | None, **kw) -> dict:
+    return {
+        "v": 1, "tool": tool, "episode": episode, "slot": slot, "status": "ok", "query": query, "steps": steps,
+        "final_answer": final, "reflection": "Yes", "solved": True, "tools": TOOLS, "model": "test", **kw,
+    }  # fmt: skip
+
+
+def good_trials() -> list[dict]:
+    convert = {"value": "5", "from_unit": "km", "to_unit": "mile"}
+    return [
+        trial(
+            "calculator",
+            0,
+            0,
+            "What is 1234 * 5678?",
+            [
+                {"calls": [call("calculator", {"expression": "1234*5678"}, "7006652")]},
+                {"calls": [], "final": "7006652"},
+            ],
+            "1234 * 5678 = 7006652",
+        ),  # fmt: skip
+        # a failed call, then a good one: the clean path keeps only the good one
+        trial(
+            "calculator",
+            0,
+            1,
+            "Add 17 and 25 then double it",
+            [
+                {"calls": [call("calculator", {"expression": "(17+25)x2"}, "calculator error: write *", error=True)]},
+                {"calls": [call("calculator", {"expression": "(17+25)*2"}, "84", cid="c2")]},
+            ],
+            "84",
+        ),  # fmt: skip
+        # near-duplicate of the first query
+        trial(
+            "calculator",
+            1,
+            0,
+            "what is 1234 * 5678",
+            [{"calls": [call("calculator", {"expression": "1234*5678"}, "7006652")]}],
+            "7006652",
+        ),  # fmt: skip
+        trial(
+            "unit_convert",
+            0,
+            0,
+            "How many miles is 5 km?",
+            [{"calls": [call("unit_convert", convert, "3.107 mile")]}],
+            "About 3.107 miles.",
+        ),  # fmt: skip
+        # rule failures
+        trial("calculator", 1, 1, "What is 2+2?", [], "4"),
+        trial(
+            "calculator",
+            1,
+            2,
+            "What is 3+3?",
+            [{"calls": [call("calculator", {"expression": "3+"}, "bad", error=True)]}],
+            "6",
+        ),  # fmt: skip
+        trial("calculator", 2, 0, "Compute 9*9", [{"calls": [call("calculator", {"expression": "9*9"}, "81")]}], None),
+        trial(
+            "unit_convert",
+            0,
+            1,
+            "What is 6 times 7?",
+            [{"calls": [call("calculator", {"expression": "6*7"}, "42")]}],
+            "42",
+        ),  # fmt: skip
+        trial("calculator", 2, 1, "", [], None, status="empty_query"),
+    ]
+
+
+def test_rules_build_the_clean_conversation() -> None:
+    trials = good_trials()
+    candidate, reason = trial_to_candidate(trials[1])
+    assert reason is None and candidate is not None
+    assert [m["role"] for m in candidate.messages] == ["user", "assistant", "tool", "assistant"]
+    assert candidate.messages[1]["tool_calls"][0]["function"]["arguments"] == {"expression": "(17+25)*2"}
+    reasons = [trial_to_candidate(t)[1] for t in trials[4:]]
+    assert reasons == [
+        "no tool call",
+        "last call before the final answer failed",
+        "no final answer",
+        "the explored tool was not called successfully",
+        "status empty_query",
+    ]
+    unsolved = dict(trials[0], solved=False)
+    assert trial_to_candidate(unsolved, require_solved=True)[1] == "not self-reported as solved"
+
+
+def test_judgment_parsing_keeps_reasons() -> None:
+    text = "Addresses: Yes - gives the product\nFaithful: No - the result said 7006652\nAppropriate: yes"
+    judgment = parse_judgment(text)
+    assert judgment["keep"] is False and judgment["error"] is None
+    assert judgment["faithful"] == {"verdict": False, "reason": "the result said 7006652"}
+    assert parse_judgment("Yes")["error"] == "no verdict for addresses, faithful, appropriate"
+
+
+def test_paraphrase_checks_what_the_call_needs() -> None:
+    calls = [{"name": "unit_convert", "arguments": {"value": "5", "from_unit": "km", "to_unit": "mile"}}]
+    assert required_atoms("How many miles is 5 km?", calls) == ({"5.0"}, {"km"})
+    original = "How many miles is 5 km?"
+    assert paraphrase_problem("Convert 5 km into miles please", original, calls, [], 0.9) is None
+    assert paraphrase_problem("Convert five km into miles", original, calls, [], 0.9) == "loses a number the call needs"
+    assert paraphrase_problem("Convert 5 kilometres to miles", original, calls, [], 0.9) == (
+        "loses a date, unit or name the call needs"
+    )
+    assert paraphrase_problem("how many miles is 5 km", original, calls, [], 0.9) == "same as the original"
+    dated = [{"name": "weekday", "arguments": {"date": "2024-05-01"}}]
+    assert paraphrase_problem("Which day is May 1st 2024?", "Weekday of 2024-05-01?", dated, [], 0.9) == (
+        "loses a number the call needs"
+    )
+    assert jaccard("a b c", "a b d") == 0.5
+    assert paraphrase_plan({"a": 2, "b": 10, "c": 0}, 7, 2) == {"a": 2, "b": 0, "c": 0}
+
+
+class ScriptedBackend(Backend):
+    """A test double: answers judge prompts with a fixed verdict and paraphrase prompts from a script."""
+
+    name = "scripted"
+
+    def __init__(self, paraphrases: dict[str, list[str]], reject: str = "") -> None:
+        self.paraphrases = paraphrases
+        self.reject = reject
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        self.requests.append(request)
+        prompt = request.messages[-1]["content"]
+        if prompt.startswith("You check one example"):
+            verdict = "No - invented a number" if self.reject and self.reject in prompt else "Yes - fine"
+            text = f"Addresses: Yes - answers it\nFaithful: {verdict}\nAppropriate: Yes - the right tool"
+            return [Completion(text=text)]
+        query = prompt.rsplit("Request: ", 1)[1]
+        texts = self.paraphrases.get(query, [])
+        return [Completion(text=texts[i] if i < len(texts) else "") for i in range(request.params.n)]
+
+
+def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
+    backend = ScriptedBackend(
+        {
+            "What is 1234 * 5678?": ["Rewritten request: Compute 1234 times 5678.", "Multiply 1234 by 5679", ""],
+            "Add 17 and 25 then double it": ['"Sum 17 with 25 and multiply the total by two"'],
+            "How many miles is 5 km?": ["Convert 5 kilometres to miles", "5 km equals how many miles?"],
+        },
+        reject="Add 17 and 25",
+    )
+    opts = DistillOptions(
+        trials=tmp_path / "trials.jsonl", out=tmp_path / "out", target_per_tool=3, max_paraphrases=2,
+        validation_fraction=0.5, seed=1, judge_model="scripted", paraphrase_model="scripted",
+    )  # fmt: skip
+    summary = distill(good_trials(), opts, judge=backend, paraphraser=backend)
+    calc, units = summary["per_tool"]["calculator"], summary["per_tool"]["unit_convert"]
+    assert (calc["trials"], calc["rules"], calc["judge"], calc["dedupe"]) == (7, 3, 2, 1)
+    assert (units["trials"], units["rules"], units["judge"], units["dedupe"]) == (2, 1, 1, 1)
+    assert calc["paraphrases"] == 1 and units["paraphrases"] == 1
+    assert calc["final"] == 2 and calc["train"] + calc["validation"] == 2
+    assert summary["dropped"]["judge"]["calculator"] == {"judged No on faithful": 1}
+    assert summary["dropped"]["paraphrase"]["calculator"]["loses a number the call needs"] == 1
+    assert summary["dropped"]["paraphrase"]["unit_convert"] == {
+        "loses a date, unit or name the call needs": 1,
+        "empty": 2,  # it asks for a few more than planned; the scripted model ran out of texts
+    }
+
+    train, _ = load_dataset_jsonl(opts.out / "train.jsonl", on_error="stop")
+    validation, _ = load_dataset_jsonl(opts.out / "validation.jsonl", on_error="stop")
+    by_original: dict[str, set[str]] = {}
+    for split, examples in (("train", train), ("validation", validation)):
+        for example in examples:
+            by_original.setdefault(example["meta"]["original_id"], set()).add(split)
+            assert example["meta"]["judge"]["faithful"]["verdict"] is True
+    assert all(len(splits) == 1 for splits in by_original.values())  # paraphrases never straddle the split
+    paraphrased = [e for e in train + validation if e["meta"]["paraphrase"]]
+    assert sorted(e["messages"][0]["content"] for e in paraphrased) == [
+        "5 km equals how many miles?",
+        "Compute 1234 times 5678.",
+    ]
+    judgments = [json.loads(line) for line in (opts.out / "judgments.jsonl").read_text().splitlines()]
+    assert len(judgments) == 4 and any(j["faithful"]["reason"] == "invented a number" for j in judgments)
+    card = (opts.out / "README.md").read_text()
+    assert "| calculator | 7 | 3 | 2 | 1 | 1 | 2 |" in card and "judged No on faithful: 1" in card
+
+    # resume: every reply comes from the append-only cache, nothing is generated again, same output
+    asked = len(backend.requests)
+    first_train = (opts.out / "train.jsonl").read_text()
+    again = distill(good_trials(), opts, judge=backend, paraphraser=backend)
+    assert len(backend.requests) == asked and again["per_tool"] == summary["per_tool"]
+    assert (opts.out / "train.jsonl").read_text() == first_train
+
+
+def test_rules_only_and_errors(tmp_path: Path) -> None:
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0)
+    summary = distill(good_trials(), opts)
+    assert summary["total"]["rules"] == 4 and summary["total"]["final"] == 3 and summary["total"]["validation"] == 0
+    assert "none (rules only)" in (opts.out / "README.md").read_text()
+    with pytest.raises(DataError, match="target_per_tool=5 needs a paraphrasing model"):
+        distill(good_trials(), DistillOptions(trials=opts.trials, out=opts.out, target_per_tool=5))
+    with pytest.raises(DataError, match="validation_fraction 1.5 must be in"):
+        distill(good_trials(), DistillOptions(trials=opts.trials, out=opts.out, validation_fraction=1.5))
+
+
+def test_cache_ignores_a_torn_last_line_but_not_a_bad_middle_line(tmp_path: Path) -> None:
+    path = tmp_path / "cache.jsonl"
+    path.write_text('{"key": "a", "value": "x\u2028y"}\n{"key": "b", "val')
+    assert ReplyCache(path).get("a") == "x\u2028y"
+    path.write_text('garbage\n{"key": "a", "value": 1}\n')
+    with pytest.raises(DataError, match="cache.jsonl:1: not a cache entry"):
+        ReplyCache(path)
+
+
+def test_cli_distill_from_a_trial_log(tmp_path: Path) -> None:
+    log = tmp_path / "explore" / "trials.jsonl"
+    log.parent.mkdir()
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    runner = CliRunner()
+    out = tmp_path / "distill"
+    result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
+    assert result.exit_code == 0, result.output
+    assert (out / "train.jsonl").exists() and json.loads((out / "summary.json").read_text())["total"]["final"] == 3
+    result = runner.invoke(app, ["distill", "--trials", str(tmp_path / "none.jsonl"), "--out", str(out)])
+    assert result.exit_code == 2 and "none.jsonl' does not exist" in result.output
+    result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--target-per-tool", "9"])
+    assert result.exit_code == 2 and "needs a paraphrasing model" in result.output
+
+
+def test_paraphrase_with_the_tiny_model_through_make_backend(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The real backend path: a random tiny model writes junk, so paraphrases are rejected, never crash."""
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=2, max_paraphrases=1,
+        judge_model=str(tiny_model_dir), paraphrase_model=str(tiny_model_dir), max_tokens=8, concurrency=4,
+    )  # fmt: skip
+    import asyncio
+
+    from toolschool.data.distill import run_distill
+
+    summary = asyncio.run(run_distill(good_trials()[:4], opts))
+    assert summary["total"]["trials"] == 4 and summary["total"]["rules"] == 4
+    cached = (opts.out / "cache.jsonl").read_text().splitlines()
+    assert len(cached) >= 4  # the four judge replies (and any paraphrase requests) are cached
+    judged_out = sum(sum(reasons.values()) for reasons in summary["dropped"]["judge"].values())
+    assert summary["total"]["judge"] + judged_out == 4
+    assert summary["total"]["final"] == summary["total"]["dedupe"] + summary["total"]["paraphrases"]
