@@ -1,12 +1,13 @@
 """Bootstrap of the python sandbox: runs inside the child interpreter before the user's code.
 
-It is passed to `python -I -S -B -c` as source text (the package directory may not be readable by the
-sandbox's unprivileged user), with one JSON argument: the limits, the status pipe's fd and the working
-directory. It sets the resource limits (here rather than in a `preexec_fn`, which is unsafe when the parent
-has threads: registries run tools from event-loop and worker threads), installs an audit hook that refuses
-network, process creation, signals to other processes, native code (ctypes) and writes outside the working
-directory, then runs `main.py`. Every refusal is reported on the status pipe so the parent can say which
-limit was hit even when the user's code swallows the exception. Standard library only.
+It is copied into the temporary working directory (the package directory may not be readable by the
+sandbox's unprivileged user) and run as `python -I -S -B _sandbox_boot.py CONFIG`, CONFIG being one JSON
+argument: the limits, the status pipe's fd and the working directory. It sets the resource limits (here rather
+than in a `preexec_fn`, which is unsafe when the parent has threads: registries run tools from event-loop and
+worker threads), installs an audit hook that refuses network, process creation, signals to other processes,
+native code (ctypes) and writes outside the working directory, then runs `main.py`. Every refusal is reported
+on the status pipe so the parent can say which limit was hit even when the user's code swallows the exception.
+Standard library only.
 """
 
 import errno
@@ -138,7 +139,8 @@ def run_user_code() -> int:
     except BaseException as exc:  # the user's traceback, without this bootstrap's frames
         if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
             report("file_size", f"the file size limit of {CONFIG['max_file_mb']} MB was hit")
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename != "<string>"]
+        own = os.path.abspath(__file__)
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) != own]
         text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))
         sys.stderr.write("Traceback (most recent call last):\n" + text)
         return 1

@@ -125,8 +125,10 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
     proc: subprocess.Popen[bytes] | None = None
     try:
         (workdir / "main.py").write_text(code, encoding="utf-8")
+        boot = workdir / "_sandbox_boot.py"
+        boot.write_text(_BOOT_SOURCE, encoding="utf-8")
         if mode == "netns-pidns-nobody":
-            for path in (workdir, workdir / "main.py"):
+            for path in (workdir, workdir / "main.py", boot):
                 os.chown(path, NOBODY_UID, NOBODY_GID)
         config = {
             "status_fd": status_w,
@@ -138,7 +140,7 @@ def run_python(code: str, limits: SandboxLimits | None = None) -> SandboxResult:
             "max_open_files": limits.max_open_files,
             "guard": limits.guard,
         }
-        command = [*_prefix(mode), *_python_command(), "-c", _BOOT_SOURCE, json.dumps(config)]
+        command = [*_prefix(mode), *_python_command(), str(boot), json.dumps(config)]
         try:
             proc = subprocess.Popen(
                 command,
