@@ -81,17 +81,20 @@ def run_explore_stage(
     resume: bool = False,
     console: Console | None = None,
     fsync: bool = False,
-    backend_factory: Callable[[ToolschoolConfig], Backend] = default_backend_factory,
-    registry_factory: Callable[[ToolschoolConfig], Any] = default_registry_factory,
+    backend_factory: Callable[[ToolschoolConfig], Backend] | None = None,
+    registry_factory: Callable[[ToolschoolConfig], Any] | None = None,
 ) -> ExploreResult:
-    """Validate, explore every target tool, write `trials.jsonl` + `summary.json` in the stage folder."""
+    """Validate, explore every target tool, write `trials.jsonl` + `summary.json` in the stage folder.
+
+    The factories default to `make_backend` / `build_registry` on the config (looked up at call time).
+    """
     from toolschool.chat.formats import get_format
 
     section = config.explore
     fmt = get_format(section.format)
     prompts = PromptSet(fmt.name, section.prompts)
     settings = ExploreSettings.from_section(section, seed=config.run.seed)
-    registry = registry_factory(config)
+    registry = (registry_factory or default_registry_factory)(config)
     try:
         targets = resolve_targets(registry.names(), section.tools, where=_describe_tool_sources(config))
         directory = explore_dir(config, out)
@@ -99,7 +102,7 @@ def run_explore_stage(
         try:
             check_resumable(log.existing, model=config.model.name, fmt=fmt.name, ablations=settings.ablations.to_dict())
             stage_dir(config, STAGE, directory)
-            backend = backend_factory(config)
+            backend = (backend_factory or default_backend_factory)(config)
             ctx = ExploreContext(
                 backend=backend,
                 fmt=fmt,

@@ -1,0 +1,175 @@
+"""`toolschool explore`: bad input is one clear line before any work; a run, an interrupt and --resume."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+
+import pytest
+from test_explore_episode import ScriptedBackend
+from typer.testing import CliRunner
+
+from toolschool.cli import app
+from toolschool.explore import stage
+from toolschool.explore.log import TRIALS_FILE, read_trials
+
+runner = CliRunner()
+
+
+def calculator_policy(request, counter):
+    last = request.messages[-1]
+    content = last.get("content") or ""
+    if last["role"] == "tool":
+        return f"The result is {content}."
+    if content.rstrip().endswith("User request:"):
+        counter["q"] += 1
+        return f"What is {counter['q']} plus 2?"
+    if "Yes" in content and "No" in content:
+        return "Yes"
+    number = counter["q"]
+    return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{number} + 2"}}}}</tool_call>'
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    backends: list[ScriptedBackend] = []
+
+    def factory(config):
+        backend = ScriptedBackend(calculator_policy, fail_when=getattr(factory, "fail_when", None))
+        backends.append(backend)
+        return backend
+
+    monkeypatch.setattr(stage, "default_backend_factory", factory)
+    return factory
+
+
+def test_unknown_tool_name_is_one_clear_line(tmp_path, scripted) -> None:
+    result = runner.invoke(app, ["explore", "--tools", "calculator,teleport", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "unknown tool name(s) to explore: teleport" in result.output
+    assert "the tool set has: calculator, python" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()  # nothing was started
+
+
+def test_empty_tool_set_is_one_clear_line(tmp_path, scripted) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("[tools]\ntoolbox = []\n")
+    result = runner.invoke(app, ["explore", "--config", str(config), "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "the tool set is empty (toolbox=[], mcp=[], modules=[])" in result.output
+    assert "--toolbox builtin" in result.output
+
+
+def test_unknown_format_is_one_clear_line(tmp_path, scripted) -> None:
+    result = runner.invoke(app, ["explore", "--format", "xml", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "unknown chat format 'xml'; valid formats: hermes, json, react" in result.output
+
+
+def test_unreachable_endpoint_is_one_clear_line_before_any_work(tmp_path) -> None:
+    out = tmp_path / "x"
+    result = runner.invoke(
+        app, ["explore", "--model", "openai:http://127.0.0.1:9/v1#explorer", "--tools", "calculator", "--out", str(out)]
+    )
+    assert result.exit_code == 2, result.output
+    assert "127.0.0.1:9" in result.output
+    assert "Traceback" not in result.output
+    assert (out / TRIALS_FILE).read_text() == ""  # no trial was attempted
+
+
+def test_explore_runs_saves_config_and_summary_and_refuses_to_mix_runs(tmp_path, scripted) -> None:
+    out = tmp_path / "explore"
+    args = ["explore", "--tools", "calculator,weekday", "--episodes", "2", "--stm-slots", "2", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = read_trials(out / TRIALS_FILE)
+    assert len(records) == 8
+    call = records[0]["steps"][0]["calls"][0]
+    number = int(call["arguments"]["expression"].split(" + ")[0])
+    assert call["observation"]["text"] == str(number + 2)  # the real calculator ran
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tools"]["calculator"]["trials"] == 4 and summary["tools"]["calculator"]["distinct_queries"] == 4
+    assert summary["tools"]["calculator"]["executed_calls"] == 4 and summary["total"]["successes"] == 8
+    assert "exploration" in result.output and "total" in result.output
+    saved = tomllib.loads((out / "config.toml").read_text())["explore"]
+    assert saved["episodes"] == 2 and saved["tools"] == ["calculator", "weekday"]
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2 and "already holds 8 trial(s)" in again.output and "--resume" in again.output
+
+
+def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path, scripted) -> None:
+    def interrupt(request, count):
+        if count == 13:
+            raise KeyboardInterrupt
+
+    scripted.fail_when = interrupt
+    out = tmp_path / "explore"
+    args = ["explore", "--tools", "calculator", "--episodes", "3", "--stm-slots", "2", "--out", str(out)]
+    result = runner.invoke(app, ["explore", *args[1:], "--concurrency", "2"])
+    assert result.exit_code == 130 and "rerun to resume" in result.output
+    partial = read_trials(out / TRIALS_FILE)
+    assert 0 < len(partial) < 6
+    scripted.fail_when = None
+    result = runner.invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    keys = [(r["episode"], r["slot"]) for r in read_trials(out / TRIALS_FILE)]
+    assert sorted(keys) == [(e, s) for e in range(3) for s in range(2)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total"]["trials"] == 6 and summary["run"]["trials_this_run"] == 6 - len(partial)
+
+
+def test_resume_with_another_format_is_refused(tmp_path, scripted) -> None:
+    out = tmp_path / "explore"
+    base = ["explore", "--tools", "calculator", "--episodes", "1", "--stm-slots", "1", "--out", str(out)]
+    assert runner.invoke(app, base).exit_code == 0
+    result = runner.invoke(app, [*base, "--resume", "--format", "react"])
+    assert result.exit_code == 2
+    assert "cannot resume: the trial log was written with format = 'hermes', this run has 'react'" in result.output
+
+
+SLOW_RUN = """
+import asyncio, sys
+sys.path.insert(0, {tests!r})
+from test_explore_cli import calculator_policy
+from test_explore_episode import ScriptedBackend
+from toolschool.cli import app
+from toolschool.explore import stage
+
+class Slow(ScriptedBackend):
+    async def generate(self, request):
+        await asyncio.sleep(0.05)
+        return await super().generate(request)
+
+stage.default_backend_factory = lambda config: Slow(calculator_policy)
+app(sys.argv[1:])
+"""
+
+
+def test_real_sigint_keeps_every_finished_trial_and_resume_finishes(tmp_path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "slow_explore.py"
+    script.write_text(SLOW_RUN.format(tests=str(Path(__file__).parent)))
+    out = tmp_path / "explore"
+    args = [sys.executable, str(script), "explore", "--tools", "calculator,weekday", "--episodes", "4"]
+    args += ["--stm-slots", "2", "--concurrency", "2", "--out", str(out)]
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = out / TRIALS_FILE
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not log.exists() or log.read_text().count("\n") < 3):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert "interrupted" in output and "Traceback" not in output
+    partial = read_trials(log)
+    assert 3 <= len(partial) < 16
+    process = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=120)
+    assert process.returncode == 0, process.stdout + process.stderr
+    keys = [(r["tool"], r["episode"], r["slot"]) for r in read_trials(log)]
+    assert len(keys) == len(set(keys)) == 16
