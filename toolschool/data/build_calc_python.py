@@ -419,14 +419,11 @@ def _source_name(source: str) -> str:
 
 def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
     """Build the dataset into `opts.out`; returns the summary (also written as summary.json + README.md)."""
-    from toolschool.chat.formats import FORMAT_NAMES
-
     bad_formats = [f for f in opts.formats if f not in ("hermes", "json")]
     if bad_formats or not opts.formats:
         raise DataError(
             f"format(s) {', '.join(bad_formats) or '(none)'} cannot be written", hint="use hermes and/or json"
         )
-    assert set(opts.formats) <= set(FORMAT_NAMES)
     targets = category_targets(opts.size, opts.ratios)
     sources = {"calculator": opts.gsm8k, "python_exec": opts.cruxeval, "no_tool": opts.instructions}
     builders = {"calculator": build_calculator, "python_exec": build_python, "no_tool": build_no_tool}
