@@ -61,6 +61,7 @@ async def test_concurrent_greedy_matches_generating_alone(backend: LocalBackend)
     steps_before = backend.steps
     results = await asyncio.gather(*(backend.generate(r) for r in requests))
     assert backend.max_rows_seen <= 4
+    assert backend.stats.reused_prompt_tokens > 0  # the shared system/tool prompt came from the prefix cache
     # Five requests of at most 12 tokens share forward passes: far fewer steps than 5 * 12.
     assert backend.steps - steps_before < 5 * 12
     for request, completions in zip(requests, results, strict=True):

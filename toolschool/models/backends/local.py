@@ -23,6 +23,7 @@ import asyncio
 import collections
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,10 +63,76 @@ class _Row:
     logprobs: list[float] = field(default_factory=list)
 
 
+@dataclass
+class GenerationStats:
+    """Where the worker's time went: prompt prefill vs batched decode steps (for benchmarks and logs)."""
+
+    prefill_seconds: float = 0.0
+    prefill_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_tokens: int = 0  # tokens fed through decode steps (one per row per step)
+    reused_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead of a forward pass
+
+
+class PrefixCache:
+    """KV caches of recent prompts, so a new prompt only prefills what differs from one of them.
+
+    Exploration episodes and evaluation items repeat the same system prompt and tool list (~200 tokens for
+    one tool) and then differ in a short user turn, so most of every prefill is shared. Entries are whole
+    prompts of one row; a new prompt reuses the longest common token prefix of any entry (always keeping at
+    least its last token to run, which yields the next-token logits). Reuse is exact: the cached keys and
+    values are those the same tokens at the same positions would produce. Tensors are never written in place
+    (DynamicCache grows by concatenation), so entries can be shared as views.
+    """
+
+    min_reuse = 8
+
+    def __init__(self, entries: int = 8) -> None:
+        self.entries = entries
+        self._items: collections.OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
+            collections.OrderedDict()
+        )
+
+    def start(self, prompt: list[int], config: Any) -> tuple[Any, int]:
+        """A fresh cache for `prompt`, pre-filled with the longest reusable prefix; return it and that length."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=config)
+        best_key, best = None, 0
+        for key in self._items:
+            common = _common_prefix(key, prompt)
+            if common > best:
+                best_key, best = key, common
+        best = min(best, len(prompt) - 1)
+        if best_key is None or best < self.min_reuse:
+            return cache, 0
+        self._items.move_to_end(best_key)
+        for layer, (keys, values) in zip(cache.layers, self._items[best_key], strict=True):
+            layer.lazy_initialization(keys, values)
+            layer.keys, layer.values = keys[:, :, :best], values[:, :, :best]
+        return cache, best
+
+    def store(self, prompt: list[int], cache: Any) -> None:
+        if self.entries <= 0:
+            return
+        self._items[tuple(prompt)] = [(layer.keys[:1], layer.values[:1]) for layer in cache.layers]
+        self._items.move_to_end(tuple(prompt))
+        while len(self._items) > self.entries:
+            self._items.popitem(last=False)
+
+
+def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class LocalBackend(Backend):
     """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
 
-    def __init__(self, loaded: Any, *, max_batch_size: int = 16) -> None:
+    def __init__(self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 8) -> None:
         if max_batch_size < 1:
             raise ToolschoolError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.loaded = loaded
@@ -78,6 +145,8 @@ class LocalBackend(Backend):
         self.stop_token_ids = _end_of_turn_ids(self.tokenizer, self.model)
         self.steps = 0  # batched decode steps run (for tests and benchmarks)
         self.max_rows_seen = 0  # largest batch run so far
+        self.stats = GenerationStats()
+        self._prefix_cache = PrefixCache(entries=prefix_cache_entries)
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -189,19 +258,22 @@ class LocalBackend(Backend):
                     hint="shorten the conversation or the tool list",
                 )
             max_tokens = min(max_tokens, room)
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        input_ids = torch.tensor([prompt], device=self.device)
+        start = time.perf_counter()
+        cache, reused = self._prefix_cache.start(prompt, self.model.config)
+        input_ids = torch.tensor([prompt[reused:]], device=self.device)
         out = self.model(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            position_ids=torch.arange(len(prompt), device=self.device)[None, :],
+            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long, device=self.device),
+            position_ids=torch.arange(reused, len(prompt), device=self.device)[None, :],
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
         _check_plain_layers(cache)
+        self._prefix_cache.store(prompt, cache)
+        self.stats.prefill_seconds += time.perf_counter() - start
+        self.stats.prefill_tokens += len(prompt) - reused
+        self.stats.reused_prompt_tokens += reused
         n = params.n
         if n > 1:
             cache.batch_repeat_interleave(n)
@@ -267,6 +339,7 @@ class LocalBackend(Backend):
             self._select(keep)
         if not self._rows:
             return
+        start = time.perf_counter()
         last_B1 = torch.tensor([[tokens[i]] for i in keep], device=self.device)
         self._mask_BL = torch.cat([self._mask_BL, torch.ones_like(last_B1)], dim=1)
         out = self.model(
@@ -279,6 +352,10 @@ class LocalBackend(Backend):
         self._positions_B = self._positions_B + 1
         self._logits_BV = out.logits[:, -1, :]
         self.steps += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.stats.decode_seconds += time.perf_counter() - start
+        self.stats.decode_tokens += len(keep)
 
     def _finish_if_done(self, row: _Row) -> bool:
         """Complete the row if its last token ends it; return whether it finished."""

@@ -1,0 +1,193 @@
+"""Generation throughput of the local backend vs plain `model.generate`, and batch-1 decode vs the memory bound.
+
+Same run, same model, same greedy settings and the same prompts (a user question with the calculator tool
+offered, so every prompt carries the ~190-token tool system prompt):
+- `generate_one_at_a_time`: `model.generate` for one prompt after another (what a naive loop does);
+- `backend_1_concurrent`: the local backend, one request after another;
+- `backend_16_concurrent`: the local backend, 16 requests awaited at once (continuous batching).
+Tokens/s counts generated tokens over wall time, prefill included. The one-at-a-time paths run a subset of
+the prompts (each request is independent, so the rate does not depend on how many run; this keeps the run
+under a few minutes). Each figure is the median of `--repeats` runs.
+
+Memory bound: at batch 1 every decode step reads all weights once, so tokens/s <= bandwidth / weight bytes.
+Bandwidth is measured here with a large tensor copy (bytes read + written); the ratio says how close batch-1
+decode is to the hardware limit (the rest is attention/KV-cache traffic, kernel overheads and Python).
+
+    .venv/bin/python bench/generate.py            # writes bench/results/generate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backends.local import LocalBackend
+from toolschool.models.loading import load_model
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression and return its value.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 2 * (3 + 4)"}},
+            "required": ["expression"],
+        },
+    },
+}
+QUESTIONS = [
+    "What is 1234 * 5678?",
+    "Write a haiku about the sea.",
+    "How many days are there in a leap year?",
+    "Explain what a tool call is in one sentence.",
+    "What is the square root of 144?",
+    "Name three primary colours.",
+    "Compute 17 + 25 * 3.",
+    "Tell me a short fact about the moon.",
+    "What is 2 to the power of 16?",
+    "Give me a synonym for happy.",
+    "How far is 10 miles in kilometres?",
+    "What is the capital of Japan?",
+    "Divide 1000 by 8.",
+    "Describe a cat in five words.",
+    "What is 99 squared?",
+    "Suggest a name for a small robot.",
+]
+
+
+def requests(max_tokens: int) -> list[GenerationRequest]:
+    return [
+        GenerationRequest([{"role": "user", "content": q}], [CALC], SamplingParams(max_tokens=max_tokens))
+        for q in QUESTIONS
+    ]
+
+
+def plain_generate(backend: LocalBackend, reqs: list[GenerationRequest]) -> tuple[int, float]:
+    model = backend.model
+    tokens = 0
+    start = time.perf_counter()
+    for req in reqs:
+        ids = torch.tensor([backend.render_prompt(req)], device=backend.device)
+        with torch.inference_mode():
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=req.params.max_tokens,
+                do_sample=False,
+                eos_token_id=sorted(backend.stop_token_ids),
+                pad_token_id=backend.tokenizer.pad_token_id,
+            )
+        tokens += out.shape[1] - ids.shape[1]
+    return tokens, time.perf_counter() - start
+
+
+async def backend_sequential(backend: LocalBackend, reqs: list[GenerationRequest]) -> tuple[int, float]:
+    start = time.perf_counter()
+    tokens = 0
+    for req in reqs:
+        (c,) = await backend.generate(req)
+        tokens += len(c.token_ids)
+    return tokens, time.perf_counter() - start
+
+
+async def backend_concurrent(backend: LocalBackend, reqs: list[GenerationRequest]) -> tuple[int, float]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(backend.generate(r) for r in reqs))
+    return sum(len(c[0].token_ids) for c in results), time.perf_counter() - start
+
+
+def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """Copy bandwidth (bytes read + written per second), the median of a few large copies."""
+    n = mib * 1024 * 1024 // 4
+    src = torch.ones(n, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / statistics.median(times) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sequential-prompts", type=int, default=4, help="prompts in the one-at-a-time runs")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "generate.json"))
+    args = parser.parse_args()
+
+    loaded = load_model(args.model)
+    backend = LocalBackend(loaded, max_batch_size=16)
+    reqs = requests(args.max_tokens)
+    seq_reqs = reqs[: args.sequential_prompts]
+    prompt_tokens = [len(backend.render_prompt(r)) for r in reqs]
+
+    async def run_all() -> dict[str, list[tuple[int, float]]]:
+        await backend_sequential(backend, reqs[:1])  # warm-up (first-call allocations)
+        plain_generate(backend, reqs[:1])
+        runs: dict[str, list[tuple[int, float]]] = {"plain": [], "seq": [], "conc": [], "decode1": []}
+        for _ in range(args.repeats):
+            runs["plain"].append(plain_generate(backend, seq_reqs))
+            before = (backend.stats.decode_tokens, backend.stats.decode_seconds)
+            runs["seq"].append(await backend_sequential(backend, seq_reqs))
+            runs["decode1"].append((backend.stats.decode_tokens - before[0], backend.stats.decode_seconds - before[1]))
+            runs["conc"].append(await backend_concurrent(backend, reqs))
+        return runs
+
+    runs = asyncio.run(run_all())
+    asyncio.run(backend.aclose())
+
+    def rate(samples: list[tuple[int, float]]) -> float:
+        return statistics.median(t / s for t, s in samples)
+
+    plain, seq, conc, decode1 = (rate(runs[k]) for k in ("plain", "seq", "conc", "decode1"))
+    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    bandwidth = memory_bandwidth_gbs()
+    bound = bandwidth * 1e9 / weight_bytes
+    result = {
+        "model": args.model,
+        "dtype": str(loaded.dtype).removeprefix("torch."),
+        "device": loaded.device,
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        "shared with other jobs during the run (figures are noisy)",
+        "torch_threads": torch.get_num_threads(),
+        "max_tokens": args.max_tokens,
+        "prompt_tokens_median": statistics.median(prompt_tokens),
+        "repeats": args.repeats,
+        "sequential_prompts": len(seq_reqs),
+        "concurrent_prompts": len(reqs),
+        "tokens_per_s": {
+            "generate_one_at_a_time": round(plain, 2),
+            "backend_1_concurrent": round(seq, 2),
+            "backend_16_concurrent": round(conc, 2),
+        },
+        "speedup_16_concurrent_vs_one_at_a_time": round(conc / plain, 2),
+        "target_speedup": 8.0,
+        "batch1_decode_tokens_per_s": round(decode1, 2),
+        "weight_bytes": weight_bytes,
+        "memory_bandwidth_gb_s": round(bandwidth, 2),
+        "memory_bound_tokens_per_s": round(bound, 2),
+        "batch1_decode_vs_memory_bound": round(decode1 / bound, 3),
+        "runs": {k: [[t, round(s, 3)] for t, s in v] for k, v in runs.items()},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

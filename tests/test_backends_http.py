@@ -1,0 +1,204 @@
+"""The OpenAI-compatible HTTP backend, against `toolschool serve` (and a scripted server) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from toolschool.chat.formats import get_format
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backends import make_backend
+from toolschool.models.backends.local import LocalBackend
+from toolschool.models.backends.openai_http import EndpointError, OpenAIBackend
+from toolschool.models.spec import parse_model_spec
+from toolschool.serve.server import bind_socket, running_server
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+CONVERSATION = [
+    {"role": "user", "content": "What is 12*7?"},
+    {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*7"}}}
+        ],
+    },
+    {"role": "tool", "tool_call_id": "c1", "content": "84"},
+]
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir: Path):
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
+    yield b
+    asyncio.run(b.aclose())
+
+
+@pytest.fixture(scope="module")
+def url(local: LocalBackend):
+    with running_server(local, "tiny", api_key="secret") as base_url:
+        yield base_url
+
+
+def _http(url: str, **kwargs: Any) -> OpenAIBackend:
+    kwargs.setdefault("api_key", "secret")
+    backend = make_backend(f"openai:{url}#tiny", **kwargs)
+    assert isinstance(backend, OpenAIBackend)
+    return backend
+
+
+async def test_http_greedy_equals_local_greedy(url: str, local: LocalBackend) -> None:
+    request = GenerationRequest(CONVERSATION, [CALC], SamplingParams(max_tokens=10, logprobs=True))
+    http = _http(url)
+    (remote,) = await http.generate(request)
+    (direct,) = await local.generate(request)
+    await http.aclose()
+    assert remote.text == direct.text and remote.finish_reason == direct.finish_reason
+    assert remote.prompt_tokens == direct.prompt_tokens  # dict arguments survived the JSON-string round trip
+    assert remote.logprobs == pytest.approx(direct.logprobs, abs=1e-4)
+
+
+async def test_http_n_samples_seeded_and_prefill(url: str, local: LocalBackend) -> None:
+    http = _http(url)
+    request = GenerationRequest(
+        [{"role": "user", "content": "hi"}], None, SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=6)
+    )
+    first, second = await asyncio.gather(http.generate(request), http.generate(request))
+    assert len(first) == 3 and [c.text for c in first] == [c.text for c in second]
+    prefilled = GenerationRequest([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=6), "Thought:")
+    (remote,) = await http.generate(prefilled)
+    (direct,) = await local.generate(prefilled)
+    await http.aclose()
+    assert remote.text == direct.text
+
+
+async def test_http_errors_are_clear(url: str) -> None:
+    wrong_key = _http(url, api_key="wrong")
+    with pytest.raises(EndpointError, match=r"refused the API key \(HTTP 401\)"):
+        await wrong_key.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
+    await wrong_key.aclose()
+
+    http = _http(url)
+    with pytest.raises(EndpointError, match=r"rejected the request for model 'tiny' \(HTTP 400: .*max_tokens"):
+        await http.generate(GenerationRequest([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=0)))
+    await http.aclose()
+
+    sock = bind_socket("127.0.0.1", 0)  # a port that is ours and not listening
+    port = sock.getsockname()[1]
+    sock.close()
+    down = _http(f"http://127.0.0.1:{port}/v1")
+    with pytest.raises(EndpointError, match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable"):
+        await down.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
+    await down.aclose()
+
+
+# --- a scripted server: fails on purpose, counts concurrency, answers with parsed tool_calls ------------------
+
+
+@contextlib.contextmanager
+def scripted_server(failures: list[int], state: dict[str, int]) -> Iterator[str]:
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "test"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Any:
+        state["in_flight"] += 1
+        state["peak"] = max(state["peak"], state["in_flight"])
+        try:
+            await asyncio.sleep(0.02)
+            if failures:
+                code = failures.pop(0)
+                return JSONResponse({"error": {"message": f"scripted {code}"}}, status_code=code)
+            return {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "tiny",
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "tool_calls",
+                        "message": {
+                            "role": "assistant",
+                            "content": "Let me compute.",
+                            "tool_calls": [
+                                {
+                                    "id": "call_1",
+                                    "type": "function",
+                                    "function": {"name": "calculator", "arguments": '{"expression": "12*7"}'},
+                                }
+                            ],
+                        },
+                    }
+                ],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13},
+            }
+        finally:
+            state["in_flight"] -= 1
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+async def test_retries_with_backoff_then_tool_calls_as_hermes_text() -> None:
+    state = {"in_flight": 0, "peak": 0}
+    with scripted_server([503, 429], state) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), backoff_base=0.01)
+        (completion,) = await http.generate(GenerationRequest(CONVERSATION[:1], [CALC]))
+        await http.aclose()
+    assert http.retries_done == 2
+    expected = [("calculator", {"expression": "12*7"})]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in completion.tool_calls or []] == expected
+    parsed = get_format("hermes").parse(completion.text)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.calls] == expected
+    assert parsed.content.strip() == "Let me compute."
+    assert completion.prompt_tokens == 9
+
+
+async def test_retries_give_up_with_a_clear_error_and_concurrency_is_bounded() -> None:
+    state = {"in_flight": 0, "peak": 0}
+    with scripted_server([500, 500], state) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), max_retries=1, backoff_base=0.01)
+        with pytest.raises(EndpointError, match="failed 2 times .*InternalServerError"):
+            await http.generate(GenerationRequest(CONVERSATION[:1]))
+        await http.aclose()
+
+        bounded = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), concurrency=3)
+        results = await bounded.generate_many([GenerationRequest(CONVERSATION[:1]) for _ in range(12)])
+        await bounded.aclose()
+    assert len(results) == 12 and state["peak"] <= 3
+
+
+def test_concurrency_must_be_positive() -> None:
+    with pytest.raises(Exception, match="concurrency must be at least 1"):
+        OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:9/v1#m"), concurrency=0)
