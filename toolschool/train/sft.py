@@ -70,7 +70,7 @@ def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: An
     """Render with the chat format into input_ids + labels (-100 where the loss weight is 0), truncating."""
     data = PreparedData(rows=[])
     for example in examples:
-        rendered = fmt.render(example["messages"], example.get("tools") or None, tokenizer)
+        rendered = render_example(example, fmt, tokenizer)
         ids = list(rendered.input_ids)
         weights = list(rendered.loss_weights)
         data.examples += 1
@@ -86,6 +86,25 @@ def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: An
         data.tokens += len(ids)
         data.loss_tokens += sum(1 for w in weights if w > 0)
     return data
+
+
+def render_example(example: dict[str, Any], fmt: Any, tokenizer: Any, **kwargs: Any) -> Any:
+    """Render one dataset line with the chat format.
+
+    Lines written already converted to a text format (`meta.format` = json/react: tool calls as text, no
+    `tools`) are rendered as they are; converting them again would duplicate the format's instructions.
+    """
+    from toolschool.chat.formats import get_format
+
+    pre = (example.get("meta") or {}).get("format")
+    if pre and pre != "hermes":
+        if pre != fmt.name:
+            raise DataError(
+                f"this dataset is already written in the '{pre}' format but training uses '{fmt.name}'",
+                hint=f"pass --format {pre}, or use the dataset's hermes (canonical) files",
+            )
+        return get_format("hermes").render(example["messages"], None, tokenizer, **kwargs)
+    return fmt.render(example["messages"], example.get("tools") or None, tokenizer, **kwargs)
 
 
 def _toolken(name: str) -> str:
@@ -132,11 +151,22 @@ def build_validation_items(
     items = []
     for example in examples[:limit]:
         prompt, gold = split_at_first_assistant(example["messages"])
-        messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
+        pre = (example.get("meta") or {}).get("format")
+        if pre and pre != "hermes":  # already converted to a text format (see render_example)
+            messages, tools = prompt, None
+            gold = _gold_from_text(gold, fmt)
+        else:
+            messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"][-max_length:]
         items.append(ValidationItem(prompt_ids=ids, gold=gold, tools=example.get("tools")))
     return items
+
+
+def _gold_from_text(gold: dict[str, Any], fmt: Any) -> dict[str, Any]:
+    """For pre-converted text-format lines, recover the gold calls by parsing the assistant text."""
+    parsed = fmt.parse(gold.get("content") or "")
+    return parsed.as_message() if parsed.well_formed else gold
 
 
 def generate_batch(
@@ -208,7 +238,7 @@ def validate(
                         for c in gold_calls
                     ]
                 gold_final = None if gold_calls else (item.gold.get("content") or "")
-                scores.append(score_item(parsed, gold_calls, gold_final))
+                scores.append(score_item(parsed, gold_calls, gold_final, format_name=fmt.name))
     finally:
         if was_training:
             model.train()
@@ -439,7 +469,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         save_steps=settings.checkpoint_interval,
         seed=config.run.seed,
         data_seed=config.run.seed,
-        max_length=settings.max_length,
+        # Examples are already truncated (and counted) by prepare_examples.
+        max_length=None if settings.padding_free else settings.max_length,
         padding_free=settings.padding_free,
         report_to="none",
         use_cpu=use_cpu,
@@ -447,7 +478,6 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         dataloader_num_workers=0,
         disable_tqdm=not progress,
         save_only_model=False,
-        ddp_backend="gloo" if use_cpu else None,
     )
     dataset = Dataset.from_list(prepared.rows)
     trainer = SFTTrainer(

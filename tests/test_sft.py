@@ -1,0 +1,235 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolschool.config import load_config
+from toolschool.errors import DataError, ToolschoolError
+from toolschool.train.sft import check_has_assistant, latest_checkpoint, prepare_examples, run_sft
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+
+
+def _example(a: int, b: int) -> dict:
+    expr = f"{a} * {b}"
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {expr}?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "c0",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": {"expression": expr}},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c0", "content": str(a * b)},
+            {"role": "assistant", "content": f"{expr} = {a * b}."},
+        ],
+        "tools": [CALC],
+        "meta": {"tool": "calculator", "source": "test", "category": "calculator", "expected_answer": str(a * b)},
+    }
+
+
+def _write(path: Path, examples: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(e) + "\n" for e in examples))
+    return path
+
+
+@pytest.fixture()
+def data_files(tmp_path: Path) -> tuple[Path, Path]:
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 14)])
+    validation = _write(tmp_path / "validation.jsonl", [_example(i, 7) for i in range(20, 23)])
+    return train, validation
+
+
+def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: object):
+    overrides = {
+        "run.root": str(tmp_path / "runs"),
+        "run.name": "t",
+        "model.name": str(model),
+        "sft.train": str(train),
+        "sft.validation": str(validation),
+        "sft.batch_size": 2,
+        "sft.num_steps": 4,
+        "sft.max_length": 256,
+        "sft.lora_rank": 4,
+        "sft.lora_alpha": 8,
+        "sft.checkpoint_interval": 2,
+        "sft.log_interval": 1,
+        "sft.validation_interval": 2,
+        "sft.validation_samples": 2,
+        "sft.validation_max_tokens": 8,
+        "sft.warmup_steps": 0,
+    }
+    overrides.update({f"sft.{k}": v for k, v in sft.items()})
+    return load_config(None, overrides)
+
+
+def test_labels_cover_only_assistant_tokens(tokenizer) -> None:
+    from toolschool.chat.formats import get_format
+
+    prepared = prepare_examples([_example(12, 34)], get_format("hermes"), tokenizer, max_length=512)
+    row = prepared.rows[0]
+    learned = tokenizer.decode([t for t, lab in zip(row["input_ids"], row["labels"], strict=True) if lab != -100])
+    assert '"expression": "12 * 34"' in learned
+    assert "12 * 34 = 408." in learned
+    assert learned.count("<|im_end|>") == 2  # each assistant turn's end-of-turn token is learned
+    assert "What is" not in learned and "408\n</tool_response>" not in learned
+    assert prepared.truncated == 0
+
+
+def test_truncation_is_counted(tokenizer) -> None:
+    from toolschool.chat.formats import get_format
+
+    fmt = get_format("hermes")
+    short = _example(3, 4)
+    limit = len(fmt.render(short["messages"], short["tools"], tokenizer).input_ids) + 5
+    long_example = _example(1, 2)
+    long_example["messages"][0]["content"] = "word " * 400
+    prepared = prepare_examples([long_example, short], fmt, tokenizer, max_length=limit)
+    assert prepared.truncated == 1
+    assert prepared.dropped_no_assistant_after_truncation == 1  # the only assistant text fell past the cut
+    assert len(prepared.rows) == 1
+    assert prepared.max_seen_length > limit
+
+
+def test_no_assistant_turn_is_refused_with_file_and_line() -> None:
+    bad = {"messages": [{"role": "user", "content": "hi"}], "tools": [], "meta": {}}
+    with pytest.raises(DataError, match=r"data.jsonl:2") as info:
+        check_has_assistant([_example(1, 2), bad], "data.jsonl")
+    assert "no assistant turn" in str(info.value)
+
+
+def test_missing_training_file_is_clear(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+    _, validation = data_files
+    config = _config(tmp_path, tiny_model_dir, tmp_path / "missing.jsonl", validation)
+    with pytest.raises(ToolschoolError, match="training data .*missing.jsonl' does not exist"):
+        run_sft(config, tmp_path / "out", progress=False)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
+    """One 2-step LoRA run shared by the tests below (training is the slow part)."""
+    tmp_path = tmp_path_factory.mktemp("sft-run")
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 14)])
+    validation = _write(tmp_path / "validation.jsonl", [_example(i, 7) for i in range(20, 23)])
+    out = tmp_path / "sft"
+    result = run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
+    return tmp_path, train, validation, out, result
+
+
+def test_existing_checkpoints_need_resume(first_run, tiny_model_dir: Path) -> None:
+    tmp_path, train, validation, out, _ = first_run
+    with pytest.raises(ToolschoolError, match="already holds checkpoints"):
+        run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, progress=False)
+
+
+def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tmp_path, train, validation, out, _ = first_run
+    other_dir = tmp_path / "other-model"
+    torch.manual_seed(1)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    other = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(other).save_pretrained(other_dir)
+    tok.save_pretrained(other_dir)
+    with pytest.raises(ToolschoolError, match="were trained from base model"):
+        run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
+
+
+def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
+    from toolschool.models.loading import load_model
+
+    tmp_path, train, validation, out, first = first_run
+    assert first.steps == 2
+    assert latest_checkpoint(out).name == "checkpoint-2"
+    # Continue the same run to step 4: starts at step 2, not from scratch.
+    result = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    assert result.steps == 4
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    starts = [r for r in log if r.get("event") == "start"]
+    assert [s["step"] for s in starts] == [0, 2]
+    assert any("loss" in r for r in log)
+    validations = [r["validation"] for r in log if "validation" in r]
+    assert validations and "well_formed" in validations[-1]
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (result.adapter_dir / "adapter_config.json").is_file()
+    merged = load_model(str(result.merged_dir), dtype="fp32")
+    adapter = load_model(str(result.adapter_dir), dtype="fp32")
+    assert merged.num_parameters == load_model(str(tiny_model_dir), dtype="fp32").num_parameters
+    assert adapter.adapter == str(result.adapter_dir)
+
+
+def test_two_processes_with_accelerate(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+    """The same command under `accelerate launch`: 2 CPU processes (gloo) for a few steps."""
+    train, validation = data_files
+    out = tmp_path / "ddp"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "-m",
+        "toolschool",
+        "sft",
+        "--model",
+        str(tiny_model_dir),
+        "--train",
+        str(train),
+        "--num-steps",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "384",
+        "--lora-rank",
+        "4",
+        "--validation-samples",
+        "0",
+        "--log-interval",
+        "1",
+        "--checkpoint-interval",
+        "2",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert any(r.get("step") == 2 for r in log)
