@@ -129,6 +129,7 @@ class RLSection(Section):
     log_completions: bool = Field(False, description="print sampled completions at each log step")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
     dtype: str = Field("fp32", description="training dtype: fp32 | bf16")
+    gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
 
 
 class EvalSection(Section):

@@ -1,0 +1,274 @@
+"""`toolschool rl` end to end on the tiny random model: a few GRPO steps, logs, adapter, merged, resume, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolschool.cli import app
+from toolschool.config import load_config
+from toolschool.errors import ConfigError, DataError
+
+CALC_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "the expression, e.g. 2*(3+4)"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def calc_example(a: int, b: int) -> dict:
+    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a}*{b}"}}}
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {a} times {b}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": str(a * b)},
+            {"role": "assistant", "content": f"{a} times {b} is {a * b}."},
+        ],
+        "tools": [CALC_TOOL],
+        "meta": {"expected_answer": str(a * b)},
+    }
+
+
+def answer_example() -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": "What is the capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+        ],
+        "tools": [CALC_TOOL],
+        "meta": {"expected_answer": "Paris"},
+    }
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture()
+def train_file(tmp_path: Path) -> Path:
+    return write_jsonl(
+        tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(7, 8), answer_example(), calc_example(3, 9)]
+    )
+
+
+def rl_config(model: Path, train: Path, **rl: object):
+    overrides = {
+        "model.name": str(model),
+        "model.device": "cpu",
+        "rl.train": str(train),
+        "rl.num_steps": 2,
+        "rl.batch_size": 4,
+        "rl.num_generations": 2,
+        "rl.max_tokens": 8,
+        "rl.log_interval": 1,
+        "rl.checkpoint_interval": 1,
+        "rl.learning_rate": 1e-3,
+    }
+    overrides.update({f"rl.{k}": v for k, v in rl.items()})
+    return load_config(None, overrides)
+
+
+def read_log(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    from toolschool.models.loading import load_model
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    out = tmp_path / "rl"
+    result = run_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
+    assert result.steps == 2
+    curve = read_reward_curve(out / "train_log.jsonl")
+    assert [r["step"] for r in curve] == [1, 2]
+    for record in curve:
+        for key in (
+            "reward",
+            "rewards/format",
+            "rewards/tool",
+            "rewards/arguments",
+            "rewards/length",
+            "kl",
+            "valid_format_rate",
+            "tool_accuracy",
+        ):
+            assert key in record, key
+        assert -0.7 <= record["reward"] <= 2.5
+    assert (out / "checkpoints" / "checkpoint-2").is_dir()
+    assert (out / "adapter" / "adapter_config.json").is_file()
+    assert any((out / "tensorboard").iterdir())
+    merged = load_model(str(out / "merged"), device="cpu", dtype="fp32")
+    assert merged.adapter is None and merged.model.config.model_type == "llama"
+
+    # Resume: one more step continues from checkpoint-2 rather than starting over.
+    resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=3), out, resume=True, progress=False)
+    assert resumed.steps == 3
+    steps = [r["step"] for r in read_reward_curve(out / "train_log.jsonl")]
+    assert steps == [1, 2, 3]
+
+
+def test_rl_refuses_to_overwrite_checkpoints_without_resume(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    from toolschool.errors import ToolschoolError
+    from toolschool.train.rl import run_rl
+
+    out = tmp_path / "rl"
+    (out / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    with pytest.raises(ToolschoolError, match="--resume"):
+        run_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
+
+
+def test_unknown_reward_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:
+    from toolschool.train.rl import run_rl
+
+    config = rl_config(tmp_path / "no-such-model", train_file, rewards=["format", "helpfulness"])
+    with pytest.raises(ConfigError, match="unknown reward name.*'helpfulness'.*valid names: format, tool"):
+        run_rl(config, tmp_path / "out", progress=False)
+
+
+def test_multi_turn_without_expected_answer_is_refused(tmp_path: Path) -> None:
+    from toolschool.train.rl import run_rl
+
+    example = calc_example(2, 3)
+    del example["meta"]["expected_answer"]
+    train = write_jsonl(tmp_path / "train.jsonl", [calc_example(4, 5), example])
+    config = rl_config(tmp_path / "no-such-model", train, mode="multi_turn")
+    with pytest.raises(DataError, match=r"no meta.expected_answer: .*train.jsonl:2"):
+        run_rl(config, tmp_path / "out", progress=False)
+
+
+def test_multi_turn_needs_hermes_and_batch_must_hold_whole_groups(tmp_path: Path, train_file: Path) -> None:
+    from toolschool.train.rl import run_rl
+
+    with pytest.raises(ConfigError, match="needs the hermes format"):
+        run_rl(rl_config(tmp_path, train_file, mode="multi_turn", format="json"), tmp_path / "o", progress=False)
+    with pytest.raises(ConfigError, match="not a multiple of rl.num_generations"):
+        run_rl(rl_config(tmp_path, train_file, batch_size=5), tmp_path / "o", progress=False)
+
+
+def test_reference_model_with_another_tokenizer_is_refused(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    from toolschool.train.rl import run_rl
+
+    other = tmp_path / "other-ref"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.add_tokens(["<extra_token_a>", "<extra_token_b>"])
+    tokenizer.save_pretrained(other)
+    (other / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    config = rl_config(tiny_model_dir, train_file, ref_model=str(other))
+    with pytest.raises(ConfigError, match="uses another tokenizer"):
+        run_rl(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "checkpoints").exists()
+
+
+def test_cli_rl_reports_bad_reward_in_one_line(tmp_path: Path, train_file: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "rl",
+            "--model",
+            "smollm2-135m",
+            "--train",
+            str(train_file),
+            "--reward",
+            "format",
+            "--reward",
+            "vibes",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert result.exit_code == 2
+    assert "unknown reward name(s) 'vibes'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_tool_callable_renders_the_tool_schema_and_returns_observations() -> None:
+    from transformers.utils import get_json_schema
+
+    from toolschool.tools.registry import build_registry
+    from toolschool.train.rl import tool_callable
+
+    registry = build_registry(only=["calculator", "unit_convert"])
+    try:
+        calc = tool_callable(registry.get("calculator"))
+        schema = get_json_schema(calc)["function"]
+        assert schema["name"] == "calculator"
+        assert schema["parameters"]["required"] == ["expression"]
+        assert schema["parameters"]["properties"]["expression"]["type"] == "string"
+        assert calc(expression="1234*5678") == registry.call("calculator", {"expression": "1234*5678"}).text
+        assert "7006652" in calc(expression="1234*5678")
+        # Bad arguments come back as the tool's own error text, which the model reads as the observation.
+        assert registry.call("calculator", {"expression": "1/0"}).is_error
+        assert calc(expression="1/0") == registry.call("calculator", {"expression": "1/0"}).text
+        units = get_json_schema(tool_callable(registry.get("unit_convert")))["function"]["parameters"]
+        assert set(units["required"]) == set(registry.get("unit_convert").parameters["required"])
+    finally:
+        registry.close()
+
+
+def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The random model never writes a call, so its sampler is replaced by a scripted one: first a calculator call,
+    then (after seeing the tool's answer) a final answer quoting it. TRL runs the real tool in between."""
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    response_open = tokenizer("<tool_response>", add_special_tokens=False)["input_ids"]
+    seen_observations: list[str] = []
+
+    def scripted(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):  # noqa: ANN001
+        out = []
+        for ids in prompt_ids:
+            text = tokenizer.decode(ids)
+            if "<tool_response>" in text:
+                observation = text.rsplit("<tool_response>", 1)[1].split("</tool_response>")[0].strip()
+                seen_observations.append(observation)
+                reply = f"The result is {observation}.<|im_end|>"
+            else:
+                question = text.rsplit("What is ", 1)[-1].split("?")[0]
+                a, _, b = question.partition(" times ")
+                reply = (
+                    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "'
+                    + f"{a}*{b}"
+                    + '"}}\n</tool_call><|im_end|>'
+                )
+            out.append(tokenizer(reply, add_special_tokens=False)["input_ids"])  # prompts arrive already repeated
+        return out, None
+
+    assert response_open  # the template's observation marker is real text the scripted sampler can find
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
+    train = write_jsonl(tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(7, 8)])
+    out = tmp_path / "rl"
+    config = rl_config(tiny_model_dir, train, mode="multi_turn", num_steps=1, max_tokens=96, merge=False)
+    result = run_rl(config, out, progress=False)
+    assert result.steps == 1 and result.merged_dir is None
+    record = read_reward_curve(out / "train_log.jsonl")[0]
+    assert sorted(seen_observations)[:1] and {"408", "56"} >= set(seen_observations)
+    assert record["rewards/answer"] == 1.0
+    assert record["rewards/format"] == 1.0 and record["rewards/tool"] == 0.5 and record["rewards/arguments"] == 1.0
+    assert record["tools/call_frequency"] == 1.0 and record["tools/failure_frequency"] == 0.0
+    assert record["answer_accuracy"] == 1.0

@@ -1,0 +1,85 @@
+"""`toolschool rl`: reinforcement learning from tool-use rewards (TRL GRPO) on top of an SFT model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from toolschool.cli.console import console, err_console
+
+
+def rl(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
+    model: str = typer.Option(None, "--model", "-m", help="Starting model (e.g. runs/NAME/sft/merged)."),
+    train: str = typer.Option(None, help="Training JSONL (default: runs/NAME/distill/train.jsonl)."),
+    mode: str = typer.Option(None, help="single_turn | multi_turn (execute the tools, reward the final answer)."),
+    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    reward: list[str] = typer.Option(
+        None, "--reward", help="Reward component, repeatable: format tool arguments length answer fine_grained."
+    ),
+    method: str = typer.Option(None, help="lora | full"),
+    steps: int = typer.Option(None, "--steps", help="Optimizer steps."),
+    batch_size: int = typer.Option(None, help="Completions per step (prompts x num_generations)."),
+    num_generations: int = typer.Option(None, help="Samples per prompt."),
+    max_tokens: int = typer.Option(None, help="Completion tokens."),
+    temperature: float = typer.Option(None),
+    beta: float = typer.Option(None, help="KL coefficient to the reference model."),
+    learning_rate: float = typer.Option(None, "--lr"),
+    ref_model: str = typer.Option(None, "--ref-model", help="Reference model for the KL (default: the start model)."),
+    use_vllm: bool = typer.Option(None, "--use-vllm/--no-vllm", help="Generate with vLLM (GPU)."),
+    log_interval: int = typer.Option(None),
+    checkpoint_interval: int = typer.Option(None),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/rl)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/rl)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
+    seed: int = typer.Option(None),
+) -> None:
+    """Reinforce tool use with rewards; writes checkpoints, train_log.jsonl, adapter/ and merged/."""
+    from toolschool.config import load_config, stage_dir
+    from toolschool.train.rl import check_settings, run_rl
+
+    overrides = {
+        "model.name": model,
+        "rl.train": train,
+        "rl.mode": mode,
+        "rl.format": format,
+        "rl.rewards": list(reward) if reward else None,
+        "rl.method": method,
+        "rl.num_steps": steps,
+        "rl.batch_size": batch_size,
+        "rl.num_generations": num_generations,
+        "rl.max_tokens": max_tokens,
+        "rl.temperature": temperature,
+        "rl.beta": beta,
+        "rl.learning_rate": learning_rate,
+        "rl.ref_model": ref_model,
+        "rl.use_vllm": use_vllm,
+        "rl.log_interval": log_interval,
+        "rl.checkpoint_interval": checkpoint_interval,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+    check_settings(config.rl)  # bad reward names etc. end here, before an output folder is made
+    out_dir = stage_dir(config, "rl", out)
+    err_console.print(
+        f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
+    )
+    result = run_rl(config, out_dir, resume=resume)
+    summary = {
+        "out_dir": str(result.out_dir),
+        "adapter": str(result.adapter_dir) if result.adapter_dir else None,
+        "merged": str(result.merged_dir) if result.merged_dir else None,
+        "steps": result.steps,
+        "seconds": round(result.seconds, 1),
+        "last": {
+            k: v
+            for k, v in result.last_log.items()
+            if k == "reward" or k.startswith(("rewards/", "kl")) and not k.endswith("/std") and not k.endswith("/mean")
+        }
+        | {k: result.last_log[k] for k in ("valid_format_rate", "tool_accuracy") if k in result.last_log},
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print_json(json.dumps(summary))

@@ -1,0 +1,565 @@
+"""Reinforcement learning from tool-use rewards, with TRL's GRPOTrainer.
+
+GRPO samples `num_generations` completions per prompt from the current weights (on-policy: one optimisation pass
+per generation batch), scores them with our rewards (toolschool.train.rewards, built on the evaluation module's
+checks), turns rewards into group-relative advantages and optimises the clipped policy-gradient objective with a
+KL penalty (`beta`) to the reference model. With LoRA (the default) the reference is the starting model itself,
+obtained by disabling the adapter, so no second copy is held in memory.
+
+Two modes:
+- single_turn: the prompt is the conversation up to the first assistant turn, rendered by our chat format (any
+  of hermes/json/react, each example with its own tools) as plain text; the gold is that assistant turn. Gold and
+  expected answer travel through the dataset as JSON strings so the Arrow table stays one simple schema.
+- multi_turn: the prompt is passed as messages and the run's tools (toolschool.tools.registry) as Python
+  callables; TRL executes the calls the model writes, appends the observations and lets the model continue
+  (`max_tool_iterations` rounds), masking the tool-output tokens from the loss. The final answer is rewarded
+  against `meta.expected_answer`. TRL reads the calls with the chat template's response parser, so this mode
+  needs the hermes format (`<tool_call>` JSON inside ChatML), which is what our template writes.
+
+Everything a user can get wrong (an unknown reward, a dataset without expected answers in multi-turn mode, a
+reference model with another tokenizer, a prompt too long) is refused before the model is trained.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.config import RLSection, ToolschoolConfig
+from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.train.rewards import RewardSuite, check_reward_names
+from toolschool.train.sft import _fix_adapter_base, _JsonlLogger, latest_checkpoint, split_at_first_assistant
+
+META_FILE = "toolschool_rl.json"
+MODES = ("single_turn", "multi_turn")
+
+
+@dataclass
+class RLResult:
+    out_dir: Path
+    adapter_dir: Path | None
+    merged_dir: Path | None
+    steps: int
+    seconds: float
+    last_log: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- checks
+
+
+def check_settings(settings: RLSection, *, device: str | None = None) -> None:
+    """Settings that do not need the model or the data: refused before anything is loaded."""
+    if settings.mode not in MODES:
+        raise ConfigError(f"rl.mode = '{settings.mode}' is not a mode", hint=f"use one of: {', '.join(MODES)}")
+    check_reward_names(settings.rewards, mode=settings.mode, weights=settings.reward_weights)
+    if settings.method not in ("lora", "full"):
+        raise ConfigError(f"rl.method = '{settings.method}' is not supported", hint="use lora or full")
+    if settings.dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    if settings.scale_rewards not in ("group", "batch", "none"):
+        raise ConfigError(
+            f"rl.scale_rewards = '{settings.scale_rewards}' is not supported", hint="group | batch | none"
+        )
+    if settings.batch_size % settings.num_generations:
+        raise ConfigError(
+            f"rl.batch_size = {settings.batch_size} is not a multiple of "
+            f"rl.num_generations = {settings.num_generations}",
+            hint="each step holds whole groups: batch_size = prompts per step x num_generations",
+        )
+    if settings.mode == "multi_turn" and settings.format != "hermes":
+        raise ConfigError(
+            f"rl.mode = 'multi_turn' needs the hermes format, not '{settings.format}': TRL reads the calls during "
+            "rollouts with the chat template's <tool_call> parser",
+            hint="use --format hermes, or --mode single_turn for json/react",
+        )
+    if settings.ref_model and settings.beta == 0.0:
+        raise ConfigError(
+            f"rl.ref_model = '{settings.ref_model}' is unused with rl.beta = 0 (no KL penalty)",
+            hint="set --beta above 0 or drop --ref-model",
+        )
+    if settings.use_vllm:
+        if device is not None and not device.startswith("cuda"):
+            raise ConfigError("rl.use_vllm needs a CUDA GPU; this run is on the CPU", hint="drop --use-vllm")
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "rl.use_vllm is set but vllm is not installed", hint="pip install vllm, or drop --use-vllm"
+            ) from None
+
+
+def resolve_train_path(config: ToolschoolConfig) -> Path:
+    train = Path(config.rl.train) if config.rl.train else config.run_dir() / "distill" / "train.jsonl"
+    if not train.is_file():
+        raise ConfigError(
+            f"training data '{train}' does not exist",
+            hint="pass --train PATH (a JSONL of conversations) or run `toolschool distill` first",
+        )
+    return train
+
+
+def expected_answer_of(example: dict[str, Any]) -> str | None:
+    value = (example.get("meta") or {}).get("expected_answer")
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def check_expected_answers(examples: Sequence[dict[str, Any]], source: str) -> None:
+    missing = [i for i, ex in enumerate(examples, 1) if expected_answer_of(ex) is None]
+    if missing:
+        shown = ", ".join(f"{source}:{i}" for i in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise DataError(
+            f"multi-turn RL rewards the final answer, but {len(missing)} example(s) have no meta.expected_answer: "
+            f"{shown}{more}",
+            hint="add meta.expected_answer to every line, or use --mode single_turn",
+        )
+
+
+def check_reference_tokenizer(tokenizer: Any, ref_name: str) -> Any:
+    """The KL compares token log-probabilities, so the reference must share the policy's tokenizer exactly."""
+    from toolschool.models.loading import load_tokenizer
+
+    ref_tokenizer = load_tokenizer(ref_name)
+    if ref_tokenizer.get_vocab() != tokenizer.get_vocab():
+        ours, theirs = len(tokenizer), len(ref_tokenizer)
+        raise ConfigError(
+            f"reference model '{ref_name}' uses another tokenizer than the model being trained "
+            f"({theirs} tokens vs {ours}, different ids), so their token log-probabilities cannot be compared "
+            "for the KL",
+            hint="pass a reference with the same tokenizer (e.g. the SFT model you start from), or drop --ref-model",
+        )
+    return ref_tokenizer
+
+
+# ------------------------------------------------------------------------------------------- datasets
+
+
+def build_single_turn_rows(
+    examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, max_prompt_tokens: int, source: str
+) -> list[dict[str, str]]:
+    """One row per example: the format-rendered prompt text (with the generation prompt and prefill), the gold."""
+    rows, too_long = [], []
+    for line, example in enumerate(examples, 1):
+        prompt, gold = split_at_first_assistant(example["messages"])
+        messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
+        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        text += fmt.prefill
+        length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        if length > max_prompt_tokens:
+            too_long.append(f"{source}:{line} ({length} tokens)")
+            continue
+        rows.append({"prompt": text, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example) or ""})
+    _refuse_too_long(too_long, max_prompt_tokens)
+    return rows
+
+
+def build_multi_turn_rows(
+    examples: Sequence[dict[str, Any]],
+    tokenizer: Any,
+    tools: list[Callable[..., str]],
+    max_prompt_tokens: int,
+    source: str,
+) -> list[dict[str, Any]]:
+    """One row per example: the opening messages (system/user, as TRL renders them with the tools), gold, answer."""
+    rows, too_long = [], []
+    for line, example in enumerate(examples, 1):
+        prompt, gold = split_at_first_assistant(example["messages"])
+        messages = [{"role": m["role"], "content": str(m.get("content") or "")} for m in prompt]
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        if len(ids) > max_prompt_tokens:
+            too_long.append(f"{source}:{line} ({len(ids)} tokens)")
+            continue
+        rows.append({"prompt": messages, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example)})
+    _refuse_too_long(too_long, max_prompt_tokens)
+    return rows
+
+
+def _refuse_too_long(too_long: list[str], limit: int) -> None:
+    if too_long:
+        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
+        raise DataError(
+            f"{len(too_long)} prompt(s) are longer than rl.max_prompt_tokens = {limit}: "
+            f"{', '.join(too_long[:5])}{more}",
+            hint="raise --max-prompt-tokens or shorten those conversations",
+        )
+
+
+# ------------------------------------------------------------------------------------------- tools as callables
+
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+}
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def tool_callable(tool: Any) -> Callable[..., str]:
+    """A Tool as the Python function TRL wants: typed signature + Google docstring; returns the observation text.
+
+    TRL renders tools into the prompt through transformers' `get_json_schema(func)` and calls `func(**arguments)`.
+    The signature and docstring are built from the tool's JSON schema so the rendered schema says what the tool
+    says (types, descriptions, enums as "(choices: [...])", optional parameters defaulting to None). The body
+    passes the arguments on unchanged, so the tool's own validation answers bad or unknown arguments with an
+    error observation the model reads, as at evaluation time.
+    """
+    properties: dict[str, Any] = (tool.parameters or {}).get("properties") or {}
+    required = set((tool.parameters or {}).get("required") or [])
+    parameters, annotations, arg_docs = [], {}, []
+    for name in sorted(properties, key=lambda n: n not in required):  # required first, as Python demands
+        spec = properties[name] if isinstance(properties[name], dict) else {}
+        kind = spec.get("type")
+        py_type = _JSON_TYPES.get(kind[0] if isinstance(kind, list) and kind else kind, str)
+        annotation = py_type if name in required else py_type | None
+        default = inspect.Parameter.empty if name in required else None
+        parameters.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
+        annotations[name] = annotation
+        doc = _one_line(spec.get("description") or f"the {name} argument")
+        if spec.get("enum"):
+            doc += f" (choices: {json.dumps(spec['enum'])})"
+        arg_docs.append(f"    {name}: {doc}")
+
+    def call(**kwargs: Any) -> str:
+        arguments = {k: v for k, v in kwargs.items() if v is not None or k in required}
+        return tool.execute(arguments).text
+
+    description = _one_line(tool.description or tool.name)
+    args_section = "\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else ""
+    call.__doc__ = f"{description}{args_section}\n\nReturns:\n    The tool's output as text."
+    call.__name__ = call.__qualname__ = tool.name
+    call.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
+    call.__annotations__ = {**annotations, "return": str}
+    return call
+
+
+def multi_turn_tools(config: ToolschoolConfig, examples: Sequence[dict[str, Any]], source: str) -> tuple[Any, list]:
+    """The run's registry restricted to the tools the dataset offers; every one must exist to be executed."""
+    from toolschool.tools.registry import build_registry
+
+    tools = config.tools
+    registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+    wanted = sorted({t["function"]["name"] for ex in examples for t in ex.get("tools") or []})
+    known = set(registry.names())
+    missing = [n for n in wanted if n not in known]
+    if missing:
+        registry.close()
+        raise ConfigError(
+            f"multi-turn RL executes the calls, but {source} offers tool(s) {', '.join(missing)} that the run's tool "
+            f"set does not have (it has: {', '.join(sorted(known)) or 'none'})",
+            hint="add them with [tools] modules/mcp/toolbox, or train those examples with --mode single_turn",
+        )
+    names = wanted or sorted(known)
+    return registry, [tool_callable(registry.get(n)) for n in names]
+
+
+def _set_response_parser(tokenizer: Any) -> None:
+    """TRL reads tool calls with the tokenizer's response template; ours writes Qwen/Hermes `<tool_call>` JSON."""
+    if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
+        return
+    template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+    if "<tool_call>" not in template or "<|im_start|>" not in template:
+        raise ConfigError(
+            "multi-turn RL needs a ChatML chat template that writes tool calls as <tool_call> JSON (hermes); "
+            "this model's template does not",
+            hint="start from the embedded model or an SFT model toolschool saved, or use --mode single_turn",
+        )
+    from trl.chat_template_utils import add_response_schema, qwen3_template
+
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:
+        tokenizer.response_template = qwen3_template
+
+
+# ------------------------------------------------------------------------------------------- logging
+
+
+def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
+    """TRL's `rewards/<name>/mean` also as `rewards/<name>` (the field the issue and our plots use)."""
+    out = dict(logs)
+    for key, value in logs.items():
+        if key.startswith("rewards/") and key.endswith("/mean"):
+            out[key[: -len("/mean")]] = value
+    return out
+
+
+def _make_callbacks(logger: _JsonlLogger, tb_dir: Path, start_info: dict[str, Any]) -> list[Any]:
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import TrainerCallback
+    from transformers.integrations import TensorBoardCallback
+
+    class LogCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero:
+                logger.write({"event": "start", "step": state.global_step, "time": time.time(), **start_info})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero and logs:
+                logger.write({"step": state.global_step, **flatten_log(logs)})
+
+    return [LogCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+
+
+def _identity(loaded: Any, name: str) -> dict[str, Any]:
+    cfg = loaded.model.config
+    return {
+        "model": name,
+        "model_type": getattr(cfg, "model_type", None),
+        "hidden_size": getattr(cfg, "hidden_size", None),
+        "num_hidden_layers": getattr(cfg, "num_hidden_layers", None),
+        "vocab_size": len(loaded.tokenizer),
+    }
+
+
+def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
+    meta_path = out_dir / META_FILE
+    if not meta_path.is_file():
+        return
+    saved = json.loads(meta_path.read_text())
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    if any(saved["base"].get(k) != identity.get(k) for k in keys) or saved.get("mode") != mode:
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
+            f"not '{identity['model']}' in {mode} mode",
+            hint="resume with the same --model and --mode, or train into a new --out folder",
+        )
+
+
+# ------------------------------------------------------------------------------------------- the stage
+
+
+def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RLResult:
+    """Train as configured into `out_dir`: checkpoints, train_log.jsonl, tensorboard/, adapter/ and merged/."""
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig, GRPOTrainer
+
+    from toolschool.chat.formats import get_format
+    from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.models.device import default_device
+    from toolschool.models.loading import load_model
+    from toolschool.train.sft import check_has_assistant
+
+    settings = config.rl
+    device = config.model.device or default_device()
+    check_settings(settings, device=device)
+    fmt = get_format(settings.format)
+    train_path = resolve_train_path(config)
+    examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    if not examples:
+        raise DataError(f"training data '{train_path}' holds no examples")
+    check_has_assistant(examples, str(train_path))
+    if settings.mode == "multi_turn":
+        check_expected_answers(examples, str(train_path))
+    checkpoint = latest_checkpoint(out_dir) if resume else None
+    if not resume and latest_checkpoint(out_dir) is not None:
+        raise ToolschoolError(
+            f"{out_dir} already holds checkpoints from an earlier run",
+            hint="pass --resume to continue it, or choose another --out / run name",
+        )
+
+    started = time.perf_counter()
+    loaded = load_model(config.model.name, device=device, dtype=settings.dtype, merge_adapter=True)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if settings.ref_model:
+        check_reference_tokenizer(tokenizer, settings.ref_model)
+    identity = _identity(loaded, config.model.name)
+    if resume:
+        _check_resume(out_dir, identity, settings.mode)
+
+    registry = None
+    tools: list[Callable[..., str]] = []
+    if settings.mode == "multi_turn":
+        _set_response_parser(tokenizer)
+        registry, tools = multi_turn_tools(config, examples, str(train_path))
+        rows: list[dict[str, Any]] = build_multi_turn_rows(
+            examples, tokenizer, tools, settings.max_prompt_tokens, str(train_path)
+        )
+    else:
+        rows = build_single_turn_rows(examples, fmt, tokenizer, settings.max_prompt_tokens, str(train_path))
+    rewards = (
+        settings.rewards
+        if settings.mode == "single_turn" or "answer" in settings.rewards
+        else [*settings.rewards, "answer"]
+    )
+    weights = (
+        settings.reward_weights
+        if settings.reward_weights is None or rewards == settings.rewards
+        else [*settings.reward_weights, 1.0]
+    )
+    suite = RewardSuite(fmt, rewards, mode=settings.mode)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    start_info = {
+        "examples": len(rows),
+        "mode": settings.mode,
+        "rewards": rewards,
+        "tools": [t.__name__ for t in tools],
+    }
+    (out_dir / META_FILE).write_text(
+        json.dumps(
+            {
+                "base": identity,
+                "mode": settings.mode,
+                "format": fmt.name,
+                "rewards": rewards,
+                "method": settings.method,
+                "examples": len(rows),
+            },
+            indent=2,
+        )
+    )
+    logger = _JsonlLogger(out_dir / "train_log.jsonl")
+    peft_config = None
+    if settings.method == "lora":
+        targets: str | list[str] = (
+            "all-linear" if settings.target_modules == ["all-linear"] else list(settings.target_modules)
+        )
+        peft_config = LoraConfig(
+            r=settings.lora_rank,
+            lora_alpha=settings.lora_alpha,
+            lora_dropout=settings.lora_dropout,
+            target_modules=targets,
+            task_type="CAUSAL_LM",
+        )
+    use_cpu = loaded.device == "cpu"
+    args = GRPOConfig(
+        output_dir=str(out_dir / "checkpoints"),
+        max_steps=settings.num_steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=1,
+        num_generations=settings.num_generations,
+        num_iterations=1,  # one optimisation pass per generation batch: always on-policy
+        max_completion_length=settings.max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        beta=settings.beta,
+        epsilon=settings.epsilon,
+        loss_type=settings.loss_type,
+        scale_rewards=settings.scale_rewards,
+        reward_weights=weights,
+        learning_rate=settings.learning_rate,
+        logging_steps=settings.log_interval,
+        save_strategy="steps",
+        save_steps=settings.checkpoint_interval,
+        seed=config.run.seed,
+        data_seed=config.run.seed,
+        report_to="none",
+        use_cpu=use_cpu,
+        bf16=settings.dtype == "bf16",
+        gradient_checkpointing=settings.gradient_checkpointing,
+        use_vllm=settings.use_vllm,
+        vllm_mode="colocate",
+        max_tool_calling_iterations=settings.max_tool_iterations if tools else None,
+        log_completions=settings.log_completions,
+        dataloader_num_workers=0,
+        disable_tqdm=not progress,
+        save_only_model=False,
+        ddp_backend="gloo" if use_cpu and _distributed() else None,
+    )
+    try:
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=suite.functions(),
+            args=args,
+            train_dataset=Dataset.from_list(rows),
+            processing_class=tokenizer,
+            peft_config=peft_config,
+            tools=tools or None,
+            callbacks=_make_callbacks(logger, out_dir / "tensorboard", start_info),
+        )
+        if settings.ref_model:
+            _install_reference(trainer, settings.ref_model, device, settings.dtype)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    finally:
+        if registry is not None:
+            registry.close()
+
+    adapter_dir = merged_dir = None
+    if trainer.is_world_process_zero():
+        final = trainer.model
+        if settings.method == "lora":
+            adapter_dir = out_dir / "adapter"
+            final.save_pretrained(adapter_dir)
+            tokenizer.save_pretrained(adapter_dir)
+            _fix_adapter_base(adapter_dir, config.model.name)
+            if settings.merge:
+                merged_dir = out_dir / "merged"
+                final.merge_and_unload().save_pretrained(merged_dir, safe_serialization=True)
+                tokenizer.save_pretrained(merged_dir)
+        else:
+            merged_dir = out_dir / "merged"
+            final.save_pretrained(merged_dir, safe_serialization=True)
+            tokenizer.save_pretrained(merged_dir)
+    seconds = time.perf_counter() - started
+    last = last_train_log(out_dir / "train_log.jsonl")
+    logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
+    return RLResult(out_dir, adapter_dir, merged_dir, trainer.state.global_step, seconds, last)
+
+
+def _distributed() -> bool:
+    """Launched by accelerate/torchrun with several processes (gloo is then the CPU backend)."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _install_reference(trainer: Any, ref_name: str, device: str, dtype: str) -> None:
+    """A reference other than the starting model: TRL builds its own only from the policy, so we set it after."""
+    from trl.trainer.utils import disable_dropout_in_model
+
+    from toolschool.models.loading import load_model
+
+    ref = load_model(ref_name, device=device, dtype=dtype, merge_adapter=True).model
+    ref.requires_grad_(False)
+    disable_dropout_in_model(ref)
+    trainer.ref_model = trainer.accelerator.prepare_model(ref, evaluation_mode=True)
+
+
+def last_train_log(path: Path) -> dict[str, Any]:
+    """The last training record with a reward (what the run ended at)."""
+    if not path.is_file():
+        return {}
+    for line in reversed(path.read_text().splitlines()):
+        record = json.loads(line)
+        if "reward" in record:
+            return record
+    return {}
+
+
+def read_reward_curve(path: Path) -> list[dict[str, Any]]:
+    """(step, reward, each component, kl, ...) records of a run's train_log.jsonl, for reports and plots."""
+    if not path.is_file():
+        return []
+    return [r for r in (json.loads(line) for line in path.read_text().splitlines()) if "reward" in r]
+
+
+__all__ = [
+    "RLResult",
+    "build_multi_turn_rows",
+    "build_single_turn_rows",
+    "check_expected_answers",
+    "check_reference_tokenizer",
+    "check_settings",
+    "flatten_log",
+    "read_reward_curve",
+    "run_rl",
+    "tool_callable",
+]
