@@ -189,6 +189,26 @@ class DatasetSection(Section):
     out: str | None = Field(None, description="output folder (default: the run's dataset/ folder)")
 
 
+class ContinualSection(Section):
+    """Learn tool batches in rounds: SFT per round (settings from [sft]) plus a replay of earlier batches."""
+
+    batches: str | None = Field(None, description="JSON file: a list of batches, each a list of tool names")
+    data: str | None = Field(None, description="JSONL of conversations, split by meta.tool (else the calls)")
+    general: str | None = Field(None, description="JSONL of general (no-tool) conversations mixed into every round")
+    general_ratio: float = Field(0.0, ge=0.0, description="general examples per new training example of a round")
+    general_count: int | None = Field(None, ge=0, description="general examples per round (overrides general_ratio)")
+    replay: bool = Field(True, description="replay a sample of every earlier batch (false: the no-replay baseline)")
+    replay_ratio: float = Field(0.1, ge=0.0, le=1.0, description="share of each earlier batch's training data replayed")
+    steps_per_round: int | None = Field(None, ge=1, description="SFT steps per round (default: sft.num_steps)")
+    test_fraction: float = Field(
+        0.2, ge=0.0, lt=1.0, description="held-out share per tool for lines without meta.split (seeded)"
+    )
+    eval_limit: int | None = Field(None, ge=1, description="held-out items evaluated per batch (default: all)")
+    eval_max_tokens: int = Field(128, ge=1, description="tokens generated per evaluated reply")
+    eval_batch_size: int = Field(16, ge=1, description="replies decoded together during evaluation")
+    out: str | None = Field(None, description="output folder (default: runs/NAME/continual)")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -199,6 +219,7 @@ class ToolschoolConfig(Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     rl: RLSection = Field(default_factory=RLSection)
+    continual: ContinualSection = Field(default_factory=ContinualSection)
 
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name

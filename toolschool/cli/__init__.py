@@ -80,6 +80,9 @@ def _register() -> None:
     from toolschool.cli import sft_cmd
 
     app.command("sft")(sft_cmd.sft)
+    from toolschool.cli import continual_cmd
+
+    app.command("continual")(continual_cmd.continual)
     from toolschool.cli import rl_cmd
 
     app.command("rl")(rl_cmd.rl)

@@ -1,0 +1,390 @@
+"""Continual learning: batches file and data checks, replay sampling, and two rounds on a tiny random model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolschool.cli import app
+from toolschool.config import ContinualSection, load_config
+from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.train.continual import (
+    Batch,
+    compose_round,
+    example_tools,
+    forgetting_summary,
+    held_out_count,
+    matrix_markdown,
+    read_batches,
+    replay_count,
+    run_continual,
+    sample_replay,
+    split_into_batches,
+)
+
+TOOLS = ("shout", "reverse", "double", "negate")
+
+
+def _schema(name: str) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"The {name} tool.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+        },
+    }
+
+
+def _conversation(tool: str, k: int, *, meta_tool: bool = True, split: str | None = None) -> dict:
+    arg = f"{tool[:2]}{k}"
+    result = f"{tool}({arg})"
+    meta: dict = {"id": f"{tool}-{k}", "source": "test"}
+    if meta_tool:
+        meta["tool"] = tool
+    if split:
+        meta["split"] = split
+    call = {"id": "c0", "type": "function", "function": {"name": tool, "arguments": {"x": arg}}}
+    return {
+        "messages": [
+            {"role": "user", "content": f"Please {tool} {arg}."},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": result},
+            {"role": "assistant", "content": f"The answer is {result}."},
+        ],
+        "tools": [_schema(t) for t in TOOLS],
+        "meta": meta,
+    }
+
+
+def _no_tool(k: int) -> dict:
+    return {
+        "messages": [{"role": "user", "content": f"Say hello {k}."}, {"role": "assistant", "content": f"Hello {k}!"}],
+        "tools": [],
+        "meta": {"id": f"general-{k}", "category": "no_tool"},
+    }
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _write_json(path: Path, value: object) -> Path:
+    path.write_text(json.dumps(value), encoding="utf-8")
+    return path
+
+
+def _batches(n_per_tool: int = 5) -> list[Batch]:
+    rows = [_conversation(t, k) for t in TOOLS for k in range(n_per_tool)]
+    batches, _ = split_into_batches(rows, [["shout", "reverse"], ["double", "negate"]], test_fraction=0.2, seed=0)
+    return batches
+
+
+# ------------------------------------------------------------------------------------------ batches file
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        (json.dumps({"a": ["x"]}), "must hold a list of lists of tool names"),
+        (json.dumps(["shout", "reverse"]), "must hold a list of lists of tool names"),
+        (json.dumps([]), "holds no batches"),
+        (json.dumps([["shout"], []]), "batch 2 is empty"),
+        (json.dumps([["shout"], [3]]), "batch 2 holds 3, not a tool name"),
+        (json.dumps([["shout", "reverse"], ["reverse"]]), "tool 'reverse' is in batch 1 and batch 2"),
+    ],
+)
+def test_bad_batches_files_are_refused_with_the_reason(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "batches.json"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataError, match=message) as info:
+        read_batches(path)
+    assert str(path) in str(info.value)
+
+
+def test_missing_batches_file_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"batches file '.*nope.json' does not exist"):
+        read_batches(tmp_path / "nope.json")
+
+
+# ------------------------------------------------------------------------------------------- data split
+
+
+def test_examples_go_to_the_batch_of_their_tool_and_tests_are_held_out() -> None:
+    batches = _batches(n_per_tool=5)
+    assert [b.tools for b in batches] == [["shout", "reverse"], ["double", "negate"]]
+    for batch in batches:
+        assert len(batch.train) == 8 and len(batch.test) == 2  # 1 of 5 held out per tool
+        train_ids = {e["meta"]["id"] for e in batch.train}
+        test_ids = {e["meta"]["id"] for e in batch.test}
+        assert not train_ids & test_ids
+        assert {example_tools(e)[0] for e in batch.test} == set(batch.tools)
+    again = _batches(n_per_tool=5)
+    assert [e["meta"]["id"] for e in again[1].test] == [e["meta"]["id"] for e in batches[1].test]
+
+
+def test_meta_split_is_kept_and_calls_name_the_tool_when_meta_tool_is_missing() -> None:
+    rows = [_conversation("shout", k, meta_tool=False, split="train") for k in range(3)]
+    rows.append(_conversation("shout", 9, meta_tool=False, split="validation"))
+    rows.append(_no_tool(0))
+    rows.append(_conversation("other", 0))
+    assert example_tools(rows[0]) == ["shout"]
+    batches, left_out = split_into_batches(rows, [["shout"]], test_fraction=0.5, seed=1)
+    assert [e["meta"]["id"] for e in batches[0].test] == ["shout-9"]
+    assert len(batches[0].train) == 3
+    assert left_out == {"no_tool": 1, "other_tools": 1}
+
+
+def test_held_out_count_keeps_one_training_example() -> None:
+    assert held_out_count(1, 0.2) == 0
+    assert held_out_count(2, 0.2) == 1
+    assert held_out_count(10, 0.2) == 2
+    assert held_out_count(3, 0.9) == 2
+    assert held_out_count(10, 0.0) == 0
+
+
+def test_tools_without_data_are_named() -> None:
+    rows = [_conversation("shout", k) for k in range(4)]
+    with pytest.raises(DataError, match=r"no examples for tool\(s\) weekday, date_add named in the batches file"):
+        split_into_batches(rows, [["shout"], ["weekday", "date_add"]], test_fraction=0.2, seed=0, source="d.jsonl")
+
+
+def test_batch_without_held_out_items_is_refused() -> None:
+    rows = [_conversation("shout", k, split="train") for k in range(4)]
+    with pytest.raises(DataError, match=r"batch 1 \(shout\) has no held-out examples"):
+        split_into_batches(rows, [["shout"]], test_fraction=0.2, seed=0)
+
+
+def test_batch_without_training_items_is_refused() -> None:
+    rows = [_conversation("shout", k, split="test") for k in range(4)]
+    with pytest.raises(DataError, match=r"batch 1 \(shout\) has no training examples"):
+        split_into_batches(rows, [["shout"]], test_fraction=0.2, seed=0)
+
+
+def test_pre_formatted_lines_are_refused() -> None:
+    row = _conversation("shout", 0)
+    row["meta"]["format"] = "json"
+    with pytest.raises(DataError, match="already written in the 'json' format"):
+        split_into_batches([row], [["shout"]], test_fraction=0.2, seed=0)
+
+
+# ---------------------------------------------------------------------------------------- replay sampling
+
+
+def test_replay_counts_follow_the_ratio_with_at_least_one() -> None:
+    assert replay_count(30, 0.1) == 3
+    assert replay_count(8, 0.1) == 1
+    assert replay_count(8, 0.0) == 0
+    assert replay_count(8, 1.0) == 8
+    assert replay_count(0, 0.5) == 0
+
+
+def test_replay_sample_is_deterministic_and_drawn_from_earlier_training_data() -> None:
+    rows = [_conversation(t, k) for t in TOOLS for k in range(30)]
+    batches, _ = split_into_batches(rows, [["shout"], ["reverse"], ["double", "negate"]], test_fraction=0.2, seed=0)
+    first = sample_replay(batches, 2, 0.25, seed=7)
+    assert sorted(first) == [0, 1]
+    assert [len(first[0]), len(first[1])] == [6, 6]  # 25% of 24 training examples each
+    for j in (0, 1):
+        train_ids = {e["meta"]["id"] for e in batches[j].train}
+        assert {e["meta"]["id"] for e in first[j]} <= train_ids
+    assert sample_replay(batches, 2, 0.25, seed=7) == first
+    assert sample_replay(batches, 2, 0.25, seed=8) != first
+    assert sample_replay(batches, 0, 0.25, seed=7) == {}
+
+
+def test_round_composition_with_and_without_replay_and_general_data() -> None:
+    batches = _batches(n_per_tool=10)  # 16 training examples per batch
+    general = [_no_tool(k) for k in range(20)]
+    with_replay = ContinualSection(replay_ratio=0.25, general_ratio=0.5)
+    data = compose_round(batches, 1, with_replay, seed=0, general=general)
+    sources = [e["meta"]["continual_source"] for e in data.examples]
+    assert sources.count("new") == 16 and sources.count("replay:B1") == 4 and sources.count("general") == 8
+    assert data.composition["replay"] == {"B1": 4} and data.composition["total"] == 28
+    assert compose_round(batches, 1, with_replay, seed=0, general=general).examples == data.examples
+
+    no_replay = ContinualSection(replay=False, general_count=3)
+    data = compose_round(batches, 1, no_replay, seed=0, general=general)
+    sources = [e["meta"]["continual_source"] for e in data.examples]
+    assert sources.count("new") == 16 and sources.count("general") == 3 and len(sources) == 19
+    assert data.composition["replay"] == {}
+    first = compose_round(batches, 0, with_replay, seed=0, general=general)
+    assert first.composition["replay"] == {} and first.composition["general"] == 8
+
+
+# ------------------------------------------------------------------------------------------------- matrix
+
+
+def test_forgetting_summary_and_markdown() -> None:
+    matrix = [[80.0, None], [60.0, 90.0]]
+    summary = forgetting_summary(matrix)
+    assert summary == {"rounds_done": 2, "average_final": 75.0, "forgetting": {"B1": 20.0}, "average_forgetting": 20.0}
+    partial = forgetting_summary([[50.0, None], [None, None]])
+    assert partial["rounds_done"] == 1 and partial["forgetting"] == {}
+    text = matrix_markdown(
+        {"batches": [["a"], ["b", "c"]], "matrix": matrix, "replay": True, "replay_ratio": 0.1, "summary": summary}
+    )
+    assert "| after round | B1 (a) | B2 (b, c) | mean seen |" in text
+    assert "| 1 | 80.0 | – | 80.0 |" in text and "| 2 | 60.0 | 90.0 | 75.0 |" in text
+    assert "with replay (10% of each earlier batch)" in text
+
+
+# -------------------------------------------------------------------------------------------- CLI errors
+
+
+@pytest.fixture()
+def inputs(tmp_path: Path) -> dict[str, Path]:
+    rows = [_conversation(t, k) for t in TOOLS for k in range(4)]
+    return {
+        "data": _write_jsonl(tmp_path / "data.jsonl", rows),
+        "batches": _write_json(tmp_path / "batches.json", [["shout", "reverse"], ["double", "negate"]]),
+        "general": _write_jsonl(tmp_path / "general.jsonl", [_no_tool(k) for k in range(6)]),
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--data", "{data}"], "no batches file given — pass --batches FILE"),
+        (["--batches", "{batches}"], "no dataset given — pass --data FILE"),
+        (["--batches", "{batches}", "--data", "{data}", "--general-count", "2"], "no general data was given"),
+        (["--batches", "{batches}", "--data", "{data}", "--compare", "--no-replay"], "drop --no-replay"),
+        (["--batches", "{batches}", "--data", "{data}", "--format", "xml"], "xml"),
+        (["--batches", "{root}/missing.json", "--data", "{data}"], "missing.json' does not exist"),
+        (["--batches", "{batches}", "--data", "{root}/missing.jsonl"], "missing.jsonl' does not exist"),
+        (["--batches", "{batches}", "--data", "{general}"], "no examples for tool(s) shout, reverse, double, negate"),
+        (["--batches", "{batches}", "--data", "{data}", "--replay-ratio", "2"], "continual.replay_ratio"),
+    ],
+)
+def test_cli_errors_are_one_line(tmp_path: Path, inputs: dict[str, Path], args: list[str], message: str) -> None:
+    paths = {**{k: str(v) for k, v in inputs.items()}, "root": str(tmp_path)}
+    argv = ["continual", *[a.format(**paths) for a in args], "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2, result.output
+    assert "error:" in result.output and message in result.output.replace("\n", "")
+
+
+# ---------------------------------------------------------------------------------------- the tiny model
+
+
+def _config(tmp_path: Path, model: Path, inputs: dict[str, Path], **continual: object):
+    overrides = {
+        "run.root": str(tmp_path / "runs"),
+        "run.name": "cl",
+        "model.name": str(model),
+        "model.dtype": "fp32",
+        "model.device": "cpu",
+        "continual.batches": str(inputs["batches"]),
+        "continual.data": str(inputs["data"]),
+        "continual.general": str(inputs["general"]),
+        "continual.general_count": 2,
+        "continual.steps_per_round": 2,
+        "continual.test_fraction": 0.25,
+        "continual.eval_max_tokens": 4,
+        "sft.batch_size": 2,
+        "sft.max_length": 384,
+        "sft.lora_rank": 4,
+        "sft.lora_alpha": 8,
+        "sft.checkpoint_interval": 1,
+        "sft.log_interval": 1,
+        "sft.warmup_steps": 0,
+    }
+    overrides.update({f"continual.{k}": v for k, v in continual.items()})
+    return load_config(None, overrides)
+
+
+def test_two_rounds_on_a_tiny_model_write_the_matrix_and_resume(
+    tiny_model_dir: Path, tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    config = _config(tmp_path, tiny_model_dir, inputs)
+    out = tmp_path / "cl"
+    messages: list[str] = []
+    result = run_continual(config, out, progress=False, log=messages.append)
+    assert result.rounds_run == [1, 2] and result.rounds_skipped == []
+
+    data = json.loads((out / "matrix.json").read_text())
+    assert data["batches"] == [["shout", "reverse"], ["double", "negate"]]
+    assert data["matrix"][0][1] is None  # batch 2 not seen after round 1
+    for row in (data["matrix"][0][:1], data["matrix"][1]):
+        assert all(isinstance(v, float) and 0.0 <= v <= 100.0 for v in row)
+    assert data["details"][1][0]["n"] == 2 and data["details"][1][1]["n"] == 2  # 1 of 4 held out per tool
+    assert data["composition"][1]["replay"] == {"B1": 1} and data["composition"][1]["general"] == 2
+    assert data["summary"]["rounds_done"] == 2 and "B1" in data["summary"]["forgetting"]
+    assert "| 2 |" in (out / "matrix.md").read_text()
+    assert (out / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert any("training on 6 new + 1 replayed + 2 general" in m for m in messages)
+
+    round2 = json.loads((out / "round_2" / "round.json").read_text())
+    assert round2["start_model"] == str((out / "round_1" / "sft" / "merged").resolve())
+    assert round2["sft"]["steps"] == 2
+    items = (out / "round_2" / "eval" / "batch_1.items.jsonl").read_text().splitlines()
+    assert len(items) == 2 and "raw_output" in json.loads(items[0])
+
+    # A rerun skips finished rounds and leaves the matrix as it was.
+    again = run_continual(config, out, progress=False)
+    assert again.rounds_run == [] and again.rounds_skipped == [1, 2]
+    assert again.matrix["matrix"] == data["matrix"]
+
+    # An interrupted round 2 (no marker, SFT not finished) resumes its SFT from the last checkpoint.
+    (out / "round_2" / "round.json").unlink()
+    (out / "round_2" / "sft_done.json").unlink()
+    shutil.rmtree(out / "round_2" / "sft" / "merged")
+    resumed = run_continual(config, out, progress=False)
+    assert resumed.rounds_run == [2] and resumed.rounds_skipped == [1]
+    log = [json.loads(line) for line in (out / "round_2" / "sft" / "train_log.jsonl").read_text().splitlines()]
+    starts = [r["step"] for r in log if r.get("event") == "start"]
+    assert starts == [0, 2]  # the second start resumed at the last checkpoint
+    assert (out / "round_2" / "sft" / "merged").is_dir()
+
+    # Other settings in the same folder are refused rather than mixed.
+    with pytest.raises(ToolschoolError, match=r"holds a continual run with different settings \(replay_ratio"):
+        run_continual(_config(tmp_path, tiny_model_dir, inputs, replay_ratio=0.5), out, progress=False)
+
+
+def test_cli_compare_trains_the_shared_first_round_once(
+    tiny_model_dir: Path, tmp_path: Path, inputs: dict[str, Path]
+) -> None:
+    argv = [
+        "continual",
+        "--batches",
+        str(inputs["batches"]),
+        "--data",
+        str(inputs["data"]),
+        "--model",
+        str(tiny_model_dir),
+        "--steps-per-round",
+        "1",
+        "--eval-limit",
+        "1",
+        "--eval-max-tokens",
+        "3",
+        "--batch-size",
+        "2",
+        "--compare",
+        "--out",
+        str(tmp_path / "cmp"),
+    ]
+    config = tmp_path / "run.toml"
+    config.write_text('[model]\ndtype = "fp32"\ndevice = "cpu"\n[sft]\nlora_rank = 4\nmax_length = 384\n')
+    result = CliRunner().invoke(app, [*argv[:1], str(config), *argv[1:]])
+    assert result.exit_code == 0, result.output
+    root = tmp_path / "cmp"
+    with_replay = json.loads((root / "continual" / "matrix.json").read_text())
+    without = json.loads((root / "continual_no_replay" / "matrix.json").read_text())
+    assert with_replay["replay"] is True and without["replay"] is False
+    assert without["composition"][1]["replay"] == {} and with_replay["composition"][1]["replay"] == {"B1": 1}
+    marker = json.loads((root / "continual_no_replay" / "round_1" / "round.json").read_text())
+    assert marker["reused_from"] == str(root / "continual" / "round_1")
+    assert not (root / "continual_no_replay" / "round_1" / "sft").exists()
+    assert without["matrix"][0] == with_replay["matrix"][0]
+    comparison = json.loads((root / "continual_compare.json").read_text())
+    assert set(comparison) == {"with_replay", "without_replay", "average_final_gain_from_replay"}
+    assert (root / "continual_compare.png").is_file() and "without replay" in (
+        root / "continual_compare.md"
+    ).read_text()

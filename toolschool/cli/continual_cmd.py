@@ -1,0 +1,98 @@
+"""`toolschool continual`: learn tool batches in rounds (SFT each round, replay of earlier batches), then write
+the forgetting matrix (rounds x batches, correct %) as JSON, markdown and a heatmap."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from toolschool.cli.console import console, err_console
+
+
+def continual(
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
+    batches: str = typer.Option(None, "--batches", help="JSON list of lists of tool names, one list per round."),
+    data: str = typer.Option(None, "--data", help="Dataset JSONL (conversations with meta.tool)."),
+    general: str = typer.Option(None, "--general", help="JSONL of general no-tool conversations to mix in."),
+    general_ratio: float = typer.Option(None, help="General examples per new training example of a round."),
+    general_count: int = typer.Option(None, help="General examples per round (overrides --general-ratio)."),
+    replay_ratio: float = typer.Option(None, help="Share of each earlier batch replayed (default 0.1)."),
+    replay: bool = typer.Option(None, "--replay/--no-replay", help="--no-replay: the baseline without replay."),
+    compare: bool = typer.Option(False, "--compare", help="Run with and without replay; write both side by side."),
+    model: str = typer.Option(None, "--model", "-m", help="Starting model (embedded name, HF id, folder)."),
+    steps_per_round: int = typer.Option(None, help="SFT steps per round (default: sft.num_steps)."),
+    test_fraction: float = typer.Option(None, help="Held-out share per tool for lines without meta.split."),
+    eval_limit: int = typer.Option(None, help="Held-out items evaluated per batch (default: all)."),
+    eval_max_tokens: int = typer.Option(None, help="Tokens generated per evaluated reply."),
+    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    batch_size: int = typer.Option(None, help="SFT sequences per step."),
+    learning_rate: float = typer.Option(None, "--lr", help="SFT learning rate."),
+    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/continual)."),
+    out: Path = typer.Option(None, help="Output folder (default: runs/NAME/continual or continual_no_replay)."),
+    seed: int = typer.Option(None),
+) -> None:
+    """Fine-tune on tool batches in rounds with replay; evaluate every seen batch after each round."""
+    from toolschool.config import dump_toml, load_config
+    from toolschool.errors import ConfigError
+    from toolschool.train.continual import compare_dirs, output_dir, run_continual, write_comparison
+
+    if compare and replay is False:
+        raise ConfigError("--compare runs both with and without replay", hint="drop --no-replay")
+    overrides = {
+        "model.name": model,
+        "continual.batches": batches,
+        "continual.data": data,
+        "continual.general": general,
+        "continual.general_ratio": general_ratio,
+        "continual.general_count": general_count,
+        "continual.replay_ratio": replay_ratio,
+        "continual.replay": replay,
+        "continual.steps_per_round": steps_per_round,
+        "continual.test_fraction": test_fraction,
+        "continual.eval_limit": eval_limit,
+        "continual.eval_max_tokens": eval_max_tokens,
+        "continual.out": str(out) if out is not None else None,
+        "sft.format": format,
+        "sft.batch_size": batch_size,
+        "sft.learning_rate": learning_rate,
+        "run.name": run_name,
+        "run.seed": seed,
+    }
+    config = load_config(config_path, overrides)
+
+    def say(text: str) -> None:
+        err_console.print(f"[dim]continual: {text}[/dim]", highlight=False)
+
+    def save_config(folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.toml").write_text(dump_toml(config), encoding="utf-8")
+
+    if not compare:
+        folder = output_dir(config, replay=config.continual.replay)
+        save_config(folder)
+        say(f"{config.model.name} -> {folder}")
+        result = run_continual(config, folder, log=say)
+        console.print(_summary(folder, result.matrix))
+        return
+
+    with_dir, without_dir, stem = compare_dirs(config)
+    save_config(with_dir)
+    save_config(without_dir)
+    say(f"{config.model.name}: with replay -> {with_dir}")
+    with_replay = run_continual(config, with_dir, replay=True, log=say)
+    say(f"without replay -> {without_dir}")
+    without_replay = run_continual(config, without_dir, replay=False, reuse_from=with_dir, log=say)
+    comparison = write_comparison(stem, with_replay.matrix, without_replay.matrix)
+    console.print(_summary(with_dir, with_replay.matrix))
+    console.print(_summary(without_dir, without_replay.matrix))
+    console.print_json(
+        json.dumps({"comparison": str(stem) + ".{json,md,png}", "gain": comparison["average_final_gain_from_replay"]})
+    )
+
+
+def _summary(folder: Path, matrix: dict) -> str:
+    from toolschool.train.continual import matrix_markdown
+
+    return f"{matrix_markdown(matrix)}\nwritten: {folder}/matrix.json, matrix.md, matrix.png"

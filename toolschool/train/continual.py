@@ -1,0 +1,814 @@
+"""Continual learning of tool batches in rounds, with replay of earlier batches.
+
+The user gives a dataset (conversations whose `meta.tool` — or, when it is missing, the tools called in the
+assistant turns — says which tool each one teaches) and a batches file (a JSON list of lists of tool names).
+Round r fine-tunes (`toolschool.train.sft.run_sft`) the model left by round r-1 (round 1: the configured model)
+on batch r's training data, plus a seeded sample of every earlier batch (`replay_ratio` of its training data)
+and optionally general no-tool conversations. After each round the merged model is evaluated
+(`toolschool.evaluate.runner` on the local backend) on the held-out items of every batch seen so far, which
+fills one row of the forgetting matrix (rounds x batches, correct %).
+
+Layout of the output folder (default `runs/<name>/continual/`, `continual_no_replay/` for the baseline):
+    plan.json                      what was asked (checked on resume: a different plan is refused)
+    round_<r>/train.jsonl          the round's training data; composition.json its counts
+    round_<r>/sft/                 run_sft's folder (checkpoints, adapter, merged model)
+    round_<r>/eval/batch_<j>.items.jsonl, eval.json
+    round_<r>/round.json           marker of a finished round (its metrics); a rerun skips that round
+    matrix.json, matrix.md, matrix.png
+
+Resuming: a round with its marker is skipped; a round whose SFT finished (`sft_done.json`) only re-evaluates;
+an interrupted SFT continues from its last checkpoint (run_sft resume=True).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import math
+import os
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.config import ContinualSection, ToolschoolConfig
+from toolschool.errors import ConfigError, DataError, ToolschoolError
+
+MARKER_FILE = "round.json"
+SFT_DONE_FILE = "sft_done.json"
+PLAN_FILE = "plan.json"
+MATRIX_STEM = "matrix"
+TEST_SPLITS = frozenset({"test", "validation", "valid", "dev", "heldout", "held_out"})
+TRAIN_SPLITS = frozenset({"train", "training"})
+
+Log = Callable[[str], None]
+
+
+# ------------------------------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class Batch:
+    """One batch of tools with its training examples and held-out test examples (both in dataset form)."""
+
+    index: int  # 0-based position in the batches file; users see index + 1
+    tools: list[str]
+    train: list[dict[str, Any]] = field(default_factory=list)
+    test: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"B{self.index + 1}"
+
+    def counts(self) -> dict[str, Any]:
+        return {"tools": self.tools, "train": len(self.train), "test": len(self.test)}
+
+
+def read_batches(path: str | Path) -> list[list[str]]:
+    """The batches file: a non-empty JSON list of non-empty lists of tool names, each tool in one batch."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"batches file '{path}' does not exist",
+            hint='pass --batches FILE, a JSON list of lists of tool names, e.g. [["calculator"], ["weekday"]]',
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"batches file '{path}' is not valid JSON: {exc}", hint="fix the syntax") from None
+    except UnicodeDecodeError:
+        raise DataError(f"batches file '{path}' is not UTF-8 text") from None
+    shape_hint = 'write a JSON list of lists of tool names, e.g. [["calculator", "python"], ["weekday"]]'
+    if not isinstance(data, list) or not all(isinstance(b, list) for b in data):
+        raise DataError(f"batches file '{path}' must hold a list of lists of tool names", hint=shape_hint)
+    if not data:
+        raise DataError(f"batches file '{path}' holds no batches", hint=shape_hint)
+    seen: dict[str, int] = {}
+    for number, batch in enumerate(data, start=1):
+        if not batch:
+            raise DataError(
+                f"batches file '{path}': batch {number} is empty", hint="give every batch at least one tool name"
+            )
+        for name in batch:
+            if not isinstance(name, str) or not name.strip():
+                raise DataError(f"batches file '{path}': batch {number} holds {name!r}, not a tool name")
+            if name in seen:
+                raise DataError(
+                    f"batches file '{path}': tool '{name}' is in batch {seen[name]} and batch {number}",
+                    hint="each tool is learned in one batch; remove one of them",
+                )
+            seen[name] = number
+    return [list(batch) for batch in data]
+
+
+def example_tools(example: dict[str, Any]) -> list[str]:
+    """The tools an example teaches: `meta.tool`, else the tools its assistant turns call (first-seen order)."""
+    tool = (example.get("meta") or {}).get("tool")
+    if isinstance(tool, str) and tool:
+        return [tool]
+    names: list[str] = []
+    for message in example.get("messages") or []:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            name = (call.get("function") or {}).get("name")
+            if isinstance(name, str) and name not in names:
+                names.append(name)
+    return names
+
+
+def _split_of(example: dict[str, Any]) -> str | None:
+    split = (example.get("meta") or {}).get("split")
+    if not isinstance(split, str):
+        return None
+    split = split.strip().lower()
+    if split in TEST_SPLITS:
+        return "test"
+    if split in TRAIN_SPLITS:
+        return "train"
+    return None
+
+
+def held_out_count(n: int, fraction: float) -> int:
+    """How many of a tool's n unlabeled examples are held out: round(n * fraction), at least 1 and at most n-1."""
+    if n < 2 or fraction <= 0:
+        return 0
+    return min(n - 1, max(1, round(n * fraction)))
+
+
+def split_into_batches(
+    examples: Sequence[dict[str, Any]],
+    batches: Sequence[Sequence[str]],
+    *,
+    test_fraction: float,
+    seed: int,
+    source: str = "data",
+) -> tuple[list[Batch], dict[str, int]]:
+    """Assign each example to the batch of its tool(s) and split each tool's examples into train and test.
+
+    An example calling tools of several batches belongs to the latest of them (it can only be learned once all
+    its tools were introduced); one calling a tool outside the batches, or no tool, is left out (counted in the
+    returned stats). Lines with `meta.split` keep their split; the others of each tool are held out by a
+    seeded shuffle (`test_fraction`), so the test items are never trained on.
+    """
+    batch_of = {tool: i for i, batch in enumerate(batches) for tool in batch}
+    per_tool: dict[str, list[dict[str, Any]]] = {tool: [] for tool in batch_of}
+    left_out = {"no_tool": 0, "other_tools": 0}
+    other_names: dict[str, int] = {}
+    for example in examples:
+        meta = example.get("meta") or {}
+        if meta.get("format") not in (None, "hermes"):
+            raise DataError(
+                f"{source}: line with meta.id={meta.get('id')!r} is already written in the '{meta['format']}' format",
+                hint="give the canonical (hermes) dataset files; the training format is chosen with --format",
+            )
+        tools = example_tools(example)
+        if not tools:
+            left_out["no_tool"] += 1
+            continue
+        unknown = [t for t in tools if t not in batch_of]
+        if unknown:
+            left_out["other_tools"] += 1
+            for name in unknown:
+                other_names[name] = other_names.get(name, 0) + 1
+            continue
+        primary = max(tools, key=lambda t: batch_of[t])
+        per_tool[primary].append(example)
+
+    missing = [tool for tool, rows in per_tool.items() if not rows]
+    if missing:
+        found = ", ".join(sorted(other_names)[:10]) or "none outside the batches"
+        raise DataError(
+            f"{source} has no examples for tool(s) {', '.join(missing)} named in the batches file",
+            hint=f"add conversations with meta.tool set to them, or fix the names (tools in the data: {found})",
+        )
+
+    result = [Batch(index=i, tools=list(batch)) for i, batch in enumerate(batches)]
+    for tool, rows in per_tool.items():
+        batch = result[batch_of[tool]]
+        unlabeled = [e for e in rows if _split_of(e) is None]
+        order = list(range(len(unlabeled)))
+        random.Random(f"{seed}:test-split:{tool}").shuffle(order)
+        held = set(order[: held_out_count(len(unlabeled), test_fraction)])
+        for example in rows:
+            split = _split_of(example)
+            if split == "test":
+                batch.test.append(example)
+            elif split == "train":
+                batch.train.append(example)
+        for k, example in enumerate(unlabeled):
+            (batch.test if k in held else batch.train).append(example)
+
+    for batch in result:
+        tools = ", ".join(batch.tools)
+        if not batch.train:
+            raise DataError(
+                f"{source}: batch {batch.index + 1} ({tools}) has no training examples (all are marked as test)",
+                hint="mark some lines meta.split = train or add more conversations for these tools",
+            )
+        if not batch.test:
+            raise DataError(
+                f"{source}: batch {batch.index + 1} ({tools}) has no held-out examples to evaluate",
+                hint="raise --test-fraction, mark some lines meta.split = test, or add conversations",
+            )
+    return result, left_out
+
+
+# ----------------------------------------------------------------------------------------- round data
+
+
+def replay_count(n: int, ratio: float) -> int:
+    """Examples replayed from a batch of n training examples: round(n * ratio), at least 1 when ratio > 0."""
+    if ratio <= 0 or n == 0:
+        return 0
+    return min(n, max(1, round(n * ratio)))
+
+
+def sample_replay(batches: Sequence[Batch], round_index: int, ratio: float, seed: int) -> dict[int, list[dict]]:
+    """A seeded sample of every batch before `round_index` (0-based), `ratio` of its training data each."""
+    sample: dict[int, list[dict[str, Any]]] = {}
+    for batch in batches[:round_index]:
+        k = replay_count(len(batch.train), ratio)
+        rng = random.Random(f"{seed}:replay:{round_index}:{batch.index}")
+        sample[batch.index] = rng.sample(batch.train, k) if k else []
+    return sample
+
+
+def general_count(settings: ContinualSection, new_examples: int, available: int) -> int:
+    wanted = (
+        settings.general_count if settings.general_count is not None else round(settings.general_ratio * new_examples)
+    )
+    return min(wanted, available)
+
+
+def sample_general(general: Sequence[dict[str, Any]], count: int, round_index: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(f"{seed}:general:{round_index}")
+    return rng.sample(list(general), count) if count else []
+
+
+@dataclass
+class RoundData:
+    examples: list[dict[str, Any]]
+    composition: dict[str, Any]
+
+
+def compose_round(
+    batches: Sequence[Batch],
+    round_index: int,
+    settings: ContinualSection,
+    seed: int,
+    general: Sequence[dict[str, Any]] = (),
+) -> RoundData:
+    """Round `round_index`'s training data: the new batch, the replay sample (if replay is on), general data.
+
+    Each line gets `meta.continual_source` (new | replay:B<j> | general) so the data can be inspected.
+    """
+    batch = batches[round_index]
+    replay = sample_replay(batches, round_index, settings.replay_ratio, seed) if settings.replay else {}
+    n_general = general_count(settings, len(batch.train), len(general))
+    extra = sample_general(general, n_general, round_index, seed)
+
+    def tagged(example: dict[str, Any], source: str) -> dict[str, Any]:
+        return {**example, "meta": {**(example.get("meta") or {}), "continual_source": source}}
+
+    examples = [tagged(e, "new") for e in batch.train]
+    for j, rows in replay.items():
+        examples.extend(tagged(e, f"replay:B{j + 1}") for e in rows)
+    examples.extend(tagged(e, "general") for e in extra)
+    random.Random(f"{seed}:order:{round_index}").shuffle(examples)
+    composition = {
+        "round": round_index + 1,
+        "new": {"batch": batch.label, "tools": batch.tools, "examples": len(batch.train)},
+        "replay": {f"B{j + 1}": len(rows) for j, rows in replay.items()},
+        "general": len(extra),
+        "total": len(examples),
+    }
+    return RoundData(examples=examples, composition=composition)
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+
+def _toolken_copies(examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    from toolschool.train.sft import apply_toolkens
+
+    copies = copy.deepcopy(list(examples))
+    apply_toolkens(copies)
+    return copies
+
+
+def evaluate_rounds_model(
+    model_dir: Path,
+    batches: Sequence[Batch],
+    config: ToolschoolConfig,
+    out_dir: Path,
+) -> dict[str, dict[str, Any]]:
+    """Correct % (and the other rates) on the held-out items of each batch, with the model in `model_dir`."""
+    from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.metrics import aggregate, per_tool_accuracy
+    from toolschool.evaluate.runner import EvalOptions, evaluate_items
+    from toolschool.evaluate.session import write_items
+    from toolschool.models.backends import make_backend
+
+    settings = config.continual
+    items = []
+    owners: list[int] = []
+    for batch in batches:
+        test = batch.test[: settings.eval_limit] if settings.eval_limit else batch.test
+        if config.sft.toolkens:
+            test = _toolken_copies(test)
+        for k, example in enumerate(test):
+            item = item_from_example(example, k, source=batch.label)
+            if item is not None:
+                items.append(item)
+                owners.append(batch.index)
+    options = EvalOptions(
+        format=config.sft.format,
+        max_tokens=settings.eval_max_tokens,
+        temperature=0.0,
+        seed=config.run.seed,
+        concurrency=settings.eval_batch_size,
+        mode="semantic" if config.eval.arguments == "semantic" else "exact",
+        semantic=config.eval.arguments == "semantic",
+    )
+
+    async def run() -> list[Any]:
+        backend = make_backend(
+            str(model_dir),
+            dtype=config.model.dtype,
+            device=config.model.device,
+            max_batch_size=settings.eval_batch_size,
+        )
+        try:
+            return await evaluate_items(backend, items, options)
+        finally:
+            await backend.aclose()
+
+    results = asyncio.run(run())
+    metrics: dict[str, dict[str, Any]] = {}
+    for batch in batches:
+        mine = [r for r, owner in zip(results, owners, strict=True) if owner == batch.index]
+        write_items(out_dir / f"batch_{batch.index + 1}.items.jsonl", mine)
+        rates = aggregate([r.score for r in mine])
+        metrics[batch.label] = {
+            "tools": batch.tools,
+            "n": len(mine),
+            "correct": round(100 * rates["correct"], 2),
+            "well_formed": round(100 * rates["well_formed"], 2),
+            "api_match": round(100 * rates["api_match"], 2),
+            "no_call_rate": round(100 * rates["no_call_rate"], 2),
+            "per_tool": {
+                tool: {"n": int(v["n"]), "correct": round(100 * v["accuracy"], 2)}
+                for tool, v in per_tool_accuracy([r.score for r in mine]).items()
+            },
+        }
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------- the matrix
+
+
+def forgetting_summary(matrix: list[list[float | None]]) -> dict[str, Any]:
+    """Average correct % over the batches seen after the last finished round, and per-batch forgetting.
+
+    Forgetting of batch j = its best correct % in an earlier round minus its correct % after the last round
+    (Chaudhry et al., 2018); only batches learned before the last round have one.
+    """
+    done = [row for row in matrix if any(v is not None for v in row)]
+    if not done:
+        return {"rounds_done": 0, "average_final": None, "forgetting": {}, "average_forgetting": None}
+    last = done[-1]
+    seen = [v for v in last if v is not None]
+    forgetting: dict[str, float] = {}
+    for j, final in enumerate(last):
+        earlier = [row[j] for row in done[:-1] if row[j] is not None]
+        if final is not None and earlier:
+            forgetting[f"B{j + 1}"] = round(max(earlier) - final, 2)
+    return {
+        "rounds_done": len(done),
+        "average_final": round(sum(seen) / len(seen), 2) if seen else None,
+        "forgetting": forgetting,
+        "average_forgetting": round(sum(forgetting.values()) / len(forgetting), 2) if forgetting else None,
+    }
+
+
+def _cell(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
+def matrix_markdown(data: dict[str, Any]) -> str:
+    batches = data["batches"]
+    header = ["after round"] + [f"B{j + 1} ({', '.join(tools)})" for j, tools in enumerate(batches)] + ["mean seen"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r, row in enumerate(data["matrix"]):
+        seen = [v for v in row if v is not None]
+        mean = sum(seen) / len(seen) if seen else None
+        lines.append("| " + " | ".join([str(r + 1)] + [_cell(v) for v in row] + [_cell(mean)]) + " |")
+    summary = data["summary"]
+    title = "with replay" if data["replay"] else "without replay"
+    ratio = f" ({data['replay_ratio']:.0%} of each earlier batch)" if data["replay"] else ""
+    text = [f"Forgetting matrix, {title}{ratio}: correct % on each batch's held-out items", "", *lines, ""]
+    if summary["average_final"] is not None:
+        text.append(f"Average correct % after round {summary['rounds_done']}: {summary['average_final']:.1f}")
+    if summary["average_forgetting"] is not None:
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in summary["forgetting"].items())
+        text.append(f"Forgetting (best earlier − final, points): {parts}; mean {summary['average_forgetting']:.1f}")
+    return "\n".join(text) + "\n"
+
+
+def _draw_heatmap(ax: Any, data: dict[str, Any], title: str) -> Any:
+    import numpy as np
+
+    values = np.array([[math.nan if v is None else v for v in row] for row in data["matrix"]], dtype=float)
+    image = ax.imshow(np.ma.masked_invalid(values), vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    for r in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if not math.isnan(values[r, j]):
+                color = "black" if values[r, j] > 60 else "white"
+                ax.text(j, r, f"{values[r, j]:.1f}", ha="center", va="center", color=color, fontsize=10)
+    ax.set_xticks(range(values.shape[1]))
+    ax.set_xticklabels([f"B{j + 1}\n" + "\n".join(tools[:4]) for j, tools in enumerate(data["batches"])], fontsize=8)
+    ax.set_yticks(range(values.shape[0]))
+    ax.set_yticklabels([f"round {r + 1}" for r in range(values.shape[0])])
+    ax.set_xlabel("evaluated batch")
+    ax.set_ylabel("after training round")
+    ax.set_title(title, fontsize=10)
+    return image
+
+
+def _figure_title(data: dict[str, Any]) -> str:
+    return f"correct %, replay {data['replay_ratio']:.0%}" if data["replay"] else "correct %, no replay"
+
+
+def write_heatmap(path: Path, panels: Sequence[dict[str, Any]]) -> None:
+    """One heatmap per matrix, side by side (cells of batches not seen yet stay blank)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = max(len(p["matrix"]) for p in panels)
+    width = sum(1.6 + 1.4 * len(p["batches"]) for p in panels) + 1.0
+    fig, axes = plt.subplots(1, len(panels), figsize=(width, 1.4 + 0.7 * rounds), squeeze=False)
+    image = None
+    for ax, data in zip(axes[0], panels, strict=True):
+        image = _draw_heatmap(ax, data, _figure_title(data))
+    if image is not None:
+        fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="correct %")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def write_matrix(out_dir: Path, data: dict[str, Any]) -> None:
+    (out_dir / f"{MATRIX_STEM}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out_dir / f"{MATRIX_STEM}.md").write_text(matrix_markdown(data), encoding="utf-8")
+    write_heatmap(out_dir / f"{MATRIX_STEM}.png", [data])
+
+
+def write_comparison(path_stem: Path, with_replay: dict[str, Any], without_replay: dict[str, Any]) -> dict[str, Any]:
+    """Both matrices side by side: `<stem>.json`, `<stem>.md` and `<stem>.png`."""
+    a, b = with_replay["summary"], without_replay["summary"]
+    delta = None
+    if a["average_final"] is not None and b["average_final"] is not None:
+        delta = round(a["average_final"] - b["average_final"], 2)
+    data = {"with_replay": with_replay, "without_replay": without_replay, "average_final_gain_from_replay": delta}
+    path_stem.parent.mkdir(parents=True, exist_ok=True)
+    path_stem.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    text = matrix_markdown(with_replay) + "\n" + matrix_markdown(without_replay)
+    if delta is not None:
+        text += f"\nReplay changes the final average correct % by {delta:+.1f} points.\n"
+    path_stem.with_suffix(".md").write_text(text, encoding="utf-8")
+    write_heatmap(path_stem.with_suffix(".png"), [with_replay, without_replay])
+    return data
+
+
+# ---------------------------------------------------------------------------------------------- the rounds
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _sha256_json(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _required_path(value: str | None, what: str, flag: str, key: str) -> Path:
+    if not value:
+        raise ConfigError(f"no {what} given", hint=f"pass {flag} FILE or set [continual].{key} in the config")
+    return Path(value)
+
+
+@dataclass
+class ContinualInputs:
+    """Everything a run needs, loaded and checked before any training starts."""
+
+    batches: list[Batch]
+    general: list[dict[str, Any]]
+    left_out: dict[str, int]
+    plan: dict[str, Any]
+
+
+def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> ContinualInputs:
+    from toolschool.chat.formats import get_format
+    from toolschool.data.dataset import load_dataset_jsonl
+
+    settings = config.continual
+    replay = settings.replay if replay is None else replay
+    get_format(config.sft.format)  # an unknown format fails here, before any work
+    batches_path = _required_path(settings.batches, "batches file", "--batches", "batches")
+    data_path = _required_path(settings.data, "dataset", "--data", "data")
+    names = read_batches(batches_path)
+    examples, _ = load_dataset_jsonl(data_path, on_error="stop")
+    if not examples:
+        raise DataError(f"dataset '{data_path}' holds no examples", hint="pass a JSONL of conversations with --data")
+    batches, left_out = split_into_batches(
+        examples, names, test_fraction=settings.test_fraction, seed=config.run.seed, source=str(data_path)
+    )
+    general: list[dict[str, Any]] = []
+    general_sha = None
+    if settings.general:
+        general_path = Path(settings.general)
+        general, _ = load_dataset_jsonl(general_path, on_error="stop")
+        if not general:
+            raise DataError(f"general data '{general_path}' holds no examples", hint="pass a JSONL of conversations")
+        general_sha = _sha256_file(general_path)
+    elif settings.general_count:
+        raise ConfigError(
+            f"general_count = {settings.general_count} but no general data was given",
+            hint="pass --general FILE (a JSONL of no-tool conversations) or drop --general-count",
+        )
+    sft = config.sft.model_dump(exclude={"train", "validation", "num_steps"})
+    plan = {
+        "model": config.model.name,
+        "seed": config.run.seed,
+        "batches": names,
+        "data": {"path": str(data_path), "sha256": _sha256_file(data_path)},
+        "general": {"path": settings.general, "sha256": general_sha},
+        "replay": replay,
+        "replay_ratio": settings.replay_ratio if replay else 0.0,
+        "general_ratio": settings.general_ratio,
+        "general_count": settings.general_count,
+        "steps_per_round": steps_per_round(config),
+        "test_fraction": settings.test_fraction,
+        "eval": {
+            "limit": settings.eval_limit,
+            "max_tokens": settings.eval_max_tokens,
+            "arguments": config.eval.arguments,
+        },
+        "sft": sft,
+    }
+    return ContinualInputs(batches=batches, general=general, left_out=left_out, plan=plan)
+
+
+def steps_per_round(config: ToolschoolConfig) -> int:
+    return config.continual.steps_per_round or config.sft.num_steps
+
+
+def _check_plan(out_dir: Path, plan: dict[str, Any]) -> None:
+    """A folder holds one plan: resuming with other settings would mix rounds that are not comparable."""
+    path = out_dir / PLAN_FILE
+    if path.is_file():
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(saved) | set(plan) if saved.get(k) != plan.get(k))
+        if changed:
+            raise ToolschoolError(
+                f"{out_dir} holds a continual run with different settings ({', '.join(changed)} changed)",
+                hint="rerun with the same settings to resume, or choose another --run / --out",
+            )
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+
+
+def _round_config(config: ToolschoolConfig, start_model: str, train_path: Path) -> ToolschoolConfig:
+    round_config = config.model_copy(deep=True)
+    round_config.model.name = start_model
+    round_config.sft.train = str(train_path)
+    round_config.sft.validation = None  # evaluation after the round covers every batch; no in-training validation
+    round_config.sft.num_steps = steps_per_round(config)
+    round_config.sft.merge = True  # the next round starts from the merged model
+    return round_config
+
+
+def _relative(path: Path, base: Path) -> str:
+    return os.path.relpath(path.resolve(), base.resolve())
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+@dataclass
+class ContinualResult:
+    out_dir: Path
+    matrix: dict[str, Any]
+    rounds_run: list[int]  # rounds trained in this call (1-based)
+    rounds_skipped: list[int]  # rounds found finished (or reused)
+
+
+def _empty_matrix(inputs: ContinualInputs) -> dict[str, Any]:
+    n = len(inputs.batches)
+    return {
+        "metric": "correct",
+        "unit": "percent of held-out items",
+        "model": inputs.plan["model"],
+        "replay": inputs.plan["replay"],
+        "replay_ratio": inputs.plan["replay_ratio"],
+        "batches": [b.tools for b in inputs.batches],
+        "data": {b.label: b.counts() for b in inputs.batches},
+        "left_out": inputs.left_out,
+        "steps_per_round": inputs.plan["steps_per_round"],
+        "matrix": [[None] * n for _ in range(n)],
+        "details": [[None] * n for _ in range(n)],
+        "composition": [None] * n,
+        "summary": {},
+    }
+
+
+def _fill_row(matrix: dict[str, Any], round_index: int, marker: dict[str, Any]) -> None:
+    for label, metrics in marker["eval"].items():
+        j = int(label[1:]) - 1
+        matrix["matrix"][round_index][j] = metrics["correct"]
+        matrix["details"][round_index][j] = metrics
+    matrix["composition"][round_index] = marker["composition"]
+
+
+def run_continual(
+    config: ToolschoolConfig,
+    out_dir: Path,
+    *,
+    replay: bool | None = None,
+    reuse_from: Path | None = None,
+    progress: bool = True,
+    log: Log | None = None,
+    inputs: ContinualInputs | None = None,
+) -> ContinualResult:
+    """Run (or resume) every round into `out_dir`; returns the forgetting matrix, also written as JSON/md/PNG.
+
+    `reuse_from`: the folder of another run whose finished rounds may stand in for this run's when they are
+    the same work (same start model chain, training data and settings) — the no-replay baseline's round 1 is
+    exactly the replay run's round 1, so `--compare` trains it once.
+    """
+    say = log or (lambda _text: None)
+    inputs = inputs or load_inputs(config, replay=replay)
+    _check_plan(out_dir, inputs.plan)
+    settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
+    matrix = _empty_matrix(inputs)
+    start_model = config.model.name
+    chain = _sha256_json({"model": config.model.name})
+    run: list[int] = []
+    skipped: list[int] = []
+    total = len(inputs.batches)
+    for r, batch in enumerate(inputs.batches):
+        round_dir = out_dir / f"round_{r + 1}"
+        round_dir.mkdir(parents=True, exist_ok=True)
+        data = compose_round(inputs.batches, r, settings, config.run.seed, inputs.general)
+        fingerprint = _round_fingerprint(chain, data, inputs.plan, r)
+        marker = _read_json(round_dir / MARKER_FILE)
+        if marker is None and reuse_from is not None:
+            marker = _reuse_round(reuse_from / f"round_{r + 1}", round_dir, fingerprint)
+        if marker is not None and marker.get("fingerprint") == fingerprint:
+            say(f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): finished earlier, skipped")
+            skipped.append(r + 1)
+        else:
+            marker = _run_round(config, inputs, r, round_dir, start_model, data, fingerprint, progress, say)
+            run.append(r + 1)
+        _fill_row(matrix, r, marker)
+        matrix["summary"] = forgetting_summary(matrix["matrix"])
+        write_matrix(out_dir, matrix)
+        start_model = str((round_dir / marker["merged"]).resolve())
+        chain = fingerprint
+    return ContinualResult(out_dir=out_dir, matrix=matrix, rounds_run=run, rounds_skipped=skipped)
+
+
+def _round_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int) -> str:
+    """What a round's result depends on: the model it starts from (the chain of earlier rounds), its training
+    data, and the settings — not whether replay is on, which only matters through the data."""
+    shared = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio")}
+    return _sha256_json({"chain": chain, "data": _sha256_json(data.examples), "plan": shared, "round": r})
+
+
+def _reuse_round(source: Path, round_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """Point this round at an identical finished round of another run (its merged model and evaluation)."""
+    marker = _read_json(source / MARKER_FILE)
+    if marker is None or marker.get("fingerprint") != fingerprint:
+        return None
+    merged = (source / marker["merged"]).resolve()
+    if not merged.is_dir():
+        return None
+    reused = {**marker, "merged": _relative(merged, round_dir), "reused_from": str(source)}
+    _write_json(round_dir / MARKER_FILE, reused)
+    return reused
+
+
+def _run_round(
+    config: ToolschoolConfig,
+    inputs: ContinualInputs,
+    r: int,
+    round_dir: Path,
+    start_model: str,
+    data: RoundData,
+    fingerprint: str,
+    progress: bool,
+    say: Log,
+) -> dict[str, Any]:
+    from toolschool.data.dataset import write_jsonl
+    from toolschool.train.sft import run_sft
+
+    batch = inputs.batches[r]
+    total = len(inputs.batches)
+    comp = data.composition
+    replayed = sum(comp["replay"].values())
+    train_path = round_dir / "train.jsonl"
+    write_jsonl(train_path, data.examples)
+    _write_json(round_dir / "composition.json", comp)
+    sft_dir = round_dir / "sft"
+    sft_done = _read_json(round_dir / SFT_DONE_FILE)
+    if sft_done is None or sft_done.get("fingerprint") != fingerprint:
+        say(
+            f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): training on "
+            f"{comp['new']['examples']} new + {replayed} replayed + {comp['general']} general examples, "
+            f"{steps_per_round(config)} steps, from {start_model}"
+        )
+        result = run_sft(_round_config(config, start_model, train_path), sft_dir, resume=True, progress=progress)
+        if result.merged_dir is None:
+            raise ToolschoolError(f"round {r + 1}: SFT wrote no merged model in {sft_dir}")
+        sft_done = {
+            "fingerprint": fingerprint,
+            "merged": _relative(result.merged_dir, round_dir),
+            "steps": result.steps,
+            "seconds": round(result.seconds, 1),
+            "data": result.stats,
+        }
+        _write_json(round_dir / SFT_DONE_FILE, sft_done)
+    merged = (round_dir / sft_done["merged"]).resolve()
+    seen = inputs.batches[: r + 1]
+    say(f"round {r + 1}/{total}: evaluating {', '.join(b.label for b in seen)} on held-out items")
+    metrics = evaluate_rounds_model(merged, seen, config, round_dir / "eval")
+    _write_json(round_dir / "eval" / "eval.json", metrics)
+    say(f"round {r + 1}/{total}: correct % " + ", ".join(f"{k} {v['correct']:.1f}" for k, v in metrics.items()))
+    marker = {
+        "fingerprint": fingerprint,
+        "round": r + 1,
+        "start_model": start_model,
+        "merged": sft_done["merged"],
+        "sft": {k: sft_done[k] for k in ("steps", "seconds", "data")},
+        "composition": comp,
+        "eval": metrics,
+    }
+    _write_json(round_dir / MARKER_FILE, marker)
+    return marker
+
+
+# ----------------------------------------------------------------------------------------------- folders
+
+
+def output_dir(config: ToolschoolConfig, *, replay: bool) -> Path:
+    """`[continual].out` if set, else runs/<name>/continual (continual_no_replay for the baseline)."""
+    if config.continual.out:
+        return Path(config.continual.out)
+    return config.run_dir() / ("continual" if replay else "continual_no_replay")
+
+
+def compare_dirs(config: ToolschoolConfig) -> tuple[Path, Path, Path]:
+    """(with-replay folder, without-replay folder, comparison file stem) for `--compare`."""
+    root = Path(config.continual.out) if config.continual.out else config.run_dir()
+    return root / "continual", root / "continual_no_replay", root / "continual_compare"
+
+
+__all__ = [
+    "Batch",
+    "ContinualInputs",
+    "ContinualResult",
+    "RoundData",
+    "compare_dirs",
+    "compose_round",
+    "example_tools",
+    "forgetting_summary",
+    "held_out_count",
+    "load_inputs",
+    "matrix_markdown",
+    "output_dir",
+    "read_batches",
+    "replay_count",
+    "run_continual",
+    "sample_replay",
+    "split_into_batches",
+    "write_comparison",
+    "write_heatmap",
+    "write_matrix",
+]
