@@ -1,0 +1,223 @@
+"""Benchmark: RL (GRPO with tool-use rewards) on top of SFT — time per step on this machine, and correct % on a
+held-out split after SFT and after SFT+RL, measured in the same run with the same greedy evaluation.
+
+The evaluation is the SFT validation path (`toolschool.train.sft.validate`): greedy replies to the first user turn,
+scored by `toolschool.evaluate.metrics` (`correct`: well-formed, right tool, semantically right arguments).
+
+Data: `--data` (a conversations JSONL, split into train/held-out by `--heldout`), or by default a generated
+calculator / no-tool set (multiplications that need the calculator, capital-city questions answered directly).
+Model: `--model` (e.g. runs/NAME/sft/merged); with `--sft-steps N` a LoRA SFT of N steps on the train split runs
+first and its merged model is the starting point.
+
+    .venv/bin/python bench/rl.py --model runs/demo/sft/merged --rl-steps 50
+    .venv/bin/python bench/rl.py --sft-steps 40 --rl-steps 10 --max-tokens 48      # reduced, self-contained
+
+Writes bench/results/rl.json (never a test; figures depend on the machine and its load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+CAPITALS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Italy", "Rome"),
+    ("Spain", "Madrid"),
+    ("Egypt", "Cairo"),
+    ("Peru", "Lima"),
+    ("Kenya", "Nairobi"),
+    ("Norway", "Oslo"),
+    ("Greece", "Athens"),
+    ("Canada", "Ottawa"),
+]
+
+
+def generated_examples(n: int, seed: int) -> list[dict[str, Any]]:
+    """Calculator calls for products of 3-4 digit numbers (too hard to do in the head) + direct answers."""
+    from toolschool.tools.registry import build_registry
+
+    registry = build_registry(only=["calculator"])
+    schema = registry.schemas()
+    registry.close()
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        if i % 4 == 3:
+            country, capital = CAPITALS[rng.randrange(len(CAPITALS))]
+            out.append(
+                {
+                    "messages": [
+                        {"role": "user", "content": f"What is the capital of {country}?"},
+                        {"role": "assistant", "content": f"The capital of {country} is {capital}."},
+                    ],
+                    "tools": schema,
+                    "meta": {"expected_answer": capital, "category": "no_tool"},
+                }
+            )
+            continue
+        a, b = rng.randint(100, 9999), rng.randint(100, 999)
+        call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a} * {b}"}}}
+        out.append(
+            {
+                "messages": [
+                    {"role": "user", "content": f"What is {a} times {b}?"},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "content": str(a * b)},
+                    {"role": "assistant", "content": f"{a} times {b} is {a * b}."},
+                ],
+                "tools": schema,
+                "meta": {"expected_answer": str(a * b), "category": "calculator"},
+            }
+        )
+    return out
+
+
+def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def held_out_correct(model_path: str, heldout: list[dict[str, Any]], fmt_name: str, max_tokens: int) -> dict:
+    from toolschool.chat.formats import get_format
+    from toolschool.models.loading import load_model
+    from toolschool.train.sft import build_validation_items, validate
+
+    loaded = load_model(model_path, device="cpu", dtype="fp32", merge_adapter=True)
+    fmt = get_format(fmt_name)
+    items = build_validation_items(heldout, fmt, loaded.tokenizer, len(heldout), 1024)
+    started = time.perf_counter()
+    metrics = validate(loaded.model, loaded.tokenizer, fmt, items, max_new_tokens=max_tokens)
+    return {**metrics, "eval_seconds": round(time.perf_counter() - started, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m", help="starting model (an SFT output's merged/ folder)")
+    parser.add_argument("--data", type=Path, help="conversations JSONL (default: a generated calculator set)")
+    parser.add_argument("--examples", type=int, default=96, help="generated examples (without --data)")
+    parser.add_argument("--heldout", type=int, default=24, help="examples held out for evaluation")
+    parser.add_argument("--sft-steps", type=int, default=0, help="LoRA SFT steps before RL (0: --model is SFT'd)")
+    parser.add_argument("--rl-steps", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--beta", type=float, default=0.04)
+    parser.add_argument("--format", default="hermes")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "rl.json")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    from toolschool.config import load_config
+    from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    if args.data:
+        examples, _ = load_dataset_jsonl(args.data, on_error="skip")
+    else:
+        examples = generated_examples(args.examples, args.seed)
+    random.Random(args.seed).shuffle(examples)
+    heldout, train = examples[: args.heldout], examples[args.heldout :]
+    work = Path(tempfile.mkdtemp(prefix="bench-rl-"))
+    train_path = write_jsonl(work / "train.jsonl", train)
+    result: dict[str, Any] = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
+        "model": args.model,
+        "data": str(args.data) if args.data else f"generated ({args.examples})",
+        "train_examples": len(train),
+        "heldout_examples": len(heldout),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
+    }
+
+    start_model = args.model
+    if args.sft_steps:
+        from toolschool.train.sft import run_sft
+
+        sft_config = load_config(
+            None,
+            {
+                "model.name": args.model,
+                "model.device": "cpu",
+                "sft.train": str(train_path),
+                "sft.format": args.format,
+                "sft.num_steps": args.sft_steps,
+                "sft.batch_size": 8,
+                "sft.learning_rate": 1e-3,
+                "sft.warmup_steps": 2,
+                "sft.log_interval": 5,
+                "sft.checkpoint_interval": 10_000,
+                "sft.validation_samples": 0,
+                "run.seed": args.seed,
+            },
+        )
+        sft = run_sft(sft_config, work / "sft", progress=False)
+        result["sft"] = {"steps": sft.steps, "seconds": round(sft.seconds, 1)}
+        start_model = str(sft.merged_dir)
+
+    result["after_sft"] = held_out_correct(start_model, heldout, args.format, args.max_tokens)
+    print(json.dumps({"after_sft": result["after_sft"]}), flush=True)
+
+    rl_config = load_config(
+        None,
+        {
+            "model.name": start_model,
+            "model.device": "cpu",
+            "rl.train": str(train_path),
+            "rl.format": args.format,
+            "rl.num_steps": args.rl_steps,
+            "rl.batch_size": args.batch_size,
+            "rl.num_generations": args.num_generations,
+            "rl.max_tokens": args.max_tokens,
+            "rl.learning_rate": args.lr,
+            "rl.beta": args.beta,
+            "rl.log_interval": 1,
+            "rl.checkpoint_interval": 10_000,
+            "run.seed": args.seed,
+        },
+    )
+    started = time.perf_counter()
+    rl = run_rl(rl_config, work / "rl", progress=False)
+    rl_seconds = time.perf_counter() - started
+    curve = read_reward_curve(work / "rl" / "train_log.jsonl")
+    keys = (
+        "step",
+        "reward",
+        "rewards/format",
+        "rewards/tool",
+        "rewards/arguments",
+        "rewards/length",
+        "kl",
+        "valid_format_rate",
+        "tool_accuracy",
+        "step_time",
+    )
+    result["rl"] = {
+        "steps": rl.steps,
+        "seconds_total": round(rl_seconds, 1),
+        "seconds_per_step": round(sum(r.get("step_time", 0.0) for r in curve) / max(1, len(curve)), 2),
+        "projected_minutes_for_50_steps": round(50 * rl_seconds / max(1, rl.steps) / 60, 1),
+        "reward_curve": [{k: r[k] for k in keys if k in r} for r in curve],
+    }
+    result["after_sft_rl"] = held_out_correct(str(rl.merged_dir), heldout, args.format, args.max_tokens)
+    result["correct_pct"] = {
+        "after_sft": round(100 * result["after_sft"]["correct"], 1),
+        "after_sft_rl": round(100 * result["after_sft_rl"]["correct"], 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: result[k] for k in ("correct_pct",)} | {"rl_seconds": result["rl"]["seconds_total"]}))
+
+
+if __name__ == "__main__":
+    main()
