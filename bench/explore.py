@@ -1,0 +1,131 @@
+"""Exploration throughput on the embedded model: trials per minute with 1 vs 16 concurrent episodes.
+
+The same exploration (built-in tools, hermes format, the packaged prompts, real tool execution) runs twice on
+one loaded local backend:
+- `concurrency_1`: episodes one after another (each generation decodes alone);
+- `concurrency_16`: 16 episodes at once; the local backend batches their generations (continuous batching).
+Trials per minute = finished trials / wall time. Also reported: the share of trials whose calls parsed and
+executed without error (`calls_ok_share`, see toolschool.explore.summary), parse errors and executed calls.
+Short settings (few tokens per turn, 1 slot, 2 calls) keep the run to a few minutes; the absolute rates depend
+on them, the ratio much less. Target: concurrency 16 >= 6x concurrency 1.
+
+    .venv/bin/python bench/explore.py            # writes bench/results/explore.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from toolschool.chat.formats import get_format
+from toolschool.explore.episode import ExploreContext, ExploreSettings
+from toolschool.explore.log import TrialLog
+from toolschool.explore.memory import LongTermMemory
+from toolschool.explore.runner import run_exploration
+from toolschool.explore.templates import PromptSet
+from toolschool.models.backends import make_backend
+from toolschool.tools.registry import build_registry
+
+TOOLS = ["calculator", "weekday"]  # few schemas: shorter prompts, a run of minutes on a small CPU
+
+
+def explore_once(backend: Any, registry: Any, *, episodes: int, concurrency: int, args: argparse.Namespace) -> dict:
+    settings = ExploreSettings(
+        episodes=episodes,
+        stm_slots=args.stm_slots,
+        max_turns=args.max_turns,
+        max_tokens=args.max_tokens,
+        temperature=0.7,
+        seed=0,
+    )
+    with tempfile.TemporaryDirectory() as folder, TrialLog.open(folder, resume=False) as log:
+        ctx = ExploreContext(
+            backend=backend,
+            fmt=get_format(args.format),
+            registry=registry,
+            prompts=PromptSet(args.format),
+            memory=LongTermMemory(),
+            log=log,
+            settings=settings,
+            tool_schemas=registry.schemas(),
+            model_name=args.model,
+        )
+        start = time.perf_counter()
+        result = asyncio.run(run_exploration(ctx, TOOLS, concurrency=concurrency))
+        seconds = time.perf_counter() - start
+    total = result.summary["total"]
+    return {
+        "concurrency": concurrency,
+        "trials": result.trials_run,
+        "seconds": round(seconds, 2),
+        "trials_per_minute": round(60 * result.trials_run / seconds, 3),
+        "completion_tokens": total["completion_tokens"],
+        "prompt_tokens": total["prompt_tokens"],
+        "generated_tokens_per_second": round(total["completion_tokens"] / seconds, 2),
+        "parse_errors": total["parse_errors"],
+        "executed_calls": total["executed_calls"],
+        "execution_errors": total["execution_errors"],
+        "calls_ok_share": result.summary["rates"]["calls_ok_share"],
+        "failed_episodes": len(result.failures),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--format", default="hermes")
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-turns", type=int, default=1)
+    parser.add_argument("--stm-slots", type=int, default=1)
+    parser.add_argument("--serial-episodes", type=int, default=1, help="episodes per tool at concurrency 1")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "explore.json"))
+    args = parser.parse_args()
+
+    backend = make_backend(args.model, max_batch_size=16)
+    registry = build_registry(toolbox=["builtin"], only=TOOLS)
+    try:
+        serial = explore_once(backend, registry, episodes=args.serial_episodes, concurrency=1, args=args)
+        print(json.dumps(serial))
+        batched = explore_once(backend, registry, episodes=16 // len(TOOLS), concurrency=16, args=args)
+        print(json.dumps(batched))
+    finally:
+        asyncio.run(backend.aclose())
+        registry.close()
+    speedup = batched["trials_per_minute"] / serial["trials_per_minute"] if serial["trials_per_minute"] else None
+    trials = serial["trials"] + batched["trials"]
+    calls_ok = serial["calls_ok_share"] * serial["trials"] + batched["calls_ok_share"] * batched["trials"]
+    report = {
+        "benchmark": "explore",
+        "model": args.model,
+        "format": args.format,
+        "tools": TOOLS,
+        "settings": {"max_tokens": args.max_tokens, "max_turns": args.max_turns, "stm_slots": args.stm_slots},
+        "concurrency_1": serial,
+        "concurrency_16": batched,
+        "speedup_16_vs_1": round(speedup, 2) if speedup else None,
+        "target_speedup": 6.0,
+        "meets_target": bool(speedup and speedup >= 6.0),
+        "calls_ok_share_all": round(calls_ok / trials, 4) if trials else 0.0,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "load_average_at_end": os.getloadavg(),
+        },
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps({k: report[k] for k in ("speedup_16_vs_1", "meets_target", "calls_ok_share_all")}))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
