@@ -123,9 +123,9 @@ def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sequential-prompts", type=int, default=4, help="prompts in the one-at-a-time runs")
+    parser.add_argument("--sequential-prompts", type=int, default=2, help="prompts in the one-at-a-time runs")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "generate.json"))
     args = parser.parse_args()
 

@@ -57,15 +57,17 @@ def _prefix_of(completion_ids: list[int], reference: list[int], stop_ids: set[in
 
 
 async def test_concurrent_greedy_matches_generating_alone(backend: LocalBackend) -> None:
-    requests = [_request(p, i) for i, p in enumerate(PROMPTS)]
-    steps_before = backend.steps
+    requests = [_request(p, i) for i, p in enumerate(PROMPTS)] + [_request("Greedy twice, please.", 0, n=2)]
+    steps_before, passes_before = backend.steps, backend.stats.prefill_passes
     results = await asyncio.gather(*(backend.generate(r) for r in requests))
     assert backend.max_rows_seen <= 4
     assert backend.stats.reused_prompt_tokens > 0  # the shared system/tool prompt came from the prefix cache
-    # Five requests of at most 12 tokens share forward passes: far fewer steps than 5 * 12.
-    assert backend.steps - steps_before < 5 * 12
+    assert backend.stats.prefill_passes - passes_before < len(requests)  # prompts were prefilled together
+    # Six requests of at most 12 tokens share forward passes: far fewer steps than 7 * 12.
+    assert backend.steps - steps_before < 7 * 12
+    assert len(results[-1]) == 2 and results[-1][0].token_ids == results[-1][1].token_ids
     for request, completions in zip(requests, results, strict=True):
-        (completion,) = completions
+        completion = completions[0]
         assert _prefix_of(completion.token_ids, _alone(backend, request), backend.stop_token_ids)
         assert len(completion.logprobs or []) == len(completion.token_ids)
         assert all(lp <= 0 for lp in completion.logprobs or [])

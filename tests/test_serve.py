@@ -173,9 +173,8 @@ async def test_client_disconnect_cancels_its_generation(base_url: str, backend: 
     async with httpx.AsyncClient(timeout=0.5) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post(f"{base_url}/chat/completions", json=body)
-    for _ in range(200):  # the abandoned rows leave the batch within a poll interval or two
-        if not backend._rows:
-            break
+    deadline = time.monotonic() + 30  # the abandoned rows leave the batch within a poll interval or two
+    while backend._rows and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert not backend._rows
     async with httpx.AsyncClient(timeout=60) as client:
@@ -255,3 +254,18 @@ def test_serve_exits_cleanly_on_sigterm(tiny_model_dir: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_generate_command_prints_completions(tiny_model_dir: Path) -> None:
+    args = ["generate", "--model", str(tiny_model_dir), "--prompt", "hi", "--tool", "calculator"]
+    result = CliRunner().invoke(app, [*args, "--max-tokens", "3", "--n", "2", "--temperature", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert len(rows) == 2 and all(row["tokens"] <= 3 for row in rows)
+    bad = CliRunner().invoke(app, ["generate", "--model", str(tiny_model_dir), "--prompt", "hi", "--tool", "web"])
+    assert bad.exit_code == 2 and "unknown --tool web" in bad.output
+
+
+def test_serve_refuses_an_endpoint_model() -> None:
+    result = CliRunner().invoke(app, ["serve", "--model", "openai:http://127.0.0.1:9/v1#m"])
+    assert result.exit_code == 2 and "is already an endpoint" in result.output

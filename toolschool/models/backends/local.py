@@ -3,9 +3,10 @@
 Many coroutines (exploration episodes, evaluation items, server requests) call `generate` at once. Their
 requests go into a queue; one worker thread owns the model and runs the decode loop:
 
-1. admit waiting requests while the batch has room: each prompt is prefilled on its own (no padding), its
-   KV cache is repeated for its `n` samples, and the rows are merged into the running batch by left-padding
-   the shorter cache with masked zeros;
+1. admit waiting requests while the batch has room: the part of each prompt already in the prefix cache
+   (typically the shared system prompt and tool list) is reused, the rest of all admitted prompts is
+   prefilled in one padded forward pass, each row's KV cache is repeated for its `n` samples, and the rows
+   are merged into the running batch by left-padding the shorter cache with masked zeros;
 2. choose one token for every row (greedy or seeded sampling, per row);
 3. retire rows that hit the end-of-turn token, a stop string or their token budget — they leave the batch at
    once, so they cost no further compute — and answer a request when all of its samples are done;
@@ -72,32 +73,37 @@ class GenerationStats:
     decode_seconds: float = 0.0
     decode_tokens: int = 0  # tokens fed through decode steps (one per row per step)
     reused_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead of a forward pass
+    prefill_passes: int = 0  # forward passes spent on prefill (several prompts can share one)
+
+
+@dataclass
+class _Prefix:
+    """A cached prompt's per-layer (keys, values) of shape [1, H, L, D], and how many leading tokens apply."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    length: int
 
 
 class PrefixCache:
     """KV caches of recent prompts, so a new prompt only prefills what differs from one of them.
 
     Exploration episodes and evaluation items repeat the same system prompt and tool list (~200 tokens for
-    one tool) and then differ in a short user turn, so most of every prefill is shared. Entries are whole
-    prompts of one row; a new prompt reuses the longest common token prefix of any entry (always keeping at
-    least its last token to run, which yields the next-token logits). Reuse is exact: the cached keys and
-    values are those the same tokens at the same positions would produce. Tensors are never written in place
-    (DynamicCache grows by concatenation), so entries can be shared as views.
+    one tool) and then differ in a short user turn; a multi-turn episode's next prompt extends its previous
+    one. So most of every prefill is shared. A new prompt reuses the longest common token prefix of any entry
+    (always keeping at least its last token to run, which yields the next-token logits). Reuse is exact: the
+    cached keys and values are what the same tokens at the same positions produce. Tensors are never written
+    in place (DynamicCache grows by concatenation), so entries can be shared as views.
     """
 
     min_reuse = 8
 
-    def __init__(self, entries: int = 8) -> None:
+    def __init__(self, entries: int = 16) -> None:
         self.entries = entries
         self._items: collections.OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
             collections.OrderedDict()
         )
 
-    def start(self, prompt: list[int], config: Any) -> tuple[Any, int]:
-        """A fresh cache for `prompt`, pre-filled with the longest reusable prefix; return it and that length."""
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=config)
+    def lookup(self, prompt: list[int]) -> _Prefix:
         best_key, best = None, 0
         for key in self._items:
             common = _common_prefix(key, prompt)
@@ -105,17 +111,14 @@ class PrefixCache:
                 best_key, best = key, common
         best = min(best, len(prompt) - 1)
         if best_key is None or best < self.min_reuse:
-            return cache, 0
+            return _Prefix(layers=[], length=0)
         self._items.move_to_end(best_key)
-        for layer, (keys, values) in zip(cache.layers, self._items[best_key], strict=True):
-            layer.lazy_initialization(keys, values)
-            layer.keys, layer.values = keys[:, :, :best], values[:, :, :best]
-        return cache, best
+        return _Prefix(layers=self._items[best_key], length=best)
 
-    def store(self, prompt: list[int], cache: Any) -> None:
+    def store(self, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if self.entries <= 0:
             return
-        self._items[tuple(prompt)] = [(layer.keys[:1], layer.values[:1]) for layer in cache.layers]
+        self._items[tuple(prompt)] = layers
         self._items.move_to_end(tuple(prompt))
         while len(self._items) > self.entries:
             self._items.popitem(last=False)
@@ -132,7 +135,7 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
 class LocalBackend(Backend):
     """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
 
-    def __init__(self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 8) -> None:
+    def __init__(self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 16) -> None:
         if max_batch_size < 1:
             raise ToolschoolError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.loaded = loaded
@@ -235,20 +238,29 @@ class LocalBackend(Backend):
                 self._queue.popleft()
                 admitted.append(head)
                 room -= head.request.params.n
+        prepared: list[tuple[_Pending, list[int], int]] = []
         for pending in admitted:
             try:
-                self._prefill(pending)
+                prepared.append((pending, *self._prepare(pending)))
             except Exception as exc:  # noqa: BLE001 - one bad request (template, length) must not stop the rest
                 _resolve(pending, exc)
+        # Prompts with nothing cached are prefilled alone (and cached); the rest share one padded forward pass.
+        group: list[tuple[_Pending, list[int], int, _Prefix]] = []
+        for pending, prompt, max_tokens in prepared:
+            hit = self._prefix_cache.lookup(prompt)
+            if hit.length:
+                group.append((pending, prompt, max_tokens, hit))
+            else:
+                self._prefill_guarded([(pending, prompt, max_tokens, hit)])
+        if group:
+            self._prefill_guarded(group)
         return True
 
-    @torch.inference_mode()
-    def _prefill(self, pending: _Pending) -> None:
-        request = pending.request
-        params = request.params
-        prompt = self.render_prompt(request)
+    def _prepare(self, pending: _Pending) -> tuple[list[int], int]:
+        """Render the prompt and cap max_tokens to the model's positions; raise a clear error if it cannot fit."""
+        prompt = self.render_prompt(pending.request)
         pending.prompt_tokens = len(prompt)
-        max_tokens = params.max_tokens
+        max_tokens = pending.request.params.max_tokens
         if self.max_positions is not None:
             room = self.max_positions - len(prompt)
             if room < 1:
@@ -258,38 +270,83 @@ class LocalBackend(Backend):
                     hint="shorten the conversation or the tool list",
                 )
             max_tokens = min(max_tokens, room)
+        return prompt, max_tokens
+
+    def _prefill_guarded(self, group: list[tuple[_Pending, list[int], int, _Prefix]]) -> None:
+        try:
+            self._prefill(group)
+        except Exception as exc:  # noqa: BLE001 - fail these requests, keep the running batch
+            for pending, *_ in group:
+                _resolve(pending, exc)
+
+    @torch.inference_mode()
+    def _prefill(self, group: list[tuple[_Pending, list[int], int, _Prefix]]) -> None:
+        """Prefill prompts in one forward pass and merge their rows (x n samples) into the running batch.
+
+        Row i holds its cached prefix (r_i tokens, left-padded to R) followed by its uncached suffix (s_i
+        tokens, left-padded to S): padding sits before the prefix and between prefix and suffix, masked out,
+        with explicit position ids, so each row computes exactly what it would alone. A row without a cached
+        prefix is only ever prefilled alone, so no padding query is left with nothing to attend to.
+        """
+        from transformers import DynamicCache
+
         start = time.perf_counter()
-        cache, reused = self._prefix_cache.start(prompt, self.model.config)
-        input_ids = torch.tensor([prompt[reused:]], device=self.device)
+        prefix = [hit.length for _, _, _, hit in group]
+        suffix = [len(prompt) - r for (_, prompt, _, _), r in zip(group, prefix, strict=True)]
+        assert len(group) == 1 or min(prefix) > 0
+        R, S = max(prefix), max(suffix)  # noqa: N806 - lengths of the batch's prefix and suffix regions
+        cache = DynamicCache(config=self.model.config)
+        if R:
+            for li, layer in enumerate(cache.layers):
+                keys = torch.cat([_pad_left(hit.layers[li][0][:, :, : hit.length], R) for *_, hit in group])
+                values = torch.cat([_pad_left(hit.layers[li][1][:, :, : hit.length], R) for *_, hit in group])
+                layer.lazy_initialization(keys, values)
+                layer.keys, layer.values = keys, values
+        pad_id = self.tokenizer.pad_token_id or 0
+        input_ids, mask, positions = [], [], []
+        for (_, prompt, _, _), r, s in zip(group, prefix, suffix, strict=True):
+            input_ids.append([pad_id] * (S - s) + prompt[r:])
+            mask.append([0] * (R - r) + [1] * r + [0] * (S - s) + [1] * s)
+            positions.append([r] * (S - s) + list(range(r, r + s)))
+        mask_bL = torch.tensor(mask, device=self.device)
         out = self.model(
-            input_ids=input_ids,
-            attention_mask=torch.ones((1, len(prompt)), dtype=torch.long, device=self.device),
-            position_ids=torch.arange(reused, len(prompt), device=self.device)[None, :],
+            input_ids=torch.tensor(input_ids, device=self.device),
+            attention_mask=mask_bL,
+            position_ids=torch.tensor(positions, device=self.device),
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
         _check_plain_layers(cache)
-        self._prefix_cache.store(prompt, cache)
+        for i, (_, prompt, _, _) in enumerate(group):
+            real = mask_bL[i].nonzero().squeeze(1)
+            self._prefix_cache.store(
+                prompt, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in cache.layers]
+            )
         self.stats.prefill_seconds += time.perf_counter() - start
-        self.stats.prefill_tokens += len(prompt) - reused
-        self.stats.reused_prompt_tokens += reused
-        n = params.n
-        if n > 1:
-            cache.batch_repeat_interleave(n)
-        logits_nV = out.logits[:, -1, :].float().expand(n, -1)
-        seed = params.seed if params.seed is not None else secrets.randbits(62)
-        rows = []
-        for i in range(n):
-            generator = None
-            if params.temperature > 0:
-                generator = torch.Generator().manual_seed(seed + i)
-            rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens))
-        pending.completions = [None] * n
-        pending.remaining = n
-        mask_nL = torch.ones((n, len(prompt)), dtype=torch.long, device=self.device)
-        positions_n = torch.full((n,), len(prompt), dtype=torch.long, device=self.device)
-        self._merge(rows, cache, mask_nL, positions_n, logits_nV)
+        self.stats.prefill_tokens += sum(suffix)
+        self.stats.reused_prompt_tokens += sum(prefix)
+        self.stats.prefill_passes += 1
+
+        counts = [pending.request.params.n for pending, *_ in group]
+        logits_bV = out.logits[:, -1, :].float()
+        if any(n > 1 for n in counts):
+            index = torch.repeat_interleave(torch.arange(len(group), device=self.device), torch.tensor(counts))
+            for layer in cache.layers:
+                layer.keys, layer.values = layer.keys.index_select(0, index), layer.values.index_select(0, index)
+            mask_bL, logits_bV = mask_bL.index_select(0, index), logits_bV.index_select(0, index)
+        rows: list[_Row] = []
+        positions_n: list[int] = []
+        for pending, prompt, max_tokens, _ in group:
+            params = pending.request.params
+            seed = params.seed if params.seed is not None else secrets.randbits(62)
+            for i in range(params.n):
+                generator = torch.Generator().manual_seed(seed + i) if params.temperature > 0 else None
+                rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens))
+                positions_n.append(len(prompt))
+            pending.completions = [None] * params.n
+            pending.remaining = params.n
+        self._merge(rows, cache, mask_bL, torch.tensor(positions_n, device=self.device), logits_bV)
 
     def _merge(
         self,
