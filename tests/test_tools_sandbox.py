@@ -49,7 +49,10 @@ def test_fork_bomb() -> None:
 
 
 def test_memory_bomb() -> None:
-    result = run("blocks = []\nwhile True:\n    blocks.append(bytearray(50 * 1024 * 1024))")
+    # A generous wall time: on a loaded machine zero-filling 512 MB can take longer than the default 2 s,
+    # and this test is about the memory limit, not the clock.
+    limits = SandboxLimits(wall_seconds=15)
+    result = run("blocks = []\nwhile True:\n    blocks.append(bytearray(128 * 1024 * 1024))", limits)
     assert result.limit == "memory"
     assert "memory limit of 512 MB" in result.describe(LIMITS)
 
