@@ -158,11 +158,8 @@ def distill(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
-    import asyncio
-
-    from toolschool.config import load_config, stage_dir
-    from toolschool.data.distill import DistillOptions, run_distill
-    from toolschool.explore.log import read_trials
+    from toolschool.config import load_config
+    from toolschool.data.distill import run_distill_stage
 
     overrides = {
         "distill.trials": trials,
@@ -178,27 +175,7 @@ def distill(
         "run.seed": seed,
     }
     config = load_config(config_path, overrides)
-    d = config.distill
-    trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
-    records = read_trials(trials_path)
-    out_dir = stage_dir(config, "distill", out)
-    opts = DistillOptions(
-        trials=trials_path,
-        out=out_dir,
-        target_per_tool=d.target_per_tool,
-        max_paraphrases=d.max_paraphrases,
-        dedupe_threshold=d.dedupe_threshold,
-        validation_fraction=d.validation_fraction,
-        require_solved=d.require_solved,
-        seed=config.run.seed,
-        concurrency=d.concurrency,
-        judge_model=d.judge_model,
-        paraphrase_model=d.paraphrase_model,
-        temperature=d.temperature,
-        max_tokens=d.max_tokens,
-    )
-    err_console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
-    summary = asyncio.run(run_distill(records, opts))
+    out_dir, summary = run_distill_stage(config, out, console=err_console)
     table = Table(title=f"distill -> {out_dir}")
     table.add_column("tool")
     steps = list(summary["total"])

@@ -101,6 +101,9 @@ class Candidate:
         return {"messages": messages, "tools": self.tools, "meta": {**self.meta, **meta}}
 
 
+EXPECTED_ANSWER_MAX_CHARS = 80
+
+
 def _call_ok(call: dict[str, Any]) -> bool:
     observation = call.get("observation") or {}
     return call.get("executed", True) is not False and not observation.get("is_error", False)
@@ -128,6 +131,7 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
         return None, "last call before the final answer failed"
     messages: list[dict[str, Any]] = [{"role": "user", "content": query}]
     calls: list[dict[str, Any]] = []
+    last_result: str | None = None
     n = 0
     for step in call_steps:
         if step.get("executed") is False or step.get("parse_error") or not all(_call_ok(c) for c in step["calls"]):
@@ -144,6 +148,7 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
             text = observation.get("text") if observation.get("text") is not None else call.get("shown", "")
             results.append({"role": "tool", "tool_call_id": call_id, "name": call.get("name"), "content": str(text)})
             calls.append({"name": call.get("name"), "arguments": arguments})
+            last_result = str(text).strip()
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         messages.extend(results)
     if not any(c["name"] == tool for c in calls):
@@ -161,7 +166,9 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
         "tool": tool,
         "source": "explore",
         "category": "explore",
-        "expected_answer": None,
+        # The real tool's result of the last successful call: what a correct final answer must state.
+        # Kept only when short (a number, a date, a converted quantity), where answer matching is meaningful.
+        "expected_answer": last_result if last_result and len(last_result) <= EXPECTED_ANSWER_MAX_CHARS else None,
         "model": trial.get("model"),
         "solved": trial.get("solved"),
         "paraphrase": False,
@@ -672,3 +679,35 @@ def distill_card(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def run_distill_stage(
+    config: Any, out: str | Path | None = None, *, console: Any = None
+) -> tuple[Path, dict[str, Any]]:
+    """The `distill` stage on a run config: read the run's trial log, write the stage folder, return its summary."""
+    from toolschool.config import stage_dir
+    from toolschool.explore.log import read_trials
+
+    d = config.distill
+    trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
+    records = read_trials(trials_path)
+    out_dir = stage_dir(config, "distill", out)
+    opts = DistillOptions(
+        trials=trials_path,
+        out=out_dir,
+        target_per_tool=d.target_per_tool,
+        max_paraphrases=d.max_paraphrases,
+        dedupe_threshold=d.dedupe_threshold,
+        validation_fraction=d.validation_fraction,
+        require_solved=d.require_solved,
+        seed=config.run.seed,
+        concurrency=d.concurrency,
+        judge_model=d.judge_model,
+        paraphrase_model=d.paraphrase_model,
+        temperature=d.temperature,
+        max_tokens=d.max_tokens,
+    )
+    if console is not None:
+        console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
+    summary = asyncio.run(run_distill(records, opts))
+    return out_dir, summary
