@@ -6,8 +6,10 @@ one loaded local backend:
 - `concurrency_16`: 16 episodes at once; the local backend batches their generations (continuous batching).
 Trials per minute = finished trials / wall time. Also reported: the share of trials whose calls parsed and
 executed without error (`calls_ok_share`, see toolschool.explore.summary), parse errors and executed calls.
-Short settings (few tokens per turn, 1 slot, 2 calls) keep the run to a few minutes; the absolute rates depend
-on them, the ratio much less. Target: concurrency 16 >= 6x concurrency 1.
+Short settings (24 tokens per turn, 1 slot, 1 call, 2 tools) keep it short; the JSON is written after each
+phase. `prompt_token_share` is the share of processed tokens that are prompt (prefill) tokens: every turn
+re-reads the whole conversation, so exploration is prefill-bound unless the backend caches prefixes.
+Target: concurrency 16 >= 6x concurrency 1.
 
     .venv/bin/python bench/explore.py            # writes bench/results/explore.json
 """
@@ -88,41 +90,52 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "explore.json"))
     args = parser.parse_args()
 
-    backend = make_backend(args.model, max_batch_size=16)
-    registry = build_registry(toolbox=["builtin"], only=TOOLS)
-    try:
-        serial = explore_once(backend, registry, episodes=args.serial_episodes, concurrency=1, args=args)
-        print(json.dumps(serial))
-        batched = explore_once(backend, registry, episodes=16 // len(TOOLS), concurrency=16, args=args)
-        print(json.dumps(batched))
-    finally:
-        asyncio.run(backend.aclose())
-        registry.close()
-    speedup = batched["trials_per_minute"] / serial["trials_per_minute"] if serial["trials_per_minute"] else None
-    trials = serial["trials"] + batched["trials"]
-    calls_ok = serial["calls_ok_share"] * serial["trials"] + batched["calls_ok_share"] * batched["trials"]
-    report = {
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
         "benchmark": "explore",
         "model": args.model,
         "format": args.format,
         "tools": TOOLS,
         "settings": {"max_tokens": args.max_tokens, "max_turns": args.max_turns, "stm_slots": args.stm_slots},
-        "concurrency_1": serial,
-        "concurrency_16": batched,
-        "speedup_16_vs_1": round(speedup, 2) if speedup else None,
+        "concurrency_1": None,
+        "concurrency_16": None,
         "target_speedup": 6.0,
-        "meets_target": bool(speedup and speedup >= 6.0),
-        "calls_ok_share_all": round(calls_ok / trials, 4) if trials else 0.0,
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(),
-            "load_average_at_end": os.getloadavg(),
-        },
+        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+
+    def save() -> None:  # after each phase, so a run cut short still leaves what it measured
+        report["machine"]["load_average"] = os.getloadavg()
+        phases = [report[k] for k in ("concurrency_1", "concurrency_16") if report[k]]
+        trials = sum(ph["trials"] for ph in phases)
+        prompt = sum(ph["prompt_tokens"] for ph in phases)
+        report["calls_ok_share_all"] = (
+            round(sum(ph["calls_ok_share"] * ph["trials"] for ph in phases) / trials, 4) if trials else None
+        )
+        report["prompt_token_share"] = (
+            round(prompt / (prompt + sum(ph["completion_tokens"] for ph in phases)), 4) if phases else None
+        )
+        serial, batched = report["concurrency_1"], report["concurrency_16"]
+        speedup = batched["trials_per_minute"] / serial["trials_per_minute"] if serial and batched else None
+        report["speedup_16_vs_1"] = round(speedup, 2) if speedup else None
+        report["meets_target"] = bool(speedup and speedup >= 6.0)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+
+    backend = make_backend(args.model, max_batch_size=16)
+    registry = build_registry(toolbox=["builtin"], only=TOOLS)
+    try:
+        report["concurrency_1"] = explore_once(
+            backend, registry, episodes=args.serial_episodes, concurrency=1, args=args
+        )
+        print(json.dumps(report["concurrency_1"]))
+        save()
+        episodes = 16 // len(TOOLS)
+        report["concurrency_16"] = explore_once(backend, registry, episodes=episodes, concurrency=16, args=args)
+        print(json.dumps(report["concurrency_16"]))
+        save()
+    finally:
+        asyncio.run(backend.aclose())
+        registry.close()
     print(json.dumps({k: report[k] for k in ("speedup_16_vs_1", "meets_target", "calls_ok_share_all")}))
     print(f"wrote {out}")
 
