@@ -209,6 +209,18 @@ class ContinualSection(Section):
     out: str | None = Field(None, description="output folder (default: runs/NAME/continual)")
 
 
+class PipelineSection(Section):
+    """`toolschool run`: which stages run, who explores, and the held-out evaluation."""
+
+    stages: list[str] = Field(
+        default_factory=lambda: ["explore", "distill", "sft", "rl", "eval", "report"],
+        description="stages to run, in pipeline order (explore, distill, sft, rl, eval, report)",
+    )
+    explorer: str | None = Field(None, description="exploring model (default: [model].name, the student)")
+    eval_data: str | None = Field(None, description="held-out JSONL (default: the run's distill/validation.jsonl)")
+    execute: bool = Field(True, description="eval runs the predicted calls and scores the final answers too")
+
+
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
@@ -219,6 +231,7 @@ class ToolschoolConfig(Section):
     sft: SFTSection = Field(default_factory=SFTSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     rl: RLSection = Field(default_factory=RLSection)
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
     continual: ContinualSection = Field(default_factory=ContinualSection)
 
     def run_dir(self) -> Path:

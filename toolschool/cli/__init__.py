@@ -90,6 +90,9 @@ def _register() -> None:
 
     app.command("serve")(serve_cmd.serve)
     app.command("generate")(serve_cmd.generate)
+    from toolschool.cli import run_cmd
+
+    app.command("run")(run_cmd.run)
 
 
 _register()

@@ -1,0 +1,146 @@
+"""`toolschool run`: stages chained in one run directory, skipped when done, rerun with --from.
+
+Exploration with a random tiny model yields no usable trial, so the explore stage here is a finished one
+(a trial log and its marker, as the explore stage writes them); the explore stage itself is tested in
+tests/test_explore_*.py. Everything after it runs for real on the tiny model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolschool.config import load_config
+from toolschool.errors import ConfigError
+from toolschool.pipeline import STAGES, is_done, run_pipeline
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+
+
+def _trial(index: int, a: int, b: int) -> dict:
+    expr = f"{a} * {b}"
+    observation = {"text": str(a * b), "value": a * b, "is_error": False, "error_kind": None}
+    return {
+        "v": 1,
+        "tool": "calculator",
+        "episode": index,
+        "slot": 0,
+        "status": "ok",
+        "query": f"How much is {a} times {b} for order {index}?",
+        "steps": [
+            {
+                "calls": [
+                    {"name": "calculator", "arguments": {"expression": expr}, "id": "c1", "observation": observation}
+                ]
+            }
+        ],
+        "final_answer": f"It is {a * b}.",
+        "reflection": "Yes",
+        "solved": True,
+        "tools": [CALC],
+        "model": "test",
+    }
+
+
+@pytest.fixture()
+def run_config(tmp_path: Path, tiny_model_dir: Path):
+    config = load_config(
+        None,
+        {
+            "run.root": str(tmp_path / "runs"),
+            "run.name": "p",
+            "model.name": str(tiny_model_dir),
+            "model.dtype": "fp32",
+            "tools.only": ["calculator"],
+            "distill.validation_fraction": 0.25,
+            "sft.num_steps": 2,
+            "sft.batch_size": 2,
+            "sft.lora_rank": 4,
+            "sft.validation_samples": 0,
+            "sft.checkpoint_interval": 2,
+            "sft.log_interval": 1,
+            "rl.num_steps": 1,
+            "rl.batch_size": 2,
+            "rl.num_generations": 2,
+            "rl.max_tokens": 8,
+            "rl.lora_rank": 4,
+            "rl.log_interval": 1,
+            "rl.checkpoint_interval": 1,
+            "eval.max_tokens": 8,
+            "eval.max_turns": 1,
+        },
+    )
+    explore_dir = config.run_dir() / "explore"
+    explore_dir.mkdir(parents=True)
+    trials = [_trial(i, 12 + i, 31 + 2 * i) for i in range(12)]
+    (explore_dir / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials))
+    (explore_dir / "DONE.json").write_text(json.dumps({"stage": "explore", "seconds": 0}))
+    return config
+
+
+def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
+    result = run_pipeline(run_config)
+    status = {o.stage: o.status for o in result.outcomes}
+    assert status == {
+        "explore": "skipped",
+        "distill": "done",
+        "sft": "done",
+        "rl": "done",
+        "eval": "done",
+        "report": "done",
+    }
+    assert [row["model"] for row in result.table] == ["base", "sft", "sft+rl"]
+    assert all(row["n"] >= 1 for row in result.table)
+    assert all(0.0 <= row["well-formed %"] <= 100.0 for row in result.table)
+    assert result.report is not None and result.report.is_file()
+    run_dir = run_config.run_dir()
+    assert (run_dir / "eval" / "comparison.md").read_text().startswith("| model |")
+    # The held-out items are the distill validation split, never trained on.
+    train = (run_dir / "distill" / "train.jsonl").read_text()
+    for line in (run_dir / "distill" / "validation.jsonl").read_text().splitlines():
+        query = json.loads(line)["messages"][0]["content"]
+        assert query not in train
+
+    again = run_pipeline(run_config)
+    assert {o.status for o in again.outcomes} == {"skipped"}
+    assert again.table == result.table
+
+    rerun = run_pipeline(run_config, from_stage="eval")
+    status = {o.stage: o.status for o in rerun.outcomes}
+    assert status["sft"] == "skipped" and status["eval"] == "done" and status["report"] == "done"
+    previous = list((run_dir / ".previous").glob("*/eval/DONE.json"))
+    assert previous, "the earlier eval outputs are moved aside, not deleted"
+    assert all(is_done(run_config, s) for s in STAGES)
+
+
+def test_unknown_stage_in_config_is_refused(run_config) -> None:
+    bad = run_config.model_copy(deep=True)
+    bad.pipeline.stages = ["explore", "train"]
+    with pytest.raises(ConfigError, match="unknown stage\\(s\\) train"):
+        run_pipeline(bad)
+
+
+def test_unknown_from_stage_is_refused(run_config) -> None:
+    with pytest.raises(ConfigError, match="--from deploy: unknown stage"):
+        run_pipeline(run_config, from_stage="deploy")
+
+
+def test_empty_distillation_stops_with_a_clear_message(run_config) -> None:
+    trials = run_config.run_dir() / "explore" / "trials.jsonl"
+    failed = _trial(0, 1, 2)
+    failed["steps"][0]["calls"][0]["observation"]["is_error"] = True
+    trials.write_text(json.dumps(failed) + "\n")
+    from toolschool.errors import ToolschoolError
+
+    with pytest.raises(ToolschoolError, match="distillation kept no training example"):
+        run_pipeline(run_config)
+    assert not is_done(run_config, "distill")

@@ -1,0 +1,313 @@
+"""The main job: explore -> distill -> sft -> rl -> eval -> report in one run directory.
+
+Every stage writes into `runs/<name>/<stage>/` and, when it finishes, a `DONE.json` marker holding its
+summary and duration. A finished stage is skipped on the next `toolschool run`; an interrupted one is
+resumed (exploration continues after its last logged trial, training from its last checkpoint). `--from
+STAGE` reruns from that stage: the earlier outputs of it and every later stage are moved aside to
+`runs/<name>/.previous/<time>/`, never deleted.
+
+The eval stage compares the base model, the SFT model and the SFT+RL model on the held-out split of the
+distilled data (`distill/validation.jsonl`, never trained on), executing the predicted calls so that the
+final answers are scored too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.config import ToolschoolConfig, stage_dir
+from toolschool.errors import ConfigError, ToolschoolError
+
+STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
+MARKER = "DONE.json"
+
+# Columns of the final table: (label, summary key). Rates are in [0, 1].
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("well-formed %", "well_formed"),
+    ("correct tool %", "correct_tool"),
+    ("correct %", "correct"),
+    ("answer accuracy %", "answer_accuracy"),
+)
+
+
+@dataclass
+class StageOutcome:
+    stage: str
+    status: str  # "done" (ran now), "skipped" (already done), "disabled"
+    seconds: float = 0.0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PipelineResult:
+    run_dir: Path
+    outcomes: list[StageOutcome]
+    table: list[dict[str, Any]]
+    report: Path | None
+
+
+def enabled_stages(config: ToolschoolConfig) -> list[str]:
+    wanted = list(config.pipeline.stages)
+    unknown = [s for s in wanted if s not in STAGES]
+    if unknown:
+        raise ConfigError(
+            f"pipeline.stages: unknown stage(s) {', '.join(unknown)}", hint=f"choose from: {', '.join(STAGES)}"
+        )
+    return [s for s in STAGES if s in wanted]
+
+
+def marker_path(config: ToolschoolConfig, stage: str) -> Path:
+    return config.run_dir() / stage / MARKER
+
+
+def is_done(config: ToolschoolConfig, stage: str) -> bool:
+    return marker_path(config, stage).is_file()
+
+
+def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
+    """Move the outputs of `from_stage` and every later stage to runs/<name>/.previous/<time>/."""
+    if from_stage not in STAGES:
+        raise ConfigError(f"--from {from_stage}: unknown stage", hint=f"choose from: {', '.join(STAGES)}")
+    run_dir = config.run_dir()
+    target = run_dir / ".previous" / time.strftime("%Y%m%d-%H%M%S")
+    moved = []
+    for stage in STAGES[STAGES.index(from_stage) :]:
+        source = run_dir / stage
+        if source.exists():
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target / stage))
+            moved.append(target / stage)
+    return moved
+
+
+def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary: dict[str, Any]) -> None:
+    path = marker_path(config, stage)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"stage": stage, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **summary}
+    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+
+
+def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolConfig:
+    """A copy of the config with some fields of some sections replaced (validated)."""
+    data = config.model_dump()
+    for section, values in sections.items():
+        data[section].update(values)
+    return ToolschoolConfig.model_validate(data)
+
+
+def sft_model_dir(config: ToolschoolConfig) -> Path:
+    return config.run_dir() / "sft" / "merged"
+
+
+def rl_model_dir(config: ToolschoolConfig) -> Path:
+    return config.run_dir() / "rl" / "merged"
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.explore.stage import run_explore_stage
+
+    explorer = config.pipeline.explorer or config.model.name
+    explore_config = _with(config, model={"name": explorer})
+    directory = config.run_dir() / "explore"
+    resume = (directory / "trials.jsonl").is_file()
+    result = run_explore_stage(explore_config, resume=resume, console=console)
+    return {"explorer": explorer, "trials": result.summary.get("total", {}), "seconds_exploring": result.seconds}
+
+
+def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.data.distill import run_distill_stage
+
+    out_dir, summary = run_distill_stage(config, console=console)
+    train = out_dir / "train.jsonl"
+    if not train.is_file() or not train.read_text(encoding="utf-8").strip():
+        raise ToolschoolError(
+            "distillation kept no training example: no exploration trial ended with a final answer after a "
+            f"call that executed without error (see {out_dir / 'README.md'})",
+            hint="explore more (more episodes), or point [pipeline] explorer at a stronger model",
+        )
+    return {"counts": summary.get("total", {})}
+
+
+def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.train.sft import latest_checkpoint, run_sft
+
+    out_dir = stage_dir(config, "sft")
+    result = run_sft(config, out_dir, resume=latest_checkpoint(out_dir) is not None)
+    return {
+        "steps": result.steps,
+        "model": str(result.merged_dir) if result.merged_dir else None,
+        "data": result.stats,
+        "final_validation": result.final_validation,
+    }
+
+
+def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.train.rl import run_rl
+    from toolschool.train.sft import latest_checkpoint
+
+    start = sft_model_dir(config)
+    if not start.is_dir():
+        raise ToolschoolError(f"rl starts from the SFT model, but {start} does not exist", hint="run the sft stage")
+    rl_config = _with(config, model={"name": str(start)})
+    out_dir = stage_dir(rl_config, "rl")
+    result = run_rl(rl_config, out_dir, resume=latest_checkpoint(out_dir) is not None)
+    return {"steps": result.steps, "model": str(result.merged_dir) if result.merged_dir else None}
+
+
+def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
+    """(label, model) pairs compared by the eval stage: the base model and each trained model present."""
+    models = [("base", config.model.name)]
+    if "sft" in config.pipeline.stages and sft_model_dir(config).is_dir():
+        models.append(("sft", str(sft_model_dir(config))))
+    if "rl" in config.pipeline.stages and rl_model_dir(config).is_dir():
+        models.append(("sft+rl", str(rl_model_dir(config))))
+    return models
+
+
+def _held_out(config: ToolschoolConfig) -> Path:
+    path = (
+        Path(config.pipeline.eval_data)
+        if config.pipeline.eval_data
+        else config.run_dir() / "distill" / "validation.jsonl"
+    )
+    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
+        raise ToolschoolError(
+            f"the held-out set {path} is missing or empty",
+            hint="raise distill.validation_fraction or explore more, or set [pipeline] eval_data to a test JSONL",
+        )
+    return path
+
+
+def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.models.backends import make_backend
+    from toolschool.tools.registry import build_registry
+
+    data = _held_out(config)
+    out_dir = stage_dir(config, "eval")
+    settings = config.eval.model_dump()
+    settings["execute"] = config.pipeline.execute
+    settings["seed"] = config.run.seed
+    benchmarks = resolve_benchmarks([], str(data), config.eval.limit)
+    models = eval_models(config)
+    registry = build_registry(
+        toolbox=config.tools.toolbox, mcp=config.tools.mcp, modules=config.tools.modules, only=config.tools.only
+    )
+    try:
+        options = make_options(settings, registry=registry)
+        summary = run_evaluation(
+            [model for _, model in models],
+            benchmarks,
+            options,
+            out_dir,
+            make_backend=lambda m: make_backend(m, dtype=config.model.dtype, device=config.model.device),
+            settings={**settings, "data": str(data), "labels": dict((m, label) for label, m in models)},
+        )
+    finally:
+        registry.close()
+    table = comparison_table(summary, models)
+    (out_dir / "comparison.json").write_text(json.dumps(table, indent=2), encoding="utf-8")
+    (out_dir / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
+    return {"data": str(data), "items": len(benchmarks[0].items), "table": table}
+
+
+def _stage_report(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.evaluate.report import build_report
+
+    path = build_report(config.run_dir())
+    return {"html": str(path)}
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[ToolschoolConfig, Any], dict[str, Any]]] = {
+    "explore": _stage_explore,
+    "distill": _stage_distill,
+    "sft": _stage_sft,
+    "rl": _stage_rl,
+    "eval": _stage_eval,
+    "report": _stage_report,
+}
+
+
+# ------------------------------------------------------------------------------------------------ table
+
+
+def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    rows = []
+    for label, model in models:
+        block = summary["models"].get(model, {}).get("data", {})
+        overall = block.get("overall", block)
+        row: dict[str, Any] = {"model": label, "path": model, "n": int(overall.get("n", 0))}
+        for column, key in TABLE_COLUMNS:
+            value = overall.get(key)
+            row[column] = None if value is None else round(100 * float(value), 1)
+        rows.append(row)
+    return rows
+
+
+def comparison_markdown(table: list[dict[str, Any]]) -> str:
+    header = ["model", *(c for c, _ in TABLE_COLUMNS), "items"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for row in table:
+        cells = [row["model"], *("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS), str(row["n"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ driver
+
+
+def run_pipeline(
+    config: ToolschoolConfig,
+    *,
+    from_stage: str | None = None,
+    console: Any = None,
+    on_stage: Callable[[str, str], None] | None = None,
+) -> PipelineResult:
+    """Run every enabled stage in order, skipping finished ones; returns the comparison table and report path."""
+    stages = enabled_stages(config)
+    run_dir = config.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if from_stage is not None:
+        move_aside(config, from_stage)
+    (run_dir / "config.toml").write_text(_dump(config), encoding="utf-8")
+    outcomes: list[StageOutcome] = []
+    for stage in STAGES:
+        if stage not in stages:
+            outcomes.append(StageOutcome(stage, "disabled"))
+            continue
+        if is_done(config, stage):
+            saved = json.loads(marker_path(config, stage).read_text(encoding="utf-8"))
+            outcomes.append(StageOutcome(stage, "skipped", saved.get("seconds", 0.0), saved))
+            if on_stage:
+                on_stage(stage, "skipped")
+            continue
+        if on_stage:
+            on_stage(stage, "start")
+        started = time.perf_counter()
+        summary = STAGE_FUNCTIONS[stage](config, console)
+        seconds = time.perf_counter() - started
+        _write_marker(config, stage, seconds, summary)
+        outcomes.append(StageOutcome(stage, "done", seconds, summary))
+        if on_stage:
+            on_stage(stage, "done")
+    table: list[dict[str, Any]] = []
+    comparison = run_dir / "eval" / "comparison.json"
+    if comparison.is_file():
+        table = json.loads(comparison.read_text(encoding="utf-8"))
+    report = run_dir / "report" / "report.html"
+    return PipelineResult(run_dir, outcomes, table, report if report.is_file() else None)
+
+
+def _dump(config: ToolschoolConfig) -> str:
+    from toolschool.config import dump_toml
+
+    return dump_toml(config)
