@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +34,7 @@ async def run(model: str, n_items: int, max_tokens: int, batch: int) -> dict:
             started = time.perf_counter()
             results = await evaluate_items(backend, items, EvalOptions(max_tokens=max_tokens, concurrency=concurrency))
             seconds = time.perf_counter() - started
+            print(f"{label}: {len(results)} items in {seconds:.1f} s", file=sys.stderr, flush=True)
             verdicts[label] = [bool(r.verdict and r.verdict["valid"]) for r in results]
             figures[label] = {
                 "concurrency": concurrency,

@@ -244,3 +244,18 @@ def test_unknown_item_judge_verdicts_are_summarised() -> None:
     backend = ScriptedBackend({"q": "yes"})
     results = asyncio.run(evaluate_items(backend, [item, item], EvalOptions()))
     assert summarize(results)["overall"]["accuracy"] == 1.0
+
+
+async def test_execute_with_the_builtin_tool_registry(data_file: Path) -> None:
+    from toolschool.tools.registry import build_registry
+
+    registry = build_registry(toolbox=["builtin"], mcp=[], only=["calculator"])
+    try:
+        script = {**SCRIPT, "7006652": "The product is 7006652."}
+        results = await evaluate_items(
+            ScriptedBackend(script), items_from_file(data_file)[:1], EvalOptions(execute=True, registry=registry)
+        )
+    finally:
+        registry.close()
+    assert results[0].transcript[2]["content"].strip() == "7006652"
+    assert results[0].score.answer_correct is True
