@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -144,9 +145,18 @@ def main() -> None:
             before = (backend.stats.decode_tokens, backend.stats.decode_seconds)
             runs["seq"].append(await backend_sequential(backend, seq_reqs))
             runs["decode1"].append((backend.stats.decode_tokens - before[0], backend.stats.decode_seconds - before[1]))
+            before_conc = dataclasses.replace(backend.stats)
             runs["conc"].append(await backend_concurrent(backend, reqs))
+            split["prefill_s"].append(backend.stats.prefill_seconds - before_conc.prefill_seconds)
+            split["decode_s"].append(backend.stats.decode_seconds - before_conc.decode_seconds)
+            split["decode_tokens"].append(backend.stats.decode_tokens - before_conc.decode_tokens)
+            split["prefill_passes"].append(backend.stats.prefill_passes - before_conc.prefill_passes)
+            split["reused_prompt_tokens"].append(backend.stats.reused_prompt_tokens - before_conc.reused_prompt_tokens)
         return runs
 
+    split: dict[str, list[float]] = {
+        k: [] for k in ("prefill_s", "decode_s", "decode_tokens", "prefill_passes", "reused_prompt_tokens")
+    }
     runs = asyncio.run(run_all())
     asyncio.run(backend.aclose())
 
@@ -177,6 +187,7 @@ def main() -> None:
         "speedup_16_concurrent_vs_one_at_a_time": round(conc / plain, 2),
         "target_speedup": 8.0,
         "batch1_decode_tokens_per_s": round(decode1, 2),
+        "concurrent_16_breakdown_median": {k: round(statistics.median(v), 3) for k, v in split.items()},
         "weight_bytes": weight_bytes,
         "memory_bandwidth_gb_s": round(bandwidth, 2),
         "memory_bound_tokens_per_s": round(bound, 2),
