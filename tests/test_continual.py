@@ -284,9 +284,9 @@ def _config(tmp_path: Path, model: Path, inputs: dict[str, Path], **continual: o
         "continual.data": str(inputs["data"]),
         "continual.general": str(inputs["general"]),
         "continual.general_count": 2,
-        "continual.steps_per_round": 2,
+        "continual.steps_per_round": 1,
         "continual.test_fraction": 0.25,
-        "continual.eval_max_tokens": 4,
+        "continual.eval_max_tokens": 3,
         "sft.batch_size": 2,
         "sft.max_length": 384,
         "sft.lora_rank": 4,
@@ -299,92 +299,75 @@ def _config(tmp_path: Path, model: Path, inputs: dict[str, Path], **continual: o
     return load_config(None, overrides)
 
 
-def test_two_rounds_on_a_tiny_model_write_the_matrix_and_resume(
+def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     tiny_model_dir: Path, tmp_path: Path, inputs: dict[str, Path]
 ) -> None:
-    config = _config(tmp_path, tiny_model_dir, inputs)
-    out = tmp_path / "cl"
-    messages: list[str] = []
-    result = run_continual(config, out, progress=False, log=messages.append)
-    assert result.rounds_run == [1, 2] and result.rounds_skipped == []
+    """`--compare`: round 1 is trained once (it is the same work in both runs), round 2 with and without replay."""
+    root = tmp_path / "cmp"
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        '[model]\ndtype = "fp32"\ndevice = "cpu"\n'
+        "[sft]\nlora_rank = 4\nlora_alpha = 8\nmax_length = 384\nbatch_size = 2\ncheckpoint_interval = 1\n"
+        "warmup_steps = 0\n"
+        "[continual]\ngeneral_count = 2\ntest_fraction = 0.25\neval_max_tokens = 3\n"
+    )
+    argv = ["continual", str(toml), "--batches", str(inputs["batches"]), "--data", str(inputs["data"])]
+    argv += ["--general", str(inputs["general"]), "--model", str(tiny_model_dir), "--steps-per-round", "1"]
+    argv += ["--compare", "--out", str(root)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
 
-    data = json.loads((out / "matrix.json").read_text())
-    assert data["batches"] == [["shout", "reverse"], ["double", "negate"]]
-    assert data["matrix"][0][1] is None  # batch 2 not seen after round 1
-    for row in (data["matrix"][0][:1], data["matrix"][1]):
-        assert all(isinstance(v, float) and 0.0 <= v <= 100.0 for v in row)
-    assert data["details"][1][0]["n"] == 2 and data["details"][1][1]["n"] == 2  # 1 of 4 held out per tool
-    assert data["composition"][1]["replay"] == {"B1": 1} and data["composition"][1]["general"] == 2
-    assert data["summary"]["rounds_done"] == 2 and "B1" in data["summary"]["forgetting"]
-    assert "| 2 |" in (out / "matrix.md").read_text()
-    assert (out / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert any("training on 6 new + 1 replayed + 2 general" in m for m in messages)
+    with_replay = json.loads((root / "continual" / "matrix.json").read_text())
+    without = json.loads((root / "continual_no_replay" / "matrix.json").read_text())
+    for data in (with_replay, without):
+        assert data["batches"] == [["shout", "reverse"], ["double", "negate"]]
+        assert data["matrix"][0][1] is None  # batch 2 not seen after round 1
+        for row in (data["matrix"][0][:1], data["matrix"][1]):
+            assert all(isinstance(v, float) and 0.0 <= v <= 100.0 for v in row)
+        assert data["details"][1][0]["n"] == 2 and data["details"][1][1]["n"] == 2  # 1 of 4 held out per tool
+        assert data["summary"]["rounds_done"] == 2 and "B1" in data["summary"]["forgetting"]
+        assert data["composition"][1]["general"] == 2
+    assert with_replay["replay"] is True and with_replay["composition"][1]["replay"] == {"B1": 1}
+    assert without["replay"] is False and without["composition"][1]["replay"] == {}
+    assert without["matrix"][0] == with_replay["matrix"][0]
+    for folder in (root / "continual", root / "continual_no_replay"):
+        assert "| 2 |" in (folder / "matrix.md").read_text()
+        assert (folder / "matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (folder / "config.toml").is_file()
+    marker = json.loads((root / "continual_no_replay" / "round_1" / "round.json").read_text())
+    assert marker["reused_from"] == str(root / "continual" / "round_1")
+    assert not (root / "continual_no_replay" / "round_1" / "sft").exists()
+    comparison = json.loads((root / "continual_compare.json").read_text())
+    assert set(comparison) == {"with_replay", "without_replay", "average_final_gain_from_replay"}
+    assert (root / "continual_compare.png").is_file()
+    assert "without replay" in (root / "continual_compare.md").read_text()
 
+    out = root / "continual"
     round2 = json.loads((out / "round_2" / "round.json").read_text())
     assert round2["start_model"] == str((out / "round_1" / "sft" / "merged").resolve())
-    assert round2["sft"]["steps"] == 2
+    assert round2["sft"]["steps"] == 1
     items = (out / "round_2" / "eval" / "batch_1.items.jsonl").read_text().splitlines()
     assert len(items) == 2 and "raw_output" in json.loads(items[0])
 
-    # A rerun skips finished rounds and leaves the matrix as it was.
+    # The same settings through the library: a rerun skips the finished rounds and leaves the matrix as it was.
+    config = _config(tmp_path, tiny_model_dir, inputs)
     again = run_continual(config, out, progress=False)
     assert again.rounds_run == [] and again.rounds_skipped == [1, 2]
-    assert again.matrix["matrix"] == data["matrix"]
+    assert again.matrix["matrix"] == with_replay["matrix"]
 
     # An interrupted round 2 (no marker, SFT not finished) resumes its SFT from the last checkpoint.
     (out / "round_2" / "round.json").unlink()
     (out / "round_2" / "sft_done.json").unlink()
     shutil.rmtree(out / "round_2" / "sft" / "merged")
-    resumed = run_continual(config, out, progress=False)
+    messages: list[str] = []
+    resumed = run_continual(config, out, progress=False, log=messages.append)
     assert resumed.rounds_run == [2] and resumed.rounds_skipped == [1]
+    assert any("training on 6 new + 1 replayed + 2 general examples, 1 steps" in m for m in messages)
     log = [json.loads(line) for line in (out / "round_2" / "sft" / "train_log.jsonl").read_text().splitlines()]
-    starts = [r["step"] for r in log if r.get("event") == "start"]
-    assert starts == [0, 2]  # the second start resumed at the last checkpoint
+    assert [r["step"] for r in log if r.get("event") == "start"] == [0, 1]  # resumed at the last checkpoint
     assert (out / "round_2" / "sft" / "merged").is_dir()
+    assert resumed.matrix["matrix"][0] == with_replay["matrix"][0]
 
     # Other settings in the same folder are refused rather than mixed.
     with pytest.raises(ToolschoolError, match=r"holds a continual run with different settings \(replay_ratio"):
         run_continual(_config(tmp_path, tiny_model_dir, inputs, replay_ratio=0.5), out, progress=False)
-
-
-def test_cli_compare_trains_the_shared_first_round_once(
-    tiny_model_dir: Path, tmp_path: Path, inputs: dict[str, Path]
-) -> None:
-    argv = [
-        "continual",
-        "--batches",
-        str(inputs["batches"]),
-        "--data",
-        str(inputs["data"]),
-        "--model",
-        str(tiny_model_dir),
-        "--steps-per-round",
-        "1",
-        "--eval-limit",
-        "1",
-        "--eval-max-tokens",
-        "3",
-        "--batch-size",
-        "2",
-        "--compare",
-        "--out",
-        str(tmp_path / "cmp"),
-    ]
-    config = tmp_path / "run.toml"
-    config.write_text('[model]\ndtype = "fp32"\ndevice = "cpu"\n[sft]\nlora_rank = 4\nmax_length = 384\n')
-    result = CliRunner().invoke(app, [*argv[:1], str(config), *argv[1:]])
-    assert result.exit_code == 0, result.output
-    root = tmp_path / "cmp"
-    with_replay = json.loads((root / "continual" / "matrix.json").read_text())
-    without = json.loads((root / "continual_no_replay" / "matrix.json").read_text())
-    assert with_replay["replay"] is True and without["replay"] is False
-    assert without["composition"][1]["replay"] == {} and with_replay["composition"][1]["replay"] == {"B1": 1}
-    marker = json.loads((root / "continual_no_replay" / "round_1" / "round.json").read_text())
-    assert marker["reused_from"] == str(root / "continual" / "round_1")
-    assert not (root / "continual_no_replay" / "round_1" / "sft").exists()
-    assert without["matrix"][0] == with_replay["matrix"][0]
-    comparison = json.loads((root / "continual_compare.json").read_text())
-    assert set(comparison) == {"with_replay", "without_replay", "average_final_gain_from_replay"}
-    assert (root / "continual_compare.png").is_file() and "without replay" in (
-        root / "continual_compare.md"
-    ).read_text()

@@ -63,7 +63,7 @@ def continual(
     config = load_config(config_path, overrides)
 
     def say(text: str) -> None:
-        err_console.print(f"[dim]continual: {text}[/dim]", highlight=False)
+        err_console.print(f"[dim]continual: {text}[/dim]", highlight=False, soft_wrap=True)
 
     def save_config(folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
