@@ -273,32 +273,6 @@ def test_cli_errors_are_one_line(tmp_path: Path, inputs: dict[str, Path], args: 
 # ---------------------------------------------------------------------------------------- the tiny model
 
 
-def _config(tmp_path: Path, model: Path, inputs: dict[str, Path], **continual: object):
-    overrides = {
-        "run.root": str(tmp_path / "runs"),
-        "run.name": "cl",
-        "model.name": str(model),
-        "model.dtype": "fp32",
-        "model.device": "cpu",
-        "continual.batches": str(inputs["batches"]),
-        "continual.data": str(inputs["data"]),
-        "continual.general": str(inputs["general"]),
-        "continual.general_count": 2,
-        "continual.steps_per_round": 1,
-        "continual.test_fraction": 0.25,
-        "continual.eval_max_tokens": 3,
-        "sft.batch_size": 2,
-        "sft.max_length": 384,
-        "sft.lora_rank": 4,
-        "sft.lora_alpha": 8,
-        "sft.checkpoint_interval": 1,
-        "sft.log_interval": 1,
-        "sft.warmup_steps": 0,
-    }
-    overrides.update({f"continual.{k}": v for k, v in continual.items()})
-    return load_config(None, overrides)
-
-
 def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     tiny_model_dir: Path, tmp_path: Path, inputs: dict[str, Path]
 ) -> None:
@@ -350,7 +324,14 @@ def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     assert len(items) == 2 and "raw_output" in json.loads(items[0])
 
     # The same settings through the library: a rerun skips the finished rounds and leaves the matrix as it was.
-    config = _config(tmp_path, tiny_model_dir, inputs)
+    flags = {
+        "model.name": str(tiny_model_dir),
+        "continual.batches": str(inputs["batches"]),
+        "continual.data": str(inputs["data"]),
+        "continual.general": str(inputs["general"]),
+        "continual.steps_per_round": 1,
+    }
+    config = load_config(toml, flags)
     again = run_continual(config, out, progress=False)
     assert again.rounds_run == [] and again.rounds_skipped == [1, 2]
     assert again.matrix["matrix"] == with_replay["matrix"]
@@ -370,4 +351,4 @@ def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
 
     # Other settings in the same folder are refused rather than mixed.
     with pytest.raises(ToolschoolError, match=r"holds a continual run with different settings \(replay_ratio"):
-        run_continual(_config(tmp_path, tiny_model_dir, inputs, replay_ratio=0.5), out, progress=False)
+        run_continual(load_config(toml, {**flags, "continual.replay_ratio": 0.5}), out, progress=False)
