@@ -85,6 +85,7 @@ def _worker(variant: str, data: Path, model_name: str, steps: int, batch: int, m
         max_length=None if padding_free else max_length,  # toolschool rows are pre-truncated
         padding_free=padding_free,
         assistant_only_loss=variant == "trl-default",
+        gradient_checkpointing=False,  # same in both: the comparison isolates batching (padding vs padding-free)
         seed=0,
         data_seed=0,
         disable_tqdm=True,

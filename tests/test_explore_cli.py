@@ -99,8 +99,12 @@ def test_explore_runs_saves_config_and_summary_and_refuses_to_mix_runs(tmp_path,
 
 
 def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path, scripted) -> None:
+    fired = []
+
     def interrupt(request, count):
-        if count == 13:
+        # Several requests may be appended before any checks its count (they interleave), so ">=" and once.
+        if count >= 13 and not fired:
+            fired.append(count)
             raise KeyboardInterrupt
 
     scripted.fail_when = interrupt

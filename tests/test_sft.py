@@ -10,7 +10,8 @@ import pytest
 
 from toolschool.config import load_config
 from toolschool.errors import DataError, ToolschoolError
-from toolschool.train.sft import check_has_assistant, latest_checkpoint, prepare_examples, run_sft
+from toolschool.train.common import latest_checkpoint
+from toolschool.train.sft import check_has_assistant, prepare_examples, run_sft
 
 CALC = {
     "type": "function",

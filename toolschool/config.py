@@ -70,6 +70,7 @@ class SFTSection(Section):
     toolkens: bool = Field(False, description="add one token <tool_NAME> per tool (STE toolkens)")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
     dtype: str = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
 
 
 class ExploreSection(Section):
@@ -160,7 +161,9 @@ class DistillSection(Section):
     paraphrase_model: str | None = Field(None, description="paraphraser (any backend spec); none: no paraphrasing")
     target_per_tool: int = Field(0, ge=0, description="examples per tool to reach by paraphrasing (0: no paraphrasing)")
     max_paraphrases: int = Field(3, ge=0, description="paraphrases per original query at most")
-    dedupe_threshold: float = Field(0.9, gt=0.0, le=1.0, description="token-set Jaccard at which queries are duplicates")
+    dedupe_threshold: float = Field(
+        0.9, gt=0.0, le=1.0, description="token-set Jaccard at which queries are duplicates"
+    )
     validation_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of original queries in validation")
     require_solved: bool = Field(False, description="also require the explorer's reflection to say Yes")
     concurrency: int = Field(16, ge=1, description="judge/paraphrase requests in flight")

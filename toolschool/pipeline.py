@@ -138,7 +138,8 @@ def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.train.sft import latest_checkpoint, run_sft
+    from toolschool.train.common import latest_checkpoint
+    from toolschool.train.sft import run_sft
 
     out_dir = stage_dir(config, "sft")
     result = run_sft(config, out_dir, resume=latest_checkpoint(out_dir) is not None)
@@ -151,8 +152,8 @@ def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.train.common import latest_checkpoint
     from toolschool.train.rl import run_rl
-    from toolschool.train.sft import latest_checkpoint
 
     start = sft_model_dir(config)
     if not start.is_dir():

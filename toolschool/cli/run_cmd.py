@@ -20,7 +20,9 @@ def run(
         "moved to runs/NAME/.previous/.",
     ),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/)."),
-    model: str = typer.Option(None, "--model", "-m", help="Student model (also the explorer unless pipeline.explorer is set)."),
+    model: str = typer.Option(
+        None, "--model", "-m", help="Student model (also the explorer unless pipeline.explorer is set)."
+    ),
     explorer: str = typer.Option(None, help="Exploring model, e.g. openai:http://127.0.0.1:8000/v1#served-name."),
 ) -> None:
     """Explore -> distill -> sft -> rl -> eval -> report; finished stages are skipped, interrupted ones resume."""

@@ -32,8 +32,16 @@ from typing import Any
 
 from toolschool.config import RLSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.train.common import (
+    JsonlLogger,
+    base_identity,
+    latest_checkpoint,
+    lora_config,
+    same_base,
+    save_final,
+)
 from toolschool.train.rewards import RewardSuite, check_reward_names
-from toolschool.train.sft import _fix_adapter_base, _JsonlLogger, latest_checkpoint, split_at_first_assistant
+from toolschool.train.sft import split_at_first_assistant
 
 META_FILE = "toolschool_rl.json"
 MODES = ("single_turn", "multi_turn")
@@ -300,7 +308,7 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _make_callbacks(logger: _JsonlLogger, tb_dir: Path, start_info: dict[str, Any]) -> list[Any]:
+def _make_callbacks(logger: JsonlLogger, tb_dir: Path, start_info: dict[str, Any]) -> list[Any]:
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
     from transformers.integrations import TensorBoardCallback
@@ -317,24 +325,13 @@ def _make_callbacks(logger: _JsonlLogger, tb_dir: Path, start_info: dict[str, An
     return [LogCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
 
 
-def _identity(loaded: Any, name: str) -> dict[str, Any]:
-    cfg = loaded.model.config
-    return {
-        "model": name,
-        "model_type": getattr(cfg, "model_type", None),
-        "hidden_size": getattr(cfg, "hidden_size", None),
-        "num_hidden_layers": getattr(cfg, "num_hidden_layers", None),
-        "vocab_size": len(loaded.tokenizer),
-    }
-
-
 def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
     saved = json.loads(meta_path.read_text())
-    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
-    if any(saved["base"].get(k) != identity.get(k) for k in keys) or saved.get("mode") != mode:
+    same_vocab = saved["base"].get("vocab_size") == identity.get("vocab_size")
+    if not (same_base(saved["base"], identity) and same_vocab) or saved.get("mode") != mode:
         raise ToolschoolError(
             f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
             f"not '{identity['model']}' in {mode} mode",
@@ -348,7 +345,6 @@ def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
 def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RLResult:
     """Train as configured into `out_dir`: checkpoints, train_log.jsonl, tensorboard/, adapter/ and merged/."""
     from datasets import Dataset
-    from peft import LoraConfig
     from trl import GRPOConfig, GRPOTrainer
 
     from toolschool.chat.formats import get_format
@@ -380,7 +376,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
-    identity = _identity(loaded, config.model.name)
+    identity = base_identity(loaded, config.model.name)
     if resume:
         _check_resume(out_dir, identity, settings.mode)
 
@@ -426,19 +422,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             indent=2,
         )
     )
-    logger = _JsonlLogger(out_dir / "train_log.jsonl")
-    peft_config = None
-    if settings.method == "lora":
-        targets: str | list[str] = (
-            "all-linear" if settings.target_modules == ["all-linear"] else list(settings.target_modules)
-        )
-        peft_config = LoraConfig(
-            r=settings.lora_rank,
-            lora_alpha=settings.lora_alpha,
-            lora_dropout=settings.lora_dropout,
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-        )
+    logger = JsonlLogger(out_dir / "train_log.jsonl")
+    peft_config = lora_config(settings) if settings.method == "lora" else None
     use_cpu = loaded.device == "cpu"
     args = GRPOConfig(
         output_dir=str(out_dir / "checkpoints"),
@@ -492,22 +477,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         if registry is not None:
             registry.close()
 
-    adapter_dir = merged_dir = None
-    if trainer.is_world_process_zero():
-        final = trainer.model
-        if settings.method == "lora":
-            adapter_dir = out_dir / "adapter"
-            final.save_pretrained(adapter_dir)
-            tokenizer.save_pretrained(adapter_dir)
-            _fix_adapter_base(adapter_dir, config.model.name)
-            if settings.merge:
-                merged_dir = out_dir / "merged"
-                final.merge_and_unload().save_pretrained(merged_dir, safe_serialization=True)
-                tokenizer.save_pretrained(merged_dir)
-        else:
-            merged_dir = out_dir / "merged"
-            final.save_pretrained(merged_dir, safe_serialization=True)
-            tokenizer.save_pretrained(merged_dir)
+    adapter_dir, merged_dir = save_final(
+        trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
+    )
     seconds = time.perf_counter() - started
     last = last_train_log(out_dir / "train_log.jsonl")
     logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})

@@ -27,6 +27,15 @@ from typing import Any
 
 from toolschool.config import SFTSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.train.common import (
+    JsonlLogger,
+    base_identity,
+    latest_checkpoint,
+    lora_config,
+    refuse_existing_checkpoints,
+    same_base,
+    save_final,
+)
 
 META_FILE = "toolschool_sft.json"
 
@@ -245,19 +254,8 @@ def validate(
     return aggregate(scores)
 
 
-class _JsonlLogger:
-    """Append-only JSONL log of training and validation metrics (one object per line)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def write(self, record: dict[str, Any]) -> None:
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-
 def _make_callbacks(
-    logger: _JsonlLogger,
+    logger: JsonlLogger,
     tokenizer: Any,
     fmt: Any,
     items: list[ValidationItem],
@@ -336,25 +334,12 @@ def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
     return train, validation
 
 
-def _base_identity(loaded: Any) -> dict[str, Any]:
-    config = loaded.model.config
-    return {
-        "model": loaded.spec.name,
-        "source": loaded.source,
-        "model_type": getattr(config, "model_type", None),
-        "hidden_size": getattr(config, "hidden_size", None),
-        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
-        "vocab_size": len(loaded.tokenizer),
-    }
-
-
 def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
     saved = json.loads(meta_path.read_text())["base"]
-    keys = ("model_type", "hidden_size", "num_hidden_layers")
-    if any(saved.get(k) != identity.get(k) for k in keys):
+    if not same_base(saved, identity):
         raise ToolschoolError(
             f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' "
             f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden {saved.get('hidden_size')}), "
@@ -364,19 +349,9 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    ckpt_root = out_dir / "checkpoints"
-    found = sorted(
-        (p for p in ckpt_root.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
-        key=lambda p: int(p.name.split("-")[-1]),
-    )
-    return found[-1] if found else None
-
-
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
-    from peft import LoraConfig
     from trl import SFTConfig, SFTTrainer
 
     from toolschool.chat.formats import get_format
@@ -403,16 +378,13 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     started = time.perf_counter()
     loaded = load_model(config.model.name, device=config.model.device, dtype=settings.dtype)
     model, tokenizer = loaded.model, loaded.tokenizer
-    identity = _base_identity(loaded)
+    identity = base_identity(loaded)
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if resume:
         _check_resume_base(out_dir, identity)
-    elif latest_checkpoint(out_dir) is not None:
-        raise ToolschoolError(
-            f"{out_dir} already holds checkpoints from an earlier run",
-            hint="pass --resume to continue it, or choose another --out / run name",
-        )
+    else:
+        refuse_existing_checkpoints(out_dir)
 
     toolkens: list[str] = []
     if settings.toolkens:
@@ -440,20 +412,10 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
             indent=2,
         )
     )
-    logger = _JsonlLogger(out_dir / "train_log.jsonl")
+    logger = JsonlLogger(out_dir / "train_log.jsonl")
     peft_config = None
     if settings.method == "lora":
-        targets: str | list[str] = (
-            "all-linear" if settings.target_modules == ["all-linear"] else list(settings.target_modules)
-        )
-        peft_config = LoraConfig(
-            r=settings.lora_rank,
-            lora_alpha=settings.lora_alpha,
-            lora_dropout=settings.lora_dropout,
-            target_modules=targets,
-            task_type="CAUSAL_LM",
-            modules_to_save=["embed_tokens", "lm_head"] if toolkens else None,
-        )
+        peft_config = lora_config(settings, modules_to_save=["embed_tokens", "lm_head"] if toolkens else None)
     use_cpu = loaded.device == "cpu"
     args = SFTConfig(
         output_dir=str(out_dir / "checkpoints"),
@@ -476,6 +438,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         use_cpu=use_cpu,
         bf16=settings.dtype == "bf16",
         dataloader_num_workers=0,
+        # TRL turns activation checkpointing on by default; on a 135M model it only costs ~1/3 more compute.
+        gradient_checkpointing=settings.gradient_checkpointing,
         disable_tqdm=not progress,
         save_only_model=False,
     )
@@ -490,24 +454,9 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     )
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
-    adapter_dir: Path | None = None
-    merged_dir: Path | None = None
-    if trainer.is_world_process_zero():
-        final = trainer.model
-        if settings.method == "lora":
-            adapter_dir = out_dir / "adapter"
-            final.save_pretrained(adapter_dir)
-            tokenizer.save_pretrained(adapter_dir)
-            _fix_adapter_base(adapter_dir, config.model.name)
-            if settings.merge:
-                merged_dir = out_dir / "merged"
-                merged = final.merge_and_unload()
-                merged.save_pretrained(merged_dir, safe_serialization=True)
-                tokenizer.save_pretrained(merged_dir)
-        else:
-            merged_dir = out_dir / "merged"
-            final.save_pretrained(merged_dir, safe_serialization=True)
-            tokenizer.save_pretrained(merged_dir)
+    adapter_dir, merged_dir = save_final(
+        trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
+    )
     final_validation = None
     for line in (out_dir / "train_log.jsonl").read_text().splitlines()[::-1]:
         record = json.loads(line)
@@ -525,22 +474,6 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         stats=stats,
         final_validation=final_validation,
     )
-
-
-def _fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
-    """Record the base model as the user named it (e.g. `smollm2-135m`), so our loader can find it again.
-
-    peft writes the resolved folder; for the embedded model that is a cache path which another machine
-    would not have, while the embedded name resolves everywhere.
-    """
-    from toolschool.models.spec import parse_model_spec
-
-    cfg_path = adapter_dir / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    spec = parse_model_spec(model_name)
-    if spec.kind in ("embedded", "hub"):
-        cfg["base_model_name_or_path"] = model_name
-        cfg_path.write_text(json.dumps(cfg, indent=2))
 
 
 def estimate_epochs(stats: dict[str, int], settings: SFTSection) -> float:

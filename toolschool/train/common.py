@@ -1,0 +1,116 @@
+"""What the SFT and RL stages share: logs, LoRA settings, checkpoints, the base-model identity, final saving."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from toolschool.errors import ToolschoolError
+
+
+class JsonlLogger:
+    """Append-only JSONL log of training and validation metrics (one object per line)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def lora_config(settings: Any, *, modules_to_save: list[str] | None = None) -> Any:
+    """peft LoraConfig from a section with lora_rank/lora_alpha/lora_dropout/target_modules."""
+    from peft import LoraConfig
+
+    targets: str | list[str] = (
+        "all-linear" if list(settings.target_modules) == ["all-linear"] else list(settings.target_modules)
+    )
+    return LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        lora_dropout=settings.lora_dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        modules_to_save=modules_to_save,
+    )
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The highest-step `checkpoints/checkpoint-N` folder of a stage, if any."""
+    ckpt_root = out_dir / "checkpoints"
+    found = sorted(
+        (p for p in ckpt_root.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+        key=lambda p: int(p.name.split("-")[-1]),
+    )
+    return found[-1] if found else None
+
+
+def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:
+    """What must match for a checkpoint to be resumed on a model: architecture and vocabulary."""
+    config = loaded.model.config
+    return {
+        "model": name or loaded.spec.name,
+        "source": loaded.source,
+        "model_type": getattr(config, "model_type", None),
+        "hidden_size": getattr(config, "hidden_size", None),
+        "num_hidden_layers": getattr(config, "num_hidden_layers", None),
+        "vocab_size": len(loaded.tokenizer),
+    }
+
+
+IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
+
+
+def same_base(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
+    return all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS)
+
+
+def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
+    """Record the base model as the user named it (e.g. `smollm2-135m`), so our loader can find it again.
+
+    peft writes the resolved folder; for the embedded model that is a cache path which another machine
+    would not have, while the embedded name resolves everywhere.
+    """
+    from toolschool.models.spec import parse_model_spec
+
+    cfg_path = adapter_dir / "adapter_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    spec = parse_model_spec(model_name)
+    if spec.kind in ("embedded", "hub"):
+        cfg["base_model_name_or_path"] = model_name
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def save_final(
+    trainer: Any, tokenizer: Any, out_dir: Path, *, method: str, merge: bool, model_name: str
+) -> tuple[Path | None, Path | None]:
+    """Write `adapter/` (LoRA) and `merged/` (Hugging Face format) on the main process; returns both paths."""
+    adapter_dir: Path | None = None
+    merged_dir: Path | None = None
+    if not trainer.is_world_process_zero():
+        return None, None
+    final = trainer.model
+    if method == "lora":
+        adapter_dir = out_dir / "adapter"
+        final.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
+        fix_adapter_base(adapter_dir, model_name)
+        if merge:
+            merged_dir = out_dir / "merged"
+            final.merge_and_unload().save_pretrained(merged_dir, safe_serialization=True)
+            tokenizer.save_pretrained(merged_dir)
+    else:
+        merged_dir = out_dir / "merged"
+        final.save_pretrained(merged_dir, safe_serialization=True)
+        tokenizer.save_pretrained(merged_dir)
+    return adapter_dir, merged_dir
+
+
+def refuse_existing_checkpoints(out_dir: Path) -> None:
+    if latest_checkpoint(out_dir) is not None:
+        raise ToolschoolError(
+            f"{out_dir} already holds checkpoints from an earlier run",
+            hint="pass --resume to continue it, or choose another --out / run name",
+        )
