@@ -125,7 +125,9 @@ def make_ctx(tmp_path, backend, *, registry=None, resume=False, **settings) -> E
         prompts=PromptSet("hermes"),
         memory=LongTermMemory(),
         log=TrialLog.open(tmp_path, resume=resume),
-        settings=ExploreSettings(**{"episodes": 2, "stm_slots": 2, "max_turns": 3, **settings}, ablations=ablations),
+        settings=ExploreSettings(
+            **{"episodes": 2, "stm_slots": 2, "max_turns": 3, "demonstrations": 0, **settings}, ablations=ablations
+        ),
         tool_schemas=SCHEMAS,
         model_name="scripted",
     )

@@ -82,3 +82,35 @@ def test_model_view_keeps_verbatim_turns_of_text_formats() -> None:
         assert messages[2] == {"role": "assistant", "content": "Convert 3 km to miles"}
         assert messages[4]["content"] != "The answer is 1.86 miles."  # a real answer is written the format's way
         assert "1.86 miles" in messages[4]["content"]
+
+
+def forced_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    last = request.messages[-1]
+    if last["role"] == "tool":
+        return "It is 42."
+    if last["content"].rstrip().endswith("User request:"):
+        return "What is 6 * 7?"
+    if "Yes" in last["content"] and "No" in last["content"]:
+        return "Yes"
+    if request.prefill.startswith("<tool_call>"):  # forced: only the arguments are left to write
+        return '{"expression": "6 * 7"}}\n</tool_call>'
+    return "I would rather not call anything."
+
+
+async def test_force_call_prefills_a_call_to_the_explored_tool_and_demonstrations_come_first(tmp_path) -> None:
+    backend = ScriptedBackend(forced_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True, demonstrations=2)
+    ctx.fmt = get_format("hermes")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["steps"][0]["raw"].startswith('<tool_call>\n{"name": "calculator", "arguments": {"expression"')
+    assert record["steps"][0]["calls"][0]["observation"]["text"] == "42"
+    assert record["final_answer"] == "It is 42."
+    forced = [r for r in backend.requests if r.prefill]
+    assert len(forced) == 1  # only the first reply of the trial is forced
+    first = backend.requests[0].messages
+    roles = [m["role"] for m in first]
+    assert roles[:7] == ["system", "user", "assistant", "user", "assistant", "tool", "assistant"]
+    assert first[2]["content"] == "Will it rain in Lisbon on 2024-06-14?"  # the packaged worked example
+    assert first[4]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert not any("get_weather" in str(m) for m in record["messages"])  # the examples are not logged as trials

@@ -18,7 +18,9 @@ def test_tiny_model_explores_concurrently_and_logs_every_trial(tiny_model_dir, t
     from toolschool.models.backends import make_backend
 
     backend = make_backend(str(tiny_model_dir), dtype="fp32", device="cpu", max_batch_size=4)
-    settings = ExploreSettings(episodes=1, stm_slots=2, max_turns=1, max_tokens=6, temperature=1.0, seed=3)
+    settings = ExploreSettings(
+        episodes=1, stm_slots=2, max_turns=1, max_tokens=6, temperature=1.0, seed=3, demonstrations=0
+    )
     format_name = "react"  # the paper's format; hermes runs through the same code with the scripted backend
     out = tmp_path / format_name
     with TrialLog.open(out, resume=False) as log:

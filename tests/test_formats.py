@@ -544,3 +544,14 @@ def test_render_errors_are_clear(tokenizer: Any) -> None:
         get_format("json").render(conversation(), TOOLS, broken)
     assert "the chat template failed to render the conversation" in str(info.value)
     assert "roles must alternate user/assistant" in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["hermes", "json", "react"])
+def test_call_prefix_plus_arguments_parses_as_that_call(name: str) -> None:
+    fmt = get_format(name)
+    tail = {"hermes": '{"expression": "2+2"}}\n</tool_call>', "json": '{"expression": "2+2"}}'}.get(
+        name, '{"expression": "2+2"}'
+    )
+    parsed = fmt.parse(fmt.call_prefix("calculator") + tail)
+    assert parsed.error is None
+    assert parsed.calls == [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+2"}}}]

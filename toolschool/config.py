@@ -84,6 +84,12 @@ class ExploreSection(Section):
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature (the paper used 1.0 with GPT-3.5)")
     max_tokens: int = Field(256, ge=1, description="tokens per model turn")
     tools: list[str] = Field(default_factory=list, description="tools to explore (empty: every tool of the set)")
+    demonstrations: int = Field(
+        2, ge=0, description="worked examples (made-up tools) shown first in each episode; 0: none"
+    )
+    force_call: bool = Field(
+        False, description="each trial's first reply starts as a call to the explored tool (a named tool_choice)"
+    )
     ltm_max_queries: int = Field(0, ge=0, description="long-term memory shown when imagining: last N (0: all)")
     prompts: str | None = Field(None, description="folder of .jinja files replacing the packaged prompts by name")
     no_exec_feedback: bool = Field(False, description="ablation: hide observations behind a neutral message")

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from toolschool.chat.types import ParsedReply
+from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory
@@ -53,6 +53,8 @@ class ChatFormat(Protocol):
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]: ...
 
     def parse(self, text: str) -> ParsedReply: ...
+
+    def call_prefix(self, name: str) -> str: ...
 
 
 class ToolCaller(Protocol):
@@ -84,6 +86,8 @@ class ExploreSettings:
     temperature: float = 0.7
     max_tokens: int = 256
     reflection_max_tokens: int = 16
+    demonstrations: int = 2
+    force_call: bool = False
     seed: int = 0
     ablations: Ablations = field(default_factory=Ablations)
 
@@ -95,6 +99,8 @@ class ExploreSettings:
             max_turns=section.max_turns,
             temperature=section.temperature,
             max_tokens=section.max_tokens,
+            demonstrations=section.demonstrations,
+            force_call=section.force_call,
             seed=seed,
             ablations=Ablations(
                 no_exec_feedback=section.no_exec_feedback,
@@ -377,10 +383,13 @@ async def _attempt(
         trial.messages.append({"role": "user", "content": trial_prompt})
         fmt = ctx.fmt
         for turn in range(settings.max_turns + 1):
+            # force_call: the first reply starts as a call to the explored tool (like a named tool_choice), so a
+            # model too weak to decide to call a tool still writes arguments and learns from their execution.
+            prefill = fmt.call_prefix(trial.tool) if settings.force_call and turn == 0 else fmt.prefill
             completion = await trial.generate(
-                [*conversation, *trial.messages], stop=fmt.stop, prefill=fmt.prefill, max_tokens=settings.max_tokens
+                [*conversation, *trial.messages], stop=fmt.stop, prefill=prefill, max_tokens=settings.max_tokens
             )
-            raw = fmt.prefill + completion.text
+            raw = prefill + completion.text
             parsed = fmt.parse(raw)
             last = turn == settings.max_turns
             if parsed.final is not None and not parsed.calls and parsed.error is None:
@@ -420,6 +429,38 @@ async def _attempt(
     return final_answer, reflection, solved
 
 
+def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
+    """The worked examples as earlier turns: the imagine prompt and its query, the trial prompt, a call, its
+    result and the answer — rendered with the same templates as the real trials, so the model sees the exact
+    shape of what it is asked to do. The examples' tools are made up (see prompts/demonstrations.json)."""
+    count = ctx.settings.demonstrations
+    if count <= 0:
+        return []
+    messages: list[dict[str, Any]] = []
+    for index, example in enumerate(ctx.prompts.demonstrations()[:count]):
+        variables = {
+            "tool": example["tool"],
+            "description": example["description"],
+            "parameters": json.dumps(example["parameters"], ensure_ascii=False),
+            "tool_names": [example["tool"]],
+            "max_turns": ctx.settings.max_turns,
+        }
+        call_id = f"demo_{index}"
+        messages += [
+            {"role": "user", "content": ctx.prompts.render("imagine", memory=[], **variables)},
+            _verbatim(example["query"]),
+            {"role": "user", "content": ctx.prompts.render("trial", query=example["query"], **variables)},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [tool_call(example["tool"], example["arguments"], call_id)],
+            },
+            {"role": "tool", "tool_call_id": call_id, "name": example["tool"], "content": example["result"]},
+            {"role": "assistant", "content": example["answer"]},
+        ]
+    return messages
+
+
 async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[int, dict[str, Any]]) -> int:
     """Run the slots of one episode not in `done` (slot -> logged record); return how many trials ran.
 
@@ -427,11 +468,12 @@ async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[i
     where its short-term memory stopped (with `no_stm`, every trial starts from the system message anyway).
     """
     system = {"role": "system", "content": ctx.prompts.render("system", tool=tool)}
-    conversation: list[dict[str, Any]] = [system]
+    preamble = [system, *demonstration_messages(ctx)]
+    conversation: list[dict[str, Any]] = list(preamble)
     ran = 0
     for slot in range(ctx.settings.stm_slots):
         if ctx.settings.ablations.no_stm:
-            conversation = [system]
+            conversation = list(preamble)
         if slot in done:
             conversation += done[slot].get("messages", [])
             continue

@@ -30,6 +30,9 @@ TEMPLATE_NAMES = (
 )
 
 
+DEMONSTRATIONS_FILE = "demonstrations.json"
+
+
 def format_prompt_dir(format_name: str) -> Path:
     directory = PROMPTS_DIR / format_name
     return directory if directory.is_dir() else PROMPTS_DIR / FALLBACK_FORMAT
@@ -49,6 +52,7 @@ class PromptSet:
                 )
             searchpath.append(str(override))
         searchpath += [str(format_prompt_dir(format_name)), str(PROMPTS_DIR / FALLBACK_FORMAT)]
+        self.searchpath = searchpath
         self.format_name = format_name
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(searchpath),
@@ -72,3 +76,21 @@ class PromptSet:
                 f"prompt template '{name}.jinja' uses an unknown variable: {exc.message}",
                 hint="available: tool, description, parameters, memory, query, tool_names, max_turns, error",
             ) from None
+
+    def demonstrations(self) -> list[dict[str, Any]]:
+        """Worked examples (`demonstrations.json`, first found on the search path, then the packaged one)."""
+        import json
+
+        for folder in [*self.searchpath, str(PROMPTS_DIR)]:
+            path = Path(folder) / DEMONSTRATIONS_FILE
+            if path.is_file():
+                try:
+                    examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
+                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                    raise ConfigError(
+                        f"{path}: not a demonstrations file ({exc})",
+                        hint='write {"examples": [{"tool", "description", "parameters", "query", "arguments", '
+                        '"result", "answer"}, ...]}',
+                    ) from None
+                return list(examples)
+        return []

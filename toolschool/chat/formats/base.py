@@ -37,6 +37,14 @@ class ChatFormat(ABC):
     def __init__(self) -> None:
         self.stop = []
 
+    @abstractmethod
+    def call_prefix(self, name: str) -> str:
+        """The start of a reply that calls tool `name`, up to where its arguments begin.
+
+        Used as a generation prefill to require a call to that tool (like OpenAI's named `tool_choice`):
+        the model only writes the arguments. `parse(call_prefix(name) + generated)` parses the whole reply.
+        """
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 

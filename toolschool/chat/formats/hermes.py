@@ -12,6 +12,7 @@ JSON string, a JSON list of calls, "parameters" for "arguments", OpenAI-style `{
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -60,6 +61,9 @@ def _call_from_object(obj: Any) -> tuple[dict[str, Any] | None, str | None]:
 
 class HermesFormat(ChatFormat):
     name = "hermes"
+
+    def call_prefix(self, name: str) -> str:
+        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
 
     def to_messages(
         self, messages: list[Any], tools: list[Any] | None

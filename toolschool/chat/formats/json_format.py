@@ -11,6 +11,7 @@ object) is a precise error.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -36,6 +37,9 @@ _SHAPES = '{"tool": "<tool name>", "args": {...}} or {"final": "<answer>"}'
 
 class JsonFormat(TextToolFormat):
     name = "json"
+
+    def call_prefix(self, name: str) -> str:
+        return '{"tool": ' + json.dumps(name) + ', "args": '
 
     def instructions(self, tools: list[ToolSchemaDict] | None) -> str:
         return (

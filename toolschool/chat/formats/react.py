@@ -53,6 +53,9 @@ class ReactFormat(TextToolFormat):
     name = "react"
     prefill = "Thought:"
 
+    def call_prefix(self, name: str) -> str:
+        return f"Thought: I should use the {name} tool.\nAction: {name}\nAction Input: "
+
     def __init__(self) -> None:
         super().__init__()
         self.stop = ["Observation:"]
