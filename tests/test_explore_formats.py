@@ -92,8 +92,9 @@ def forced_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         return "What is 6 * 7?"
     if "Yes" in last["content"] and "No" in last["content"]:
         return "Yes"
-    if request.prefill.startswith("<tool_call>"):  # forced: only the arguments are left to write
-        return '{"expression": "6 * 7"}}\n</tool_call>'
+    if request.prefill.startswith("<tool_call>"):  # forced: only the argument values are left to write
+        assert request.prefill.endswith('"arguments": {"expression": "')
+        return '6 * 7"}}\n</tool_call>'
     return "I would rather not call anything."
 
 
@@ -103,7 +104,7 @@ async def test_force_call_prefills_a_call_to_the_explored_tool_and_demonstration
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
     (record,) = read_trials(tmp_path / TRIALS_FILE)
-    assert record["steps"][0]["raw"].startswith('<tool_call>\n{"name": "calculator", "arguments": {"expression"')
+    assert record["steps"][0]["raw"].startswith('<tool_call>\n{"name": "calculator", "arguments": {"expression": "6')
     assert record["steps"][0]["calls"][0]["observation"]["text"] == "42"
     assert record["final_answer"] == "It is 42."
     forced = [r for r in backend.requests if r.prefill]

@@ -385,7 +385,7 @@ async def _attempt(
         for turn in range(settings.max_turns + 1):
             # force_call: the first reply starts as a call to the explored tool (like a named tool_choice), so a
             # model too weak to decide to call a tool still writes arguments and learns from their execution.
-            prefill = fmt.call_prefix(trial.tool) if settings.force_call and turn == 0 else fmt.prefill
+            prefill = forced_call_prefix(ctx, trial.tool) if settings.force_call and turn == 0 else fmt.prefill
             completion = await trial.generate(
                 [*conversation, *trial.messages], stop=fmt.stop, prefill=prefill, max_tokens=settings.max_tokens
             )
@@ -427,6 +427,23 @@ async def _attempt(
             solved = parse_reflection(reflection)
             trial.messages.append(_verbatim(reflection))
     return final_answer, reflection, solved
+
+
+def forced_call_prefix(ctx: ExploreContext, tool: str) -> str:
+    """The format's call opening for `tool`, plus the arguments object's first key when the schema has one.
+
+    Every format's `call_prefix` ends where the arguments JSON object begins; opening the object with the
+    first (required, else declared) argument's name keeps a small model from writing a bare value there; a
+    string argument's opening quote is written too (small models otherwise write numbers for strings).
+    """
+    prefix = ctx.fmt.call_prefix(tool)
+    parameters = ctx.schema_of(tool).get("parameters") or {}
+    properties = parameters.get("properties") or {}
+    names = list(parameters.get("required") or []) or list(properties.keys())
+    if not names:
+        return prefix
+    quote = '"' if (properties.get(names[0]) or {}).get("type") == "string" else ""
+    return prefix + "{" + json.dumps(names[0]) + ": " + quote
 
 
 def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
