@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/toolschool models info --model smollm2-135m --prompt "What is 1234 * 5678? Use the calculator."
+	$(BIN)/toolschool run configs/demo.toml
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -33,19 +33,9 @@ import torch
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.loading import load_model
+from toolschool.tools.builtin import builtin_schema
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression and return its value.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 2 * (3 + 4)"}},
-            "required": ["expression"],
-        },
-    },
-}
+CALC = builtin_schema("calculator")
 QUESTIONS = [
     "What is 1234 * 5678?",
     "Write a haiku about the sea.",

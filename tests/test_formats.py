@@ -554,4 +554,6 @@ def test_call_prefix_plus_arguments_parses_as_that_call(name: str) -> None:
     )
     parsed = fmt.parse(fmt.call_prefix("calculator") + tail)
     assert parsed.error is None
-    assert parsed.calls == [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+2"}}}]
+    assert parsed.calls == [
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+2"}}}
+    ]

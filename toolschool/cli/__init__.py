@@ -58,41 +58,36 @@ def _root(
 
 
 def _register() -> None:
-    from toolschool.cli import config_cmd, models
+    """Sub-commands in pipeline order (how `--help` lists them)."""
+    from toolschool.cli import (
+        config_cmd,
+        continual_cmd,
+        data_cmd,
+        eval_cmd,
+        explore_cmd,
+        models,
+        rl_cmd,
+        run_cmd,
+        serve_cmd,
+        sft_cmd,
+        tools_cmd,
+    )
 
-    app.add_typer(models.app, name="models")
-    app.add_typer(config_cmd.app, name="config")
-    from toolschool.cli import tools_cmd
-
-    app.add_typer(tools_cmd.app, name="tools")
-    from toolschool.cli import eval_cmd
-
+    app.command("run")(run_cmd.run)
+    app.command("explore")(explore_cmd.explore)
+    app.command("distill")(data_cmd.distill)
+    app.add_typer(data_cmd.app, name="dataset")
+    app.command("sft")(sft_cmd.sft)
+    app.command("rl")(rl_cmd.rl)
     app.command("eval")(eval_cmd.eval_command)
     app.command("evaluate")(eval_cmd.evaluate_command)
     app.command("report")(eval_cmd.report_command)
-    from toolschool.cli import explore_cmd
-
-    app.command("explore")(explore_cmd.explore)
-    from toolschool.cli import data_cmd
-
-    app.add_typer(data_cmd.app, name="dataset")
-    app.command("distill")(data_cmd.distill)
-    from toolschool.cli import sft_cmd
-
-    app.command("sft")(sft_cmd.sft)
-    from toolschool.cli import continual_cmd
-
     app.command("continual")(continual_cmd.continual)
-    from toolschool.cli import rl_cmd
-
-    app.command("rl")(rl_cmd.rl)
-    from toolschool.cli import serve_cmd
-
+    app.add_typer(tools_cmd.app, name="tools")
+    app.add_typer(models.app, name="models")
     app.command("serve")(serve_cmd.serve)
     app.command("generate")(serve_cmd.generate)
-    from toolschool.cli import run_cmd
-
-    app.command("run")(run_cmd.run)
+    app.add_typer(config_cmd.app, name="config")
 
 
 _register()

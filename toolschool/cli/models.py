@@ -58,27 +58,19 @@ def info(
     console.print(table)
 
 
-CALCULATOR_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression and return its value.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. 2 * (3 + 4)"}},
-            "required": ["expression"],
-        },
-    },
-}
-
-
 def _try_prompt(loaded, prompt: str) -> dict:
     import torch
+
+    from toolschool.tools.builtin import builtin_schema
 
     tok = loaded.tokenizer
     messages = [{"role": "user", "content": prompt}]
     inputs = tok.apply_chat_template(
-        messages, tools=[CALCULATOR_SCHEMA], add_generation_prompt=True, return_tensors="pt", return_dict=True
+        messages,
+        tools=[builtin_schema("calculator")],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
     ).to(loaded.device)
     start = time.perf_counter()
     with torch.no_grad():

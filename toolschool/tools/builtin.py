@@ -155,3 +155,11 @@ def builtin_tools(sandbox_limits: SandboxLimits | None = None) -> list[Tool]:
         FunctionTool(date_diff),
         FunctionTool(weekday),
     ]
+
+
+def builtin_schema(name: str) -> dict:
+    """The OpenAI schema of one built-in tool (what prompts and examples offer the model)."""
+    for item in builtin_tools():
+        if item.name == name:
+            return item.schema()
+    raise KeyError(f"no built-in tool named {name!r}; built-ins: {', '.join(BUILTIN_NAMES)}")

@@ -114,3 +114,29 @@ def refuse_existing_checkpoints(out_dir: Path) -> None:
             f"{out_dir} already holds checkpoints from an earlier run",
             hint="pass --resume to continue it, or choose another --out / run name",
         )
+
+
+def log_callbacks(
+    logger: JsonlLogger,
+    tb_dir: Path,
+    start_info: dict[str, Any],
+    flatten: Any = None,
+) -> list[Any]:
+    """Trainer callbacks writing every log to the JSONL log (main process) and TensorBoard."""
+    import time
+
+    from torch.utils.tensorboard import SummaryWriter
+    from transformers import TrainerCallback
+    from transformers.integrations import TensorBoardCallback
+
+    class LogCallback(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero:
+                logger.write({"event": "start", "step": state.global_step, "time": time.time(), **start_info})
+
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero and logs:
+                record = flatten(logs) if flatten is not None else {"epoch": state.epoch, **logs}
+                logger.write({"step": state.global_step, **record})
+
+    return [LogCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]

@@ -36,6 +36,7 @@ from toolschool.train.common import (
     JsonlLogger,
     base_identity,
     latest_checkpoint,
+    log_callbacks,
     lora_config,
     same_base,
     save_final,
@@ -308,23 +309,6 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _make_callbacks(logger: JsonlLogger, tb_dir: Path, start_info: dict[str, Any]) -> list[Any]:
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers import TrainerCallback
-    from transformers.integrations import TensorBoardCallback
-
-    class LogCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
-            if state.is_world_process_zero:
-                logger.write({"event": "start", "step": state.global_step, "time": time.time(), **start_info})
-
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-            if state.is_world_process_zero and logs:
-                logger.write({"step": state.global_step, **flatten_log(logs)})
-
-    return [LogCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
-
-
 def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
@@ -468,7 +452,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             processing_class=tokenizer,
             peft_config=peft_config,
             tools=tools or None,
-            callbacks=_make_callbacks(logger, out_dir / "tensorboard", start_info),
+            callbacks=log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
         )
         if settings.ref_model:
             _install_reference(trainer, settings.ref_model, device, settings.dtype)

@@ -31,6 +31,7 @@ from toolschool.train.common import (
     JsonlLogger,
     base_identity,
     latest_checkpoint,
+    log_callbacks,
     lora_config,
     refuse_existing_checkpoints,
     same_base,
@@ -265,16 +266,6 @@ def _make_callbacks(
 ) -> list[Any]:
     from torch.utils.tensorboard import SummaryWriter
     from transformers import TrainerCallback
-    from transformers.integrations import TensorBoardCallback
-
-    class LogCallback(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kwargs):  # noqa: ANN001
-            if state.is_world_process_zero:
-                logger.write({"event": "start", "step": state.global_step, "time": time.time(), **stats})
-
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001
-            if state.is_world_process_zero and logs:
-                logger.write({"step": state.global_step, "epoch": state.epoch, **logs})
 
     class ValidationCallback(TrainerCallback):
         def __init__(self) -> None:
@@ -301,7 +292,7 @@ def _make_callbacks(
         def on_train_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001
             self._run(state, model)
 
-    return [LogCallback(), ValidationCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+    return [*log_callbacks(logger, tb_dir, stats), ValidationCallback()]
 
 
 @dataclass
