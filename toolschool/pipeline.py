@@ -174,16 +174,33 @@ def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
     return models
 
 
-def _held_out(config: ToolschoolConfig) -> Path:
-    path = (
-        Path(config.pipeline.eval_data)
-        if config.pipeline.eval_data
-        else config.run_dir() / "distill" / "validation.jsonl"
-    )
+BUILTIN_HELDOUT = "builtin"
+
+
+def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
+    """The held-out JSONL: the distill validation split, a file, or the generated built-in toolbox test set."""
+    if config.pipeline.eval_data == BUILTIN_HELDOUT:
+        from toolschool.data.dataset import write_jsonl
+        from toolschool.data.heldout import builtin_heldout
+
+        lines = builtin_heldout(registry, per_tool=config.pipeline.heldout_per_tool, seed=config.run.seed)
+        if not lines:
+            raise ToolschoolError(
+                "eval_data = 'builtin' needs built-in tools in the tool set, and it has none",
+                hint="add toolbox = ['builtin'] under [tools], or point [pipeline] eval_data at a test JSONL",
+            )
+        path = out_dir / "heldout.jsonl"
+        write_jsonl(path, lines)
+        return path
+    if config.pipeline.eval_data:
+        path = Path(config.pipeline.eval_data)
+    else:
+        path = config.run_dir() / "distill" / "validation.jsonl"
     if not path.is_file() or not path.read_text(encoding="utf-8").strip():
         raise ToolschoolError(
             f"the held-out set {path} is missing or empty",
-            hint="raise distill.validation_fraction or explore more, or set [pipeline] eval_data to a test JSONL",
+            hint="raise distill.validation_fraction or explore more, or set [pipeline] eval_data to a test JSONL "
+            "(or to 'builtin' for the generated built-in toolbox test set)",
         )
     return path
 
@@ -193,17 +210,17 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.models.backends import make_backend
     from toolschool.tools.registry import build_registry
 
-    data = _held_out(config)
     out_dir = stage_dir(config, "eval")
     settings = config.eval.model_dump()
     settings["execute"] = config.pipeline.execute
     settings["seed"] = config.run.seed
-    benchmarks = resolve_benchmarks([], str(data), config.eval.limit)
     models = eval_models(config)
     registry = build_registry(
         toolbox=config.tools.toolbox, mcp=config.tools.mcp, modules=config.tools.modules, only=config.tools.only
     )
     try:
+        data = _held_out(config, registry, out_dir)
+        benchmarks = resolve_benchmarks([], str(data), config.eval.limit)
         options = make_options(settings, registry=registry)
         summary = run_evaluation(
             [model for _, model in models],

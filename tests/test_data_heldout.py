@@ -1,0 +1,44 @@
+from __future__ import annotations
+
+import pytest
+
+from toolschool.data.dataset import validate_example
+from toolschool.data.heldout import builtin_heldout
+from toolschool.tools.registry import build_registry
+
+
+def test_builtin_heldout_covers_each_offered_tool_with_real_answers() -> None:
+    with build_registry(toolbox=["builtin"], only=["calculator", "unit_convert", "date_add", "weekday"]) as reg:
+        lines = builtin_heldout(reg, per_tool=3, seed=1)
+        again = builtin_heldout(reg, per_tool=3, seed=1)
+        other = builtin_heldout(reg, per_tool=3, seed=2)
+    assert lines == again and lines != other  # deterministic under the seed
+    assert sorted({line["meta"]["tool"] for line in lines}) == ["calculator", "date_add", "unit_convert", "weekday"]
+    assert len(lines) == 12
+    for line in lines:
+        assert validate_example(line) is None
+        call = line["messages"][1]["tool_calls"][0]["function"]
+        assert call["name"] == line["meta"]["tool"]
+        assert line["messages"][2]["content"] == line["meta"]["expected_answer"]  # what the real tool returned
+        assert {t["function"]["name"] for t in line["tools"]} == {"calculator", "unit_convert", "date_add", "weekday"}
+    weekday = next(line for line in lines if line["meta"]["tool"] == "weekday")
+    assert weekday["meta"]["expected_answer"] in {
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+    }
+
+
+def test_pipeline_refuses_builtin_heldout_without_builtin_tools(tmp_path) -> None:
+    from toolschool.config import load_config
+    from toolschool.errors import ToolschoolError
+    from toolschool.pipeline import _held_out
+
+    config = load_config(None, {"run.root": str(tmp_path), "pipeline.eval_data": "builtin"})
+    with build_registry(toolbox=[]) as reg:
+        with pytest.raises(ToolschoolError, match="needs built-in tools in the tool set"):
+            _held_out(config, reg, tmp_path)
