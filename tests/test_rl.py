@@ -272,3 +272,13 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
     assert record["rewards/format"] == 1.0 and record["rewards/tool"] == 0.5 and record["rewards/arguments"] == 1.0
     assert record["tools/call_frequency"] == 1.0 and record["tools/failure_frequency"] == 0.0
     assert record["answer_accuracy"] == 1.0
+
+
+def test_fewer_examples_than_prompts_per_step_still_train(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """One example, two prompts per step: the examples are cycled to fill a step instead of training 0 steps."""
+    from toolschool.train.rl import run_rl
+
+    train = write_jsonl(tmp_path / "one.jsonl", [calc_example(12, 34)])
+    result = run_rl(rl_config(tiny_model_dir, train, num_steps=1, merge=False), tmp_path / "rl", progress=False)
+    assert result.steps == 1
+    assert [r["step"] for r in read_log(tmp_path / "rl") if "reward" in r] == [1]

@@ -10,6 +10,7 @@ import traceback
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperGroup
 
 from toolschool import __version__
@@ -26,7 +27,8 @@ class _ErrorHandlingGroup(TyperGroup):
         except ToolschoolError as exc:
             if _state["debug"]:
                 err_console.print(traceback.format_exc(), markup=False, highlight=False)
-            err_console.print(f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True, markup=True)
+            # The message is plain text: escape it, or rich would eat "[sft]"-like section names as markup.
+            err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/yellow] — work written so far is kept; rerun to resume")

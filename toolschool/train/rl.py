@@ -374,6 +374,11 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         )
     else:
         rows = build_single_turn_rows(examples, fmt, tokenizer, settings.max_prompt_tokens, str(train_path))
+    # Each step needs batch_size / num_generations distinct prompts; with fewer examples than that the sampler
+    # would yield no batch at all and training would end at step 0. Cycle the examples up to one full step.
+    prompts_per_step = settings.batch_size // settings.num_generations
+    if 0 < len(rows) < prompts_per_step:
+        rows = [rows[i % len(rows)] for i in range(prompts_per_step)]
     rewards = (
         settings.rewards
         if settings.mode == "single_turn" or "answer" in settings.rewards
