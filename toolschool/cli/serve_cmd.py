@@ -42,7 +42,9 @@ def serve(
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message."),
     model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
-    tool: list[str] = typer.Option([], "--tool", help="Offer this built-in calculator schema: 'calculator'."),
+    tool: list[str] = typer.Option(
+        [], "--tool", help="Offer this built-in tool's schema (repeatable), e.g. calculator."
+    ),
     max_tokens: int = typer.Option(128, help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     n: int = typer.Option(1, help="Number of samples."),
@@ -51,16 +53,18 @@ def generate(
 ) -> None:
     """Answer one prompt with any backend (local or openai:URL#name) and show the parsed hermes reply."""
     from toolschool.chat.formats import get_format
-    from toolschool.cli.models import CALCULATOR_SCHEMA
+    from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
     from toolschool.models.backend import GenerationRequest, SamplingParams
     from toolschool.models.backends import make_backend
 
-    unknown = [t for t in tool if t != "calculator"]
+    unknown = [t for t in tool if t not in BUILTIN_NAMES]
     if unknown:
-        raise ToolschoolError(f"unknown --tool {', '.join(unknown)}", hint="only 'calculator' is offered here")
+        raise ToolschoolError(
+            f"unknown --tool {', '.join(unknown)}", hint=f"built-in tools: {', '.join(BUILTIN_NAMES)}"
+        )
     request = GenerationRequest(
         messages=[{"role": "user", "content": prompt}],
-        tools=[CALCULATOR_SCHEMA] if tool else None,
+        tools=[builtin_schema(t) for t in tool] or None,
         params=SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed),
     )
 
