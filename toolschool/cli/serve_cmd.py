@@ -53,9 +53,9 @@ def generate(
 ) -> None:
     """Answer one prompt with any backend (local or openai:URL#name) and show the parsed hermes reply."""
     from toolschool.chat.formats import get_format
-    from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
     from toolschool.models.backend import GenerationRequest, SamplingParams
     from toolschool.models.backends import make_backend
+    from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
 
     unknown = [t for t in tool if t not in BUILTIN_NAMES]
     if unknown:
