@@ -243,6 +243,24 @@ class TextToolFormat(ChatFormat):
     def instructions(self, tools: list[ToolSchemaDict] | None) -> str:
         """The system-message section that describes the tools and the reply format."""
 
+    def single_reply(
+        self, parsed_or_message: ParsedReply | MessageDict | BaseModel
+    ) -> tuple[str | None, str, tuple[str, dict[str, Any]] | None]:
+        """(the raw text of an unparsable reply or None, the content, the one call or None) of a reply to write.
+
+        These formats write one call per reply; several calls in one message is a DataError that points to
+        `to_messages`, which splits parallel calls into turns.
+        """
+        if isinstance(parsed_or_message, ParsedReply) and parsed_or_message.error is not None:
+            return parsed_or_message.text, "", None
+        content, calls = reply_parts(parsed_or_message)
+        if len(calls) > 1:
+            raise DataError(
+                f"the {self.name} format writes one tool call per reply, this message has {len(calls)}",
+                hint="convert the conversation with to_messages, which splits parallel calls into turns",
+            )
+        return None, content, (calls[0] if calls else None)
+
     def observation(self, message: MessageDict) -> MessageDict:
         content = message.get("content")
         text = content if isinstance(content, str) else dumps(content)

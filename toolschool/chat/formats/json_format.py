@@ -24,12 +24,10 @@ from toolschool.chat.formats.base import (
     dumps,
     json_error,
     kind,
-    reply_parts,
     strip_end_tokens,
     tool_descriptions,
 )
 from toolschool.chat.types import MessageDict, ParsedReply, ToolSchemaDict, tool_call
-from toolschool.errors import DataError
 
 _FENCE = re.compile(r"^```[A-Za-z]*[ \t]*\n?(?P<body>.*?)\n?[ \t]*```$", re.DOTALL)
 _SHAPES = '{"tool": "<tool name>", "args": {...}} or {"final": "<answer>"}'
@@ -54,16 +52,11 @@ class JsonFormat(TextToolFormat):
 
     def format_reply(self, parsed_or_message: ParsedReply | MessageDict | BaseModel) -> str:
         """`{"tool": ..., "args": ...}` for a single call, `{"final": ...}` otherwise; a thought is not kept."""
-        if isinstance(parsed_or_message, ParsedReply) and parsed_or_message.error is not None:
-            return parsed_or_message.text
-        content, calls = reply_parts(parsed_or_message)
-        if len(calls) > 1:
-            raise DataError(
-                f"the json format writes one tool call per reply, this message has {len(calls)}",
-                hint="convert the conversation with to_messages, which splits parallel calls into turns",
-            )
-        if calls:
-            name, arguments = calls[0]
+        raw, content, call = self.single_reply(parsed_or_message)
+        if raw is not None:
+            return raw
+        if call is not None:
+            name, arguments = call
             return dumps({"tool": name, "args": arguments})
         return dumps({"final": content})
 

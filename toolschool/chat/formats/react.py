@@ -29,13 +29,11 @@ from toolschool.chat.formats.base import (
     dumps,
     json_error,
     kind,
-    reply_parts,
     strip_end_tokens,
     tool_descriptions,
     tool_names,
 )
 from toolschool.chat.types import MessageDict, ParsedReply, ToolSchemaDict, tool_call
-from toolschool.errors import DataError
 
 _ACTION = re.compile(r"^[ \t]*Action[ \t]*:[ \t]*(?P<name>[^\n]*)$", re.MULTILINE)
 _ACTION_INPUT = re.compile(r"^[ \t]*Action[ \t]+Input[ \t]*:", re.MULTILINE)
@@ -82,16 +80,11 @@ class ReactFormat(TextToolFormat):
         The message content is the thought of a call (a default thought when empty) and the answer of a final
         reply (whose thought is then the default "I now know the final answer.").
         """
-        if isinstance(parsed_or_message, ParsedReply) and parsed_or_message.error is not None:
-            return parsed_or_message.text
-        content, calls = reply_parts(parsed_or_message)
-        if len(calls) > 1:
-            raise DataError(
-                f"the react format writes one tool call per reply, this message has {len(calls)}",
-                hint="convert the conversation with to_messages, which splits parallel calls into turns",
-            )
-        if calls:
-            name, arguments = calls[0]
+        raw, content, call = self.single_reply(parsed_or_message)
+        if raw is not None:
+            return raw
+        if call is not None:
+            name, arguments = call
             thought = content.strip() or DEFAULT_CALL_THOUGHT.format(name=name)
             return f"Thought: {thought}\nAction: {name}\nAction Input: {dumps(arguments)}"
         return f"Thought: {DEFAULT_FINAL_THOUGHT}\nFinal Answer: {content.strip()}"
