@@ -177,3 +177,15 @@ def test_real_sigint_keeps_every_finished_trial_and_resume_finishes(tmp_path) ->
     assert process.returncode == 0, process.stdout + process.stderr
     keys = [(r["tool"], r["episode"], r["slot"]) for r in read_trials(log)]
     assert len(keys) == len(set(keys)) == 16
+
+
+def test_config_as_argument_or_option_but_not_two_different(tmp_path, scripted) -> None:
+    first, second = tmp_path / "a.toml", tmp_path / "b.toml"
+    first.write_text("[explore]\nepisodes = 1\nstm_slots = 1\n")
+    second.write_text("[explore]\nepisodes = 2\n")
+    out = tmp_path / "explore"
+    result = runner.invoke(app, ["explore", str(first), "--tools", "calculator", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert len(read_trials(out / TRIALS_FILE)) == 1
+    both = runner.invoke(app, ["explore", str(first), "--config", str(second), "--out", str(tmp_path / "x")])
+    assert both.exit_code == 2 and "two config files given" in both.output

@@ -16,7 +16,8 @@ def _split_names(text: str | None) -> list[str] | None:
 
 
 def explore(
-    config_path: Path = typer.Option(None, "--config", "-c", help="Run TOML; flags override it."),
+    config_arg: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
+    config_path: Path = typer.Option(None, "--config", "-c", help="Run TOML (same as the CONFIG argument)."),
     toolbox: list[str] = typer.Option(None, "--toolbox", help="Built-in toolbox to load (repeatable): builtin."),
     mcp: list[str] = typer.Option(
         None, "--mcp", help='MCP server command over stdio (repeatable), e.g. "mcp-server-time".'
@@ -49,6 +50,7 @@ def explore(
 ) -> None:
     """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
     from toolschool.config import load_config
+    from toolschool.errors import ConfigError
     from toolschool.explore.stage import run_explore_stage
     from toolschool.explore.summary import summary_table
 
@@ -72,7 +74,9 @@ def explore(
         "run.name": run_name,
         "run.seed": seed,
     }
-    config = load_config(config_path, overrides)
+    if config_arg is not None and config_path is not None and config_arg != config_path:
+        raise ConfigError(f"two config files given: {config_arg} and --config {config_path}", hint="pass one of them")
+    config = load_config(config_arg or config_path, overrides)
     err_console.print(f"[dim]explore: {config.model.name} ({config.explore.format})[/dim]", highlight=False)
     result = run_explore_stage(config, out=out, resume=resume, console=err_console, fsync=fsync)
     console.print(summary_table(result.summary))
