@@ -37,26 +37,6 @@ def tokenizer(embedded_dir: Path):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, embedded_dir: Path) -> Path:
     """A randomly initialised 2-layer Llama with the real SmolLM2 tokenizer, saved like any HF model."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from helpers import save_tiny_llama
 
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(embedded_dir)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model = LlamaForCausalLM(config)
-    out = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_tiny_llama(tmp_path_factory.mktemp("tiny-model"), embedded_dir)

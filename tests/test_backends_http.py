@@ -14,6 +14,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
+from helpers import CALC
 
 from toolschool.chat.formats import get_format
 from toolschool.models.backend import GenerationRequest, SamplingParams
@@ -23,14 +24,6 @@ from toolschool.models.backends.openai_http import EndpointError, OpenAIBackend
 from toolschool.models.spec import parse_model_spec
 from toolschool.serve.server import bind_socket, running_server
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 CONVERSATION = [
     {"role": "user", "content": "What is 12*7?"},
     {

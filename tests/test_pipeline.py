@@ -11,19 +11,11 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import CALC
 
 from toolschool.config import load_config
 from toolschool.errors import ConfigError
 from toolschool.pipeline import STAGES, is_done, run_pipeline
-
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 
 
 def _trial(index: int, a: int, b: int) -> dict:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import CALC
 from openai import AsyncOpenAI
 from typer.testing import CliRunner
 
@@ -26,14 +27,6 @@ from toolschool.models.backends.openai_http import _completion_from_choice
 from toolschool.serve.app import ChatCompletionRequest, to_response
 from toolschool.serve.server import running_server
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 CONVERSATION = [
     {"role": "user", "content": "What is 12*7 and 3+4?"},
     {

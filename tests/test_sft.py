@@ -7,20 +7,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import CALC
 
 from toolschool.config import load_config
 from toolschool.errors import DataError, ToolschoolError
 from toolschool.train.common import latest_checkpoint
 from toolschool.train.sft import check_has_assistant, prepare_examples, run_sft
-
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 
 
 def _example(a: int, b: int) -> dict:
@@ -142,24 +134,10 @@ def test_existing_checkpoints_need_resume(first_run, tiny_model_dir: Path) -> No
 
 
 def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Path) -> None:
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from helpers import save_tiny_llama
 
     tmp_path, train, validation, out, _ = first_run
-    other_dir = tmp_path / "other-model"
-    torch.manual_seed(1)
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    other = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(other).save_pretrained(other_dir)
-    tok.save_pretrained(other_dir)
+    other_dir = save_tiny_llama(tmp_path / "other-model", tiny_model_dir, hidden=32, layers=1, seed=1)
     with pytest.raises(ToolschoolError, match="were trained from base model"):
         run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
 

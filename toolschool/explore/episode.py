@@ -154,7 +154,7 @@ def parse_reflection(text: str) -> bool | None:
 
 
 VERBATIM_KEY = "verbatim"
-_PLACEHOLDER = "@@toolschool-verbatim-{}@@"
+_VERBATIM_MARK = "@@toolschool-verbatim-{}@@"
 
 
 def model_view(
@@ -164,16 +164,16 @@ def model_view(
 
     Why: a text format (react, json) renders every plain assistant message as a final answer ("Final Answer:
     ..."), but in exploration some assistant turns are not answers: the imagined query, the Yes/No reflection,
-    an unparsable reply. Each is swapped for a placeholder before conversion and restored after, so the format
+    an unparsable reply. Each is swapped for a marker before conversion and restored after, so the format
     still renders calls, results and answers its own way.
     """
     originals: dict[str, str] = {}
     prepared: list[dict[str, Any]] = []
     for message in conversation:
         if message.get(VERBATIM_KEY):
-            placeholder = _PLACEHOLDER.format(len(originals))
-            originals[placeholder] = message.get("content") or ""
-            message = {"role": message["role"], "content": placeholder}
+            marker = _VERBATIM_MARK.format(len(originals))
+            originals[marker] = message.get("content") or ""
+            message = {"role": message["role"], "content": marker}
         prepared.append(message)
     messages, out_tools = fmt.to_messages(prepared, tools)
     if originals:
