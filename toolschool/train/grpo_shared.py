@@ -1,0 +1,203 @@
+"""GRPO with shared prompts: each distinct prompt of a batch runs forward (and backward) once, not once per sample.
+
+GRPO draws `num_generations` completions of every prompt, so a batch of 8 rows holds 8 / num_generations distinct
+prompts, each repeated. TRL scores every row as a full sequence (prompt + completion) in each log-prob pass: the
+policy pass with gradients and the reference pass for the KL. Tool-use prompts are long (the system prompt lists
+the tools' JSON schemas: ~250-700 tokens) and completions short (<= 128), so on a CPU most of a step is the same
+prompt computed again and again.
+
+`SharedPromptGRPOTrainer` overrides TRL's `_get_per_token_logps_and_entropies` for text-only batches: rows are
+grouped by their prompt tokens, each distinct prompt (minus its last token) runs once through
+`toolschool.train.shared_prefix` (its keys/values gathered for the rows sharing it, gradients summed into the one
+computation), and each row's last prompt token + completion runs on top. The log-probs (and entropies) of the
+completion tokens come from TRL's own chunked log-prob kernel (`trl.kernels.ChunkedLogProbFunction`) with the
+temperature and soft-capping TRL's fused LM head applies, and only on completion positions: TRL's fused head on a
+CPU projects every position of the sequence, the prompt included, through the 49k-token vocabulary.
+
+Positions: TRL's forward passes only the attention mask, so a left-padded prompt's tokens sit at positions
+`pad..L-1`; generation (and `shared_prefix`) number real tokens from 0, as each sequence would be alone. We use
+the real-token positions: they are what the completion was sampled with. For rotary-position models (Llama,
+SmolLM2, Qwen) attention depends only on relative positions, so the two agree up to float rounding; the tests
+compare against TRL on unpadded prompts (identical positions) and against each full sequence run alone.
+
+Anything else (images, MoE auxiliary losses, gradient checkpointing, models with extra logit scaling, a one-token
+prompt) takes TRL's original path unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from trl import GRPOTrainer
+
+from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
+
+# Config fields by which some architectures rescale logits before the softmax (TRL's fused head reads them);
+# a model with any of them set keeps TRL's path rather than a second copy of that logic here.
+_LOGIT_SCALING_FIELDS = ("logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling")
+_VOCAB_CHUNK = 32768  # TRL's _CHUNKED_LOGPROB_CHUNK_SIZE: vocabulary columns per projection tile
+
+
+def supports_shared_prompts(model: Any) -> bool:
+    """Whether the shared-prompt path computes exactly what TRL's fused LM head would for this model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not hasattr(base, "get_decoder") or not hasattr(base, "config"):  # e.g. wrapped for distributed training
+        return False
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    if any(getattr(config, name, None) is not None for name in _LOGIT_SCALING_FIELDS):
+        return False
+    if getattr(config, "output_router_logits", False):
+        return False
+    checkpointing = getattr(type(base), "is_activation_checkpointing", None)
+    return not (checkpointing is not None and base.is_activation_checkpointing)
+
+
+def shared_prompt_logps(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    logits_to_keep: int,
+    *,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    cast_lm_head_to_fp32: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Per-token log-probs [B, C] (and entropies) of the last `logits_to_keep` tokens, prompts computed once each.
+
+    `input_ids`/`attention_mask` [B, P + C] are TRL's layout: left-padded prompts, then right-padded completions
+    (C = `logits_to_keep`). Masked completion positions get 0, as in TRL. Returns None when a prompt has fewer
+    than two real tokens (nothing to share; the caller uses TRL's path).
+    """
+    prompt_len = input_ids.size(1) - logits_to_keep
+    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len].bool()
+    completion_ids, completion_mask = input_ids[:, prompt_len:], attention_mask[:, prompt_len:]
+    prompts = [row[mask] for row, mask in zip(prompt_ids, prompt_mask, strict=True)]
+    if any(p.numel() < 2 for p in prompts):
+        return None
+    # Each prefix ends one token early: the suffix starts with the prompt's last token, whose hidden state
+    # predicts the first completion token.
+    keys, owner = group_by_prefix([tuple(p[:-1].tolist()) for p in prompts])
+    prefixes = [torch.tensor(k, dtype=input_ids.dtype, device=input_ids.device) for k in keys]
+    last = torch.stack([p[-1] for p in prompts])[:, None]
+    suffix_ids = torch.cat([last, completion_ids], dim=1)
+    suffix_mask = torch.cat([torch.ones_like(last), completion_mask.to(last.dtype)], dim=1)
+    hidden = shared_prefix_hidden_states(model, prefixes, owner, suffix_ids, suffix_mask)[:, :-1]
+
+    _, head = decoder_and_head(model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    text_config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    scored = completion_mask.bool()
+    rows = hidden[scored].to(head.weight.device)
+    targets = completion_ids[scored].to(head.weight.device)
+    context = nullcontext()
+    if cast_lm_head_to_fp32:
+        rows = rows.float()
+        context = torch.autocast(rows.device.type, enabled=False)
+    from trl.kernels import ChunkedLogProbFunction
+
+    outputs = ("log_probs", "entropy") if compute_entropy else ("log_probs",)
+    with context:
+        logps, entropy, *_ = ChunkedLogProbFunction.apply(
+            rows, head.weight, head.bias, targets, temperature, _VOCAB_CHUNK, softcap, 1.0, outputs
+        )
+    # masked_scatter keeps the result connected to the graph even when no position is scored
+    full_logps = logps.new_zeros(scored.shape).masked_scatter(scored, logps)
+    full_entropy = entropy.new_zeros(scored.shape).masked_scatter(scored, entropy) if compute_entropy else None
+    return full_logps, full_entropy
+
+
+class SharedPromptGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer, with each distinct prompt of a batch computed once per log-prob pass (see module doc).
+
+    `share_prompts = False` restores TRL's method exactly (the benchmark times both in one run).
+    """
+
+    share_prompts: bool = True
+
+    def _time(self, name: str, seconds: float) -> None:
+        """Where a step's time goes (logged as time/<name>, seconds per step): the benchmark's breakdown."""
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics[f"time/{name}"].append(seconds)
+
+    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        out = super()._generate_single_turn(*args, **kwargs)
+        self._time("generation", time.perf_counter() - started)
+        return out
+
+    def _get_per_token_logps_and_entropies(  # type: ignore[override]
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None = None,
+        compute_entropy: bool = False,
+        compute_aux_loss: bool = False,
+        **multimodal: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        started = time.perf_counter()
+        out = self._logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size,
+            compute_entropy,
+            compute_aux_loss,
+            **multimodal,
+        )
+        # policy: the loss's forward (with gradients); no_grad: the reference (KL) or old-policy pass
+        self._time("policy_forward" if torch.is_grad_enabled() else "no_grad_forward", time.perf_counter() - started)
+        return out
+
+    def _logps_and_entropies(
+        self,
+        model: Any,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int,
+        batch_size: int | None,
+        compute_entropy: bool,
+        compute_aux_loss: bool,
+        **multimodal: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        text_only = all(value is None for value in multimodal.values())
+        if self.share_prompts and text_only and not compute_aux_loss and supports_shared_prompts(model):
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), batch_size):  # TRL's row chunks bound the memory peak
+                end = min(start + batch_size, input_ids.size(0))
+                with self.accelerator.autocast():
+                    out = shared_prompt_logps(
+                        model,
+                        input_ids[start:end],
+                        attention_mask[start:end],
+                        logits_to_keep,
+                        temperature=self.temperature,
+                        compute_entropy=compute_entropy,
+                        cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32,
+                    )
+                if out is None:
+                    break
+                logps.append(out[0])
+                entropies.append(out[1])
+            else:
+                return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None  # type: ignore[arg-type]
+        return super()._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=batch_size,
+            compute_entropy=compute_entropy,
+            compute_aux_loss=compute_aux_loss,
+            **multimodal,
+        )
+
+
+__all__ = ["SharedPromptGRPOTrainer", "shared_prompt_logps", "supports_shared_prompts"]
