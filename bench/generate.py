@@ -5,9 +5,11 @@ offered, so every prompt carries the ~190-token tool system prompt):
 - `generate_one_at_a_time`: `model.generate` for one prompt after another (what a naive loop does);
 - `backend_1_concurrent`: the local backend, one request after another;
 - `backend_16_concurrent`: the local backend, 16 requests awaited at once (continuous batching).
-Tokens/s counts generated tokens over wall time, prefill included. The one-at-a-time paths run a subset of
-the prompts (each request is independent, so the rate does not depend on how many run; this keeps the run
-under a few minutes). Each figure is the median of `--repeats` runs.
+Tokens/s counts generated tokens over wall time, prefill included; all three paths run all 16 prompts. The
+backend's prefix cache is emptied before each timed backend run, so a repeat cannot reuse the previous
+repeat's prompts: within a run, prompts share only what real traffic shares (the system prompt and tool list,
+reused by every prompt after the first). Each figure is the median of `--repeats` runs; the load average
+before and after says whether anything else ran on the machine meanwhile.
 
 Memory bound: at batch 1 every decode step reads all weights once, so tokens/s <= bandwidth / weight bytes.
 Bandwidth is measured here with a large tensor copy (bytes read + written); the ratio says how close batch-1
@@ -111,12 +113,27 @@ def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
+def _busy_cpu_seconds() -> float:
+    """CPU time all processes spent busy (user, system, irq, steal), from /proc/stat; 0 where it is missing."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--sequential-prompts", type=int, default=2, help="prompts in the one-at-a-time runs")
+    parser.add_argument("--sequential-prompts", type=int, default=16, help="prompts in the one-at-a-time runs")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "generate.json"))
     args = parser.parse_args()
 
@@ -128,14 +145,17 @@ def main() -> None:
 
     async def run_all() -> dict[str, list[tuple[int, float]]]:
         await backend_sequential(backend, reqs[:1])  # warm-up (first-call allocations)
+        await backend_concurrent(backend, reqs)
         plain_generate(backend, reqs[:1])
         runs: dict[str, list[tuple[int, float]]] = {"plain": [], "seq": [], "conc": [], "decode1": []}
         for _ in range(args.repeats):
             runs["plain"].append(plain_generate(backend, seq_reqs))
             before = (backend.stats.decode_tokens, backend.stats.decode_seconds)
+            backend.prefix_cache.clear()
             runs["seq"].append(await backend_sequential(backend, seq_reqs))
             runs["decode1"].append((backend.stats.decode_tokens - before[0], backend.stats.decode_seconds - before[1]))
             before_conc = dataclasses.replace(backend.stats)
+            backend.prefix_cache.clear()
             runs["conc"].append(await backend_concurrent(backend, reqs))
             split["prefill_s"].append(backend.stats.prefill_seconds - before_conc.prefill_seconds)
             split["decode_s"].append(backend.stats.decode_seconds - before_conc.decode_seconds)
@@ -147,7 +167,15 @@ def main() -> None:
     split: dict[str, list[float]] = {
         k: [] for k in ("prefill_s", "decode_s", "decode_tokens", "prefill_passes", "reused_prompt_tokens")
     }
+    load_before, busy_before, own_before, wall_before = (
+        os.getloadavg(),
+        _busy_cpu_seconds(),
+        _own_cpu_seconds(),
+        time.time(),
+    )
     runs = asyncio.run(run_all())
+    load_after, wall = os.getloadavg(), time.time() - wall_before
+    others = _busy_cpu_seconds() - busy_before - (_own_cpu_seconds() - own_before)
     asyncio.run(backend.aclose())
 
     def rate(samples: list[tuple[int, float]]) -> float:
@@ -161,8 +189,11 @@ def main() -> None:
         "model": args.model,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": loaded.device,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-        "shared with other jobs during the run (figures are noisy)",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
+        "run_wall_s": round(wall, 1),
+        "cpu_seconds_used_by_other_processes": round(max(others, 0.0), 1),
+        "quiet": others < 0.05 * wall * (os.cpu_count() or 1),
         "torch_threads": torch.get_num_threads(),
         "max_tokens": args.max_tokens,
         "prompt_tokens_median": statistics.median(prompt_tokens),

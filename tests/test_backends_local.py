@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from toolschool.errors import ModelLoadError, ToolschoolError
-from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backend import Completion, GenerationRequest, SamplingParams
 from toolschool.models.backends import make_backend
+from toolschool.models.backends.kv_buffer import BufferedLayer
 from toolschool.models.backends.local import BackendClosedError, LocalBackend
 from toolschool.models.backends.sampling import sample_next
 
@@ -158,3 +159,68 @@ def test_sampling_greedy_top_p_and_logprobs() -> None:
     assert tokens[2] in (0, 2)
     expected = torch.log_softmax(logits, dim=-1)[torch.arange(3), torch.tensor(tokens)]
     assert torch.allclose(torch.tensor(logprobs), expected)
+
+
+async def _one_at_a_time(backend: LocalBackend, requests: list[GenerationRequest]) -> list[Completion]:
+    return [(await backend.generate(r))[0] for r in requests]
+
+
+def _assert_same_run(batched: list[Completion], alone: list[Completion]) -> None:
+    """Same tokens and the same log-probs (up to float rounding): the random model's samples barely depend
+    on its input, but their log-probs do, so a row fed another row's token shows up here."""
+    for got, want in zip(batched, alone, strict=True):
+        assert got.token_ids == want.token_ids
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4)
+
+
+def _sampled(budgets: list[int]) -> list[GenerationRequest]:
+    """Seeded sampled requests: the tiny random model's greedy output is one repeated token, its samples are not."""
+    return [
+        _request(p, i, max_tokens=m, temperature=1.0, seed=i)
+        for i, (p, m) in enumerate(zip(PROMPTS, budgets, strict=False))
+    ]
+
+
+async def test_rows_leaving_mid_batch_keep_their_own_tokens(backend: LocalBackend) -> None:
+    # Short budgets finish first, so surviving rows from the end of the batch move into the freed slots.
+    requests = _sampled([3, 12, 5, 12])
+    alone = await _one_at_a_time(backend, requests)
+    results = await asyncio.gather(*(backend.generate(r) for r in requests))
+    _assert_same_run([c[0] for c in results], alone)
+
+
+async def test_kv_buffer_growth_across_capacity_gives_the_same_tokens(
+    backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = _sampled([10, 10, 10])
+    alone = await _one_at_a_time(backend, requests)
+    monkeypatch.setattr(BufferedLayer, "headroom", 2)  # rebuild the buffers every other step
+    results = await asyncio.gather(*(backend.generate(r) for r in requests))
+    _assert_same_run([c[0] for c in results], alone)
+
+
+def test_buffered_layer_matches_concatenation() -> None:
+    torch.manual_seed(0)
+    layer = BufferedLayer()
+    layer.headroom = 3
+    steps = [torch.randn(4, 2, n, 8) for n in (5, 1, 1, 1, 1, 1)]  # crosses the capacity boundary twice
+    for chunk in steps:
+        keys, values = layer.update(chunk, -chunk)
+    expected = torch.cat(steps, dim=2)
+    assert torch.equal(keys, expected) and torch.equal(values, -expected)
+    earlier = keys.clone()
+    # Rows 0 and 2 leave: row 3 moves into slot 0, and the first position is dropped.
+    layer.keep_rows([(0, 3)], rows=2, drop_front=1)
+    assert torch.equal(layer.keys, earlier[[3, 1], :, 1:])
+    newcomer = torch.randn(1, 2, 4, 8)
+    layer.join(newcomer, -newcomer)
+    assert layer.keys.shape == (3, 2, 9, 8)
+    assert torch.equal(layer.keys[:2], earlier[[3, 1], :, 1:])
+    assert torch.equal(layer.keys[2, :, :5], torch.zeros(2, 5, 8)) and torch.equal(layer.keys[2:, :, 5:], newcomer)
+    step = torch.randn(3, 2, 1, 8)
+    keys, values = layer.update(step, -step)
+    assert torch.equal(keys[:, :, -1:], step) and torch.equal(values[:2, :, :-1], -earlier[[3, 1], :, 1:])
+    # Keys assigned from outside (as prefill does) are adopted into a fresh buffer on the next update.
+    layer.keys, layer.values = keys[:1].clone(), values[:1].clone()
+    more, _ = layer.update(step[:1], step[:1])
+    assert torch.equal(more[:, :, :-1], keys[:1]) and torch.equal(more[:, :, -1:], step[:1])

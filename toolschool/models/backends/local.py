@@ -32,6 +32,7 @@ import torch
 
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.backends.kv_buffer import BufferedLayer
 from toolschool.models.backends.sampling import sample_next
 
 
@@ -91,8 +92,8 @@ class PrefixCache:
     one tool) and then differ in a short user turn; a multi-turn episode's next prompt extends its previous
     one. So most of every prefill is shared. A new prompt reuses the longest common token prefix of any entry
     (always keeping at least its last token to run, which yields the next-token logits). Reuse is exact: the
-    cached keys and values are what the same tokens at the same positions produce. Tensors are never written
-    in place (DynamicCache grows by concatenation), so entries can be shared as views.
+    cached keys and values are what the same tokens at the same positions produce. Entries are copies (taken
+    with an index tensor), so the batch's in-place KV buffers never write into them.
     """
 
     min_reuse = 8
@@ -114,6 +115,10 @@ class PrefixCache:
             return _Prefix(layers=[], length=0)
         self._items.move_to_end(best_key)
         return _Prefix(layers=self._items[best_key], length=best)
+
+    def clear(self) -> None:
+        """Forget every entry (benchmarks start each timed run cold; call it only while nothing runs)."""
+        self._items.clear()
 
     def store(self, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         if self.entries <= 0:
@@ -149,7 +154,7 @@ class LocalBackend(Backend):
         self.steps = 0  # batched decode steps run (for tests and benchmarks)
         self.max_rows_seen = 0  # largest batch run so far
         self.stats = GenerationStats()
-        self._prefix_cache = PrefixCache(entries=prefix_cache_entries)
+        self.prefix_cache = PrefixCache(entries=prefix_cache_entries)
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -247,7 +252,7 @@ class LocalBackend(Backend):
         # Prompts with nothing cached are prefilled alone (and cached); the rest share one padded forward pass.
         group: list[tuple[_Pending, list[int], int, _Prefix]] = []
         for pending, prompt, max_tokens in prepared:
-            hit = self._prefix_cache.lookup(prompt)
+            hit = self.prefix_cache.lookup(prompt)
             if hit.length:
                 group.append((pending, prompt, max_tokens, hit))
             else:
@@ -296,6 +301,8 @@ class LocalBackend(Backend):
         assert len(group) == 1 or min(prefix) > 0
         R, S = max(prefix), max(suffix)  # noqa: N806 - lengths of the batch's prefix and suffix regions
         cache = DynamicCache(config=self.model.config)
+        _check_plain_layers(cache)
+        cache.layers = [BufferedLayer() for _ in cache.layers]
         if R:
             for li, layer in enumerate(cache.layers):
                 keys = torch.cat([_pad_left(hit.layers[li][0][:, :, : hit.length], R) for *_, hit in group])
@@ -317,10 +324,9 @@ class LocalBackend(Backend):
             use_cache=True,
             logits_to_keep=1,
         )
-        _check_plain_layers(cache)
         for i, (_, prompt, _, _) in enumerate(group):
             real = mask_bL[i].nonzero().squeeze(1)
-            self._prefix_cache.store(
+            self.prefix_cache.store(
                 prompt, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in cache.layers]
             )
         self.stats.prefill_seconds += time.perf_counter() - start
@@ -362,11 +368,9 @@ class LocalBackend(Backend):
             self._positions_B, self._logits_BV = positions_n, logits_nV
             return
         assert self._mask_BL is not None and self._positions_B is not None and self._logits_BV is not None
-        old_len, new_len = self._mask_BL.shape[1], mask_nL.shape[1]
-        length = max(old_len, new_len)
+        length = max(self._mask_BL.shape[1], mask_nL.shape[1])
         for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-            old_layer.keys = torch.cat([_pad_left(old_layer.keys, length), _pad_left(new_layer.keys, length)])
-            old_layer.values = torch.cat([_pad_left(old_layer.values, length), _pad_left(new_layer.values, length)])
+            old_layer.join(new_layer.keys, new_layer.values)
         self._mask_BL = torch.cat([_pad_left(self._mask_BL, length), _pad_left(mask_nL, length)])
         self._positions_B = torch.cat([self._positions_B, positions_n])
         self._logits_BV = torch.cat([self._logits_BV, logits_nV])
@@ -397,7 +401,7 @@ class LocalBackend(Backend):
         if not self._rows:
             return
         start = time.perf_counter()
-        last_B1 = torch.tensor([[tokens[i]] for i in keep], device=self.device)
+        last_B1 = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self.device)
         self._mask_BL = torch.cat([self._mask_BL, torch.ones_like(last_B1)], dim=1)
         out = self.model(
             input_ids=last_B1,
@@ -449,18 +453,29 @@ class LocalBackend(Backend):
         return self.tokenizer.decode(token_ids, skip_special_tokens=False)
 
     def _select(self, keep: list[int]) -> None:
-        """Keep only the given batch rows, then drop leading cache columns that are padding in every row."""
+        """Keep only the given batch rows, then drop leading cache columns that are padding in every row.
+
+        Rows that stay keep their slot if it is among the first len(keep); the others move into the freed
+        slots, so the KV cache copies only the moved rows (rows leave one by one as they finish, and copying
+        the whole cache each time would cost as much as a decode step).
+        """
         assert self._mask_BL is not None and self._positions_B is not None and self._logits_BV is not None
-        self._rows = [self._rows[i] for i in keep]
         if not keep:
+            self._rows = []
             self._cache = self._mask_BL = self._positions_B = self._logits_BV = None
             return
-        index = torch.tensor(keep, device=self.device)
+        rows = len(keep)
+        holes = sorted(set(range(rows)) - set(keep))
+        moves = list(zip(holes, [i for i in keep if i >= rows], strict=True))
+        order = list(range(rows))  # order[slot] = the old row now in that slot
+        for dst, src in moves:
+            order[dst] = src
+        self._rows = [self._rows[i] for i in order]
+        index = torch.tensor(order, device=self.device)
         mask_BL = self._mask_BL.index_select(0, index)
         first_used = int(torch.argmax(mask_BL.any(dim=0).to(torch.int8)).item())
         for layer in self._cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, first_used:]
-            layer.values = layer.values.index_select(0, index)[:, :, first_used:]
+            layer.keep_rows(moves, rows, first_used)
         self._mask_BL = mask_BL[:, first_used:]
         self._positions_B = self._positions_B.index_select(0, index)
         self._logits_BV = self._logits_BV.index_select(0, index)
