@@ -61,7 +61,14 @@ class SFTSection(Section):
     warmup_steps: int = Field(20, ge=0)
     weight_decay: float = Field(0.0, ge=0)
     lr_scheduler: str = Field("cosine", description="transformers scheduler name")
-    padding_free: bool = Field(True, description="pack each batch into one sequence without padding")
+    batching: str = Field(
+        "shared_prefix",
+        description="shared_prefix (run each batch's common system prompt + tool schemas once) | padding_free "
+        "(each batch one packed sequence) | padded (TRL default)",
+    )
+    padding_free: bool | None = Field(
+        None, description="older form of batching: true = padding_free, false = padded (do not set both)"
+    )
     checkpoint_interval: int = Field(200, ge=1)
     log_interval: int = Field(50, ge=1)
     validation_interval: int = Field(200, ge=1)
@@ -137,6 +144,9 @@ class RLSection(Section):
     merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
     dtype: str = Field("fp32", description="training dtype: fp32 | bf16")
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
+    share_prompts: bool = Field(
+        True, description="run each distinct prompt once per log-prob pass, not once per sample (same numbers)"
+    )
 
 
 class EvalSection(Section):

@@ -22,6 +22,9 @@ def sft(
     num_steps: int = typer.Option(None),
     max_length: int = typer.Option(None),
     learning_rate: float = typer.Option(None, "--lr"),
+    batching: str = typer.Option(
+        None, help="shared_prefix (default: tool schemas run once per batch) | padding_free | padded"
+    ),
     checkpoint_interval: int = typer.Option(None),
     log_interval: int = typer.Option(None),
     validation_interval: int = typer.Option(None),
@@ -47,6 +50,7 @@ def sft(
         "sft.num_steps": num_steps,
         "sft.max_length": max_length,
         "sft.learning_rate": learning_rate,
+        "sft.batching": batching,
         "sft.checkpoint_interval": checkpoint_interval,
         "sft.log_interval": log_interval,
         "sft.validation_interval": validation_interval,

@@ -11,9 +11,13 @@ What this module adds on top of TRL:
   RNG and skips the batches already seen);
 - at the end a LoRA adapter (`adapter/`) and a merged model (`merged/`) in Hugging Face format.
 
-Padding-free batching (TRL `padding_free`): each batch is one concatenated sequence with per-example
-position ids; transformers builds a block-diagonal attention mask from them for SDPA/eager attention, so
-no compute is spent on padding (see bench/sft.py for the measured gain over padded batches).
+Batching (`sft.batching`, see bench/sft.py for the measured figures):
+- `shared_prefix` (default): batches group examples with the same rendered system block (system prompt + tool
+  schemas); that block runs once per batch and only the rows' own tokens run on top of its keys/values
+  (sft_batching.py; exact loss and gradients);
+- `padding_free` (TRL `padding_free`): each batch is one concatenated sequence with per-example position ids;
+  transformers builds a block-diagonal attention mask from them, so no compute is spent on padding;
+- `padded`: TRL's default collator, each batch padded to its longest row.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ META_FILE = "toolschool_sft.json"
 
 @dataclass
 class PreparedData:
-    rows: list[dict[str, list[int]]]
+    rows: list[dict[str, Any]]
     examples: int = 0
     truncated: int = 0
     dropped_no_assistant_after_truncation: int = 0
@@ -77,7 +81,14 @@ def check_has_assistant(examples: Sequence[dict[str, Any]], source: str) -> None
 
 
 def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, max_length: int) -> PreparedData:
-    """Render with the chat format into input_ids + labels (-100 where the loss weight is 0), truncating."""
+    """Render with the chat format into input_ids + labels (-100 where the loss weight is 0), truncating.
+
+    Each row also records `prefix_length`: how many leading tokens are its rendered system block (system prompt +
+    tool schemas), the part shared-prefix batching runs once per batch. It never reaches a learned token.
+    """
+    from toolschool.train.sft_batching import PrefixFinder, prefix_length
+
+    finder = PrefixFinder(tokenizer)
     data = PreparedData(rows=[])
     for example in examples:
         rendered = render_example(example, fmt, tokenizer)
@@ -92,7 +103,8 @@ def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: An
             data.dropped_no_assistant_after_truncation += 1
             continue
         labels = [tok if w > 0 else -100 for tok, w in zip(ids, weights, strict=True)]
-        data.rows.append({"input_ids": ids, "labels": labels})
+        block = _system_block(example, fmt, finder)
+        data.rows.append({"input_ids": ids, "labels": labels, "prefix_length": prefix_length(ids, labels, block)})
         data.tokens += len(ids)
         data.loss_tokens += sum(1 for w in weights if w > 0)
     return data
@@ -115,6 +127,18 @@ def render_example(example: dict[str, Any], fmt: Any, tokenizer: Any, **kwargs: 
             )
         return get_format("hermes").render(example["messages"], None, tokenizer, **kwargs)
     return fmt.render(example["messages"], example.get("tools") or None, tokenizer, **kwargs)
+
+
+def _system_block(example: dict[str, Any], fmt: Any, finder: Any) -> list[int]:
+    """The tokens of an example's rendered leading system block, rendered the way `render_example` renders it."""
+    from toolschool.chat.formats import get_format
+
+    pre = (example.get("meta") or {}).get("format")
+    if pre and pre != "hermes":
+        messages, tools = get_format("hermes").to_messages(example["messages"], None)
+    else:
+        messages, tools = fmt.to_messages(example["messages"], example.get("tools") or None)
+    return finder.system_block(messages, tools)
 
 
 def _toolken(name: str) -> str:
@@ -348,12 +372,14 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.models.loading import load_model
+    from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_trainer
 
     settings = config.sft
     if settings.method not in ("lora", "full"):
         raise ConfigError(f"sft.method = '{settings.method}' is not supported", hint="use lora or full")
     if settings.dtype not in ("fp32", "bf16"):
         raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    batching = resolve_batching(settings)
     fmt = get_format(settings.format)
     train_path, validation_path = _resolve_data_paths(config)
 
@@ -399,7 +425,14 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / META_FILE).write_text(
         json.dumps(
-            {"base": identity, "format": fmt.name, "method": settings.method, "toolkens": toolkens, "data": stats},
+            {
+                "base": identity,
+                "format": fmt.name,
+                "method": settings.method,
+                "batching": batching,
+                "toolkens": toolkens,
+                "data": stats,
+            },
             indent=2,
         )
     )
@@ -423,8 +456,10 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         seed=config.run.seed,
         data_seed=config.run.seed,
         # Examples are already truncated (and counted) by prepare_examples.
-        max_length=None if settings.padding_free else settings.max_length,
-        padding_free=settings.padding_free,
+        max_length=settings.max_length if batching == "padded" else None,
+        padding_free=batching == "padding_free",
+        # The shared-prefix collator reads each row's `prefix_length` column, which TRL would drop.
+        remove_unused_columns=batching != "shared_prefix",
         report_to="none",
         use_cpu=use_cpu,
         bf16=settings.dtype == "bf16",
@@ -434,14 +469,24 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         disable_tqdm=not progress,
         save_only_model=False,
     )
-    dataset = Dataset.from_list(prepared.rows)
-    trainer = SFTTrainer(
+    trainer_class: type = SFTTrainer
+    extra: dict[str, Any] = {}
+    if batching == "shared_prefix":
+        keys = [tuple(row["input_ids"][: row["prefix_length"]]) for row in prepared.rows]
+        trainer_class = shared_prefix_trainer(keys)
+        extra["data_collator"] = SharedPrefixCollator(tokenizer.pad_token_id)
+        rows = prepared.rows
+    else:
+        rows = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in prepared.rows]
+    dataset = Dataset.from_list(rows)
+    trainer = trainer_class(
         model=model,
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
+        **extra,
     )
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
@@ -467,6 +512,34 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     )
 
 
+def resolve_batching(settings: SFTSection) -> str:
+    """`sft.batching`, honouring the older `sft.padding_free` flag (true = padding_free, false = padded)."""
+    from toolschool.train.sft_batching import BATCHING_MODES
+
+    if settings.batching not in BATCHING_MODES:
+        raise ConfigError(
+            f"sft.batching = '{settings.batching}' is not supported", hint=f"use one of {', '.join(BATCHING_MODES)}"
+        )
+    if settings.padding_free is None:
+        batching = settings.batching
+    else:
+        implied = "padding_free" if settings.padding_free else "padded"
+        if "batching" in settings.model_fields_set and settings.batching != implied:
+            raise ConfigError(
+                f"sft.padding_free = {str(settings.padding_free).lower()} contradicts "
+                f"sft.batching = '{settings.batching}'",
+                hint="remove sft.padding_free (superseded by sft.batching) and keep only sft.batching",
+            )
+        batching = implied
+    if batching == "shared_prefix" and settings.gradient_checkpointing:
+        raise ConfigError(
+            "sft.gradient_checkpointing does not work with sft.batching = 'shared_prefix' (the shared prefix's "
+            "keys and values must stay cached for the rows)",
+            hint="set sft.batching = 'padding_free' to recompute activations, or turn gradient_checkpointing off",
+        )
+    return batching
+
+
 def estimate_epochs(stats: dict[str, int], settings: SFTSection) -> float:
     examples = max(1, stats.get("examples", 1))
     return settings.num_steps * settings.batch_size * settings.gradient_accumulation / examples
@@ -481,6 +554,7 @@ __all__ = [
     "estimate_epochs",
     "latest_checkpoint",
     "prepare_examples",
+    "resolve_batching",
     "run_sft",
     "split_at_first_assistant",
     "strip_toolken",
