@@ -234,6 +234,7 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
+    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
     from toolschool.train.rl import read_reward_curve, run_rl
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -261,6 +262,10 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
 
     assert response_open  # the template's observation marker is real text the scripted sampler can find
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
+    # our trainer's own sampler (each distinct prompt prefilled once) is replaced by the same script
+    monkeypatch.setattr(
+        SharedPromptGRPOTrainer, "_generate_shared_prefill", lambda self, ids: scripted(self, ids, 0, 0, 0)
+    )
     train = write_jsonl(tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(7, 8)])
     out = tmp_path / "rl"
     config = rl_config(tiny_model_dir, train, mode="multi_turn", num_steps=1, max_tokens=96, merge=False)

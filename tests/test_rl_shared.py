@@ -169,3 +169,28 @@ def test_one_token_prompt_is_left_to_trl(trainer):
         trainer.share_prompts = False
         theirs = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
     torch.testing.assert_close(ours, theirs)
+
+
+def test_generation_with_shared_prefill_matches_trl(trainer, monkeypatch):
+    """Each distinct prompt prefilled once: the same completions as TRL's generate (greedy, so comparable), with
+    left-padded prompts of different lengths and TRL's cut after the first EOS."""
+    g = torch.Generator().manual_seed(4)
+    long, short = _tokens(14, g), _tokens(5, g)
+    prompts = [long, short, long, short, long, short]
+    config = trainer.generation_config
+    sample, config.do_sample = config.do_sample, False
+    calls: list[int] = []
+    shared = trainer._generate_shared_prefill
+    monkeypatch.setattr(trainer, "_generate_shared_prefill", lambda ids: calls.append(len(ids)) or shared(ids))
+    try:
+        trainer.share_prompts = True
+        ours, _ = trainer._generate_single_turn(prompts, None, {}, 2)
+        trainer.share_prompts = False
+        theirs, _ = trainer._generate_single_turn(prompts, None, {}, 2)
+    finally:
+        config.do_sample = sample
+    assert calls == [6]  # the shared path ran (once, for the share_prompts=True call)
+    assert ours == theirs
+    assert all(0 < len(c) <= 8 for c in ours)
+    assert ours[0] == ours[2] == ours[4]  # greedy: a prompt's rows agree, so the cache went to the right rows
+    assert ours[1] == ours[3]

@@ -29,6 +29,9 @@ def rl(
     learning_rate: float = typer.Option(None, "--lr"),
     ref_model: str = typer.Option(None, "--ref-model", help="Reference model for the KL (default: the start model)."),
     use_vllm: bool = typer.Option(None, "--use-vllm/--no-vllm", help="Generate with vLLM (GPU)."),
+    share_prompts: bool = typer.Option(
+        None, "--share-prompts/--no-share-prompts", help="Run each distinct prompt once per log-prob pass (default on)."
+    ),
     log_interval: int = typer.Option(None),
     checkpoint_interval: int = typer.Option(None),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/rl)."),
@@ -56,6 +59,7 @@ def rl(
         "rl.learning_rate": learning_rate,
         "rl.ref_model": ref_model,
         "rl.use_vllm": use_vllm,
+        "rl.share_prompts": share_prompts,
         "rl.log_interval": log_interval,
         "rl.checkpoint_interval": checkpoint_interval,
         "run.name": run_name,

@@ -123,11 +123,85 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics[f"time/{name}"].append(seconds)
 
-    def _generate_single_turn(self, *args: Any, **kwargs: Any) -> Any:
+    def _generate_single_turn(
+        self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int, has_tool_images: bool = False
+    ) -> Any:
         started = time.perf_counter()
-        out = super()._generate_single_turn(*args, **kwargs)
+        plain = (
+            self.share_prompts
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and images is None
+            and not multimodal_fields
+            and min(len(ids) for ids in prompt_ids) >= 2
+            and len({tuple(ids) for ids in prompt_ids}) < len(prompt_ids)
+        )
+        if plain:
+            out = self._generate_shared_prefill(prompt_ids)
+        else:
+            out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         self._time("generation", time.perf_counter() - started)
         return out
+
+    def _generate_shared_prefill(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], None]:
+        """TRL's transformers generation, with each distinct prompt prefilled once and its cache given to its rows.
+
+        The prompts are left-padded as TRL pads them; all but the last prompt token of each distinct prompt run
+        once, the cache is gathered for the rows, and `generate` continues from it (it only computes the tokens
+        the cache lacks). Sampling, stopping and the EOS masking are TRL's.
+        """
+        from transformers import DynamicCache
+        from trl.models import unwrap_model_for_generation
+        from trl.trainer.utils import pad
+
+        device = self.accelerator.device
+        tensors = [torch.tensor(ids) for ids in prompt_ids]
+        padded = pad(
+            tensors,
+            padding_value=self._tokenizer.pad_token_id,
+            padding_side="left",
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        ).to(device)
+        mask = pad(
+            [torch.ones_like(t) for t in tensors],
+            padding_value=0,
+            padding_side="left",
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        ).to(device)
+        _, owner = group_by_prefix([tuple(ids) for ids in prompt_ids])
+        first = torch.tensor([owner.index(i) for i in range(max(owner) + 1)], device=device)
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                generation_kwargs=self.generation_kwargs,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+            ) as unwrapped,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
+            head_ids, head_mask = padded[first, :-1], mask[first, :-1]
+            cache = DynamicCache(config=unwrapped.config)
+            unwrapped(
+                input_ids=head_ids,
+                attention_mask=head_mask,
+                position_ids=(head_mask.long().cumsum(-1) - 1).clamp(min=0),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            cache.reorder_cache(torch.tensor(owner, device=device))
+            generated = unwrapped.generate(
+                input_ids=padded, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config
+            )
+        completion_ids = generated[:, padded.size(1) :]
+        # TRL's masking: keep each completion up to and including its first EOS
+        is_eos = torch.isin(completion_ids, torch.tensor(self.eos_token_ids, device=device))
+        eos_idx = torch.full((is_eos.size(0),), is_eos.size(1), dtype=torch.long, device=device)
+        eos_idx[is_eos.any(dim=1)] = is_eos.int().argmax(dim=1)[is_eos.any(dim=1)]
+        keep = torch.arange(is_eos.size(1), device=device)[None] <= eos_idx[:, None]
+        return [c[m].tolist() for c, m in zip(completion_ids.cpu(), keep.cpu(), strict=True)], None
 
     def _get_per_token_logps_and_entropies(  # type: ignore[override]
         self,

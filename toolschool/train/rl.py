@@ -329,12 +329,13 @@ def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
 def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RLResult:
     """Train as configured into `out_dir`: checkpoints, train_log.jsonl, tensorboard/, adapter/ and merged/."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.models.device import default_device
     from toolschool.models.loading import load_model
+    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
     from toolschool.train.sft import check_has_assistant
 
     settings = config.rl
@@ -449,7 +450,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         ddp_backend="gloo" if use_cpu and _distributed() else None,
     )
     try:
-        trainer = GRPOTrainer(
+        trainer = SharedPromptGRPOTrainer(
             model=model,
             reward_funcs=suite.functions(),
             args=args,
@@ -459,6 +460,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             tools=tools or None,
             callbacks=log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
         )
+        trainer.share_prompts = settings.share_prompts
         if settings.ref_model:
             _install_reference(trainer, settings.ref_model, device, settings.dtype)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
