@@ -22,12 +22,14 @@ import json
 import os
 import platform
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+TIME_KEYS = ("time/generation", "time/policy_forward", "time/no_grad_forward")
 CAPITALS = [
     ("France", "Paris"),
     ("Japan", "Tokyo"),
@@ -39,6 +41,20 @@ CAPITALS = [
     ("Norway", "Oslo"),
     ("Greece", "Athens"),
     ("Canada", "Ottawa"),
+    ("Chile", "Santiago"),
+    ("Poland", "Warsaw"),
+    ("Sweden", "Stockholm"),
+    ("Ireland", "Dublin"),
+    ("Portugal", "Lisbon"),
+    ("Austria", "Vienna"),
+    ("Cuba", "Havana"),
+    ("Thailand", "Bangkok"),
+    ("Argentina", "Buenos Aires"),
+    ("Finland", "Helsinki"),
+    ("Hungary", "Budapest"),
+    ("Vietnam", "Hanoi"),
+    ("Morocco", "Rabat"),
+    ("Denmark", "Copenhagen"),
 ]
 
 
@@ -82,6 +98,22 @@ def generated_examples(n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
+def first_user_text(example: dict[str, Any]) -> str:
+    return next((str(m.get("content")) for m in example["messages"] if m.get("role") == "user"), "")
+
+
+def unique_queries(examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One example per distinct request, so no held-out request is also a training request."""
+    seen: set[str] = set()
+    out = []
+    for example in examples:
+        query = first_user_text(example)
+        if query not in seen:
+            seen.add(query)
+            out.append(example)
+    return out
+
+
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -100,6 +132,19 @@ def held_out_correct(model_path: str, heldout: list[dict[str, Any]], fmt_name: s
     return {**metrics, "eval_seconds": round(time.perf_counter() - started, 1)}
 
 
+def _round(value: Any) -> Any:
+    return round(value, 4) if isinstance(value, float) else value
+
+
+def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Write the JSON; with --update, keys measured earlier (e.g. SFT and the comparison) are kept unless remeasured."""
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    earlier = json.loads(args.out.read_text()) if args.update and args.out.is_file() else {}
+    if earlier.get("settings") and earlier["settings"] != result["settings"]:
+        result["settings_of_earlier_parts"] = earlier.pop("settings")
+    args.out.write_text(json.dumps(earlier | result, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="starting model (an SFT output's merged/ folder)")
@@ -107,7 +152,10 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=96, help="generated examples (without --data)")
     parser.add_argument("--heldout", type=int, default=24, help="examples held out for evaluation")
     parser.add_argument("--sft-steps", type=int, default=0, help="LoRA SFT steps before RL (0: --model is SFT'd)")
-    parser.add_argument("--rl-steps", type=int, default=50)
+    parser.add_argument("--rl-steps", type=int, default=50, help="steps of the main run (0: only --compare-steps)")
+    parser.add_argument(
+        "--compare-steps", type=int, default=0, help="first time N steps with TRL's log-probs, then N shared"
+    )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -116,6 +164,8 @@ def main() -> None:
     parser.add_argument("--format", default="hermes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "rl.json")
+    parser.add_argument("--work", type=Path, help="folder for data, SFT and RL outputs (default: a new temp folder)")
+    parser.add_argument("--update", action="store_true", help="merge into --out instead of replacing it")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -127,9 +177,12 @@ def main() -> None:
         examples, _ = load_dataset_jsonl(args.data, on_error="skip")
     else:
         examples = generated_examples(args.examples, args.seed)
+    examples = unique_queries(examples)
     random.Random(args.seed).shuffle(examples)
     heldout, train = examples[: args.heldout], examples[args.heldout :]
-    work = Path(tempfile.mkdtemp(prefix="bench-rl-"))
+    assert not {first_user_text(e) for e in heldout} & {first_user_text(e) for e in train}
+    work = args.work or Path(tempfile.mkdtemp(prefix="bench-rl-"))
+    work.mkdir(parents=True, exist_ok=True)
     train_path = write_jsonl(work / "train.jsonl", train)
     result: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
@@ -137,7 +190,7 @@ def main() -> None:
         "data": str(args.data) if args.data else f"generated ({args.examples})",
         "train_examples": len(train),
         "heldout_examples": len(heldout),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "data", "work", "update")},
     }
 
     start_model = args.model
@@ -165,31 +218,59 @@ def main() -> None:
         result["sft"] = {"steps": sft.steps, "seconds": round(sft.seconds, 1)}
         start_model = str(sft.merged_dir)
 
-    result["after_sft"] = held_out_correct(start_model, heldout, args.format, args.max_tokens)
-    print(json.dumps({"after_sft": result["after_sft"]}), flush=True)
+    if args.rl_steps:  # measured in the same run as the RL it is compared with
+        result["after_sft"] = held_out_correct(start_model, heldout, args.format, args.max_tokens)
+        print(json.dumps({"after_sft": result["after_sft"]}), flush=True)
 
-    rl_config = load_config(
-        None,
-        {
-            "model.name": start_model,
-            "model.device": "cpu",
-            "rl.train": str(train_path),
-            "rl.format": args.format,
-            "rl.num_steps": args.rl_steps,
-            "rl.batch_size": args.batch_size,
-            "rl.num_generations": args.num_generations,
-            "rl.max_tokens": args.max_tokens,
-            "rl.learning_rate": args.lr,
-            "rl.beta": args.beta,
-            "rl.log_interval": 1,
-            "rl.checkpoint_interval": 10_000,
-            "run.seed": args.seed,
-        },
-    )
-    started = time.perf_counter()
-    rl = run_rl(rl_config, work / "rl", progress=False)
-    rl_seconds = time.perf_counter() - started
-    curve = read_reward_curve(work / "rl" / "train_log.jsonl")
+    def rl_run(out: Path, steps: int, share: bool) -> tuple[Any, list[dict[str, Any]], float]:
+        config = load_config(
+            None,
+            {
+                "model.name": start_model,
+                "model.device": "cpu",
+                "rl.train": str(train_path),
+                "rl.format": args.format,
+                "rl.num_steps": steps,
+                "rl.batch_size": args.batch_size,
+                "rl.num_generations": args.num_generations,
+                "rl.max_tokens": args.max_tokens,
+                "rl.learning_rate": args.lr,
+                "rl.beta": args.beta,
+                "rl.log_interval": 1,
+                "rl.checkpoint_interval": 10_000,
+                "rl.share_prompts": share,
+                "run.seed": args.seed,
+            },
+        )
+        started = time.perf_counter()
+        rl = run_rl(config, out, progress=False)
+        return rl, read_reward_curve(out / "train_log.jsonl"), time.perf_counter() - started
+
+    def timing(curve: list[dict[str, Any]]) -> dict[str, Any]:
+        """Median seconds per step and where they go (generation, the two log-prob forwards, the rest)."""
+        out: dict[str, Any] = {"step_time": [round(r["step_time"], 2) for r in curve if "step_time" in r]}
+        for key in ("step_time", *TIME_KEYS):
+            values = [r[key] for r in curve if key in r]
+            if values:
+                out[f"median_{key.replace('time/', '')}"] = round(statistics.median(values), 2)
+        return out
+
+    if args.compare_steps:
+        # TRL's own log-probs vs the shared-prompt override: same start model, data, seed and settings
+        compare: dict[str, Any] = {"steps_each": args.compare_steps}
+        for label, share in (("trl_original", False), ("shared_prompts", True)):
+            _, curve, _ = rl_run(work / f"rl-{label}", args.compare_steps, share)
+            compare[label] = timing(curve)
+            print(json.dumps({label: compare[label]}), flush=True)
+        compare["speedup_step"] = round(
+            compare["trl_original"]["median_step_time"] / compare["shared_prompts"]["median_step_time"], 2
+        )
+        result["compare"] = compare
+
+    if not args.rl_steps:
+        save(args, result)
+        return
+    rl, curve, rl_seconds = rl_run(work / "rl", args.rl_steps, True)
     keys = (
         "step",
         "reward",
@@ -200,22 +281,27 @@ def main() -> None:
         "kl",
         "valid_format_rate",
         "tool_accuracy",
+        "argument_accuracy",
+        "completions/mean_length",
         "step_time",
+        *TIME_KEYS,
     )
     result["rl"] = {
         "steps": rl.steps,
         "seconds_total": round(rl_seconds, 1),
-        "seconds_per_step": round(sum(r.get("step_time", 0.0) for r in curve) / max(1, len(curve)), 2),
-        "projected_minutes_for_50_steps": round(50 * rl_seconds / max(1, rl.steps) / 60, 1),
-        "reward_curve": [{k: r[k] for k in keys if k in r} for r in curve],
+        "minutes_total": round(rl_seconds / 60, 1),
+        **timing(curve),
+        "reward_curve": [
+            {k: round(r[k], 4) if isinstance(r[k], float) else r[k] for k in keys if k in r} for r in curve
+        ],
+        "train_log": str(work / "rl" / "train_log.jsonl"),
     }
     result["after_sft_rl"] = held_out_correct(str(rl.merged_dir), heldout, args.format, args.max_tokens)
     result["correct_pct"] = {
         "after_sft": round(100 * result["after_sft"]["correct"], 1),
         "after_sft_rl": round(100 * result["after_sft_rl"]["correct"], 1),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    save(args, result)
     print(json.dumps({k: result[k] for k in ("correct_pct",)} | {"rl_seconds": result["rl"]["seconds_total"]}))
 
 
