@@ -1,14 +1,16 @@
 """Exploration throughput on the embedded model: trials per minute with 1 vs 16 concurrent episodes.
 
-The same exploration (built-in tools, hermes format, the packaged prompts, real tool execution) runs twice on
-one loaded local backend:
+The same exploration (built-in tools, hermes format, the packaged prompts, real tool execution, the same
+episodes, seed and settings) runs twice on one loaded local backend:
 - `concurrency_1`: episodes one after another (each generation decodes alone);
 - `concurrency_16`: 16 episodes at once; the local backend batches their generations (continuous batching).
 Trials per minute = finished trials / wall time. Also reported: the share of trials whose calls parsed and
 executed without error (`calls_ok_share`, see toolschool.explore.summary), parse errors and executed calls.
-Short settings (24 tokens per turn, 1 slot, 1 call, 2 tools) keep it short; the JSON is written after each
-phase. `prompt_token_share` is the share of processed tokens that are prompt (prefill) tokens: every turn
-re-reads the whole conversation, so exploration is prefill-bound unless the backend caches prefixes.
+Settings follow configs/demo.toml's [explore] (2 slots, 2 turns, 40 tokens, forced first call, one worked
+example), on 2 tools with 8 episodes each (16 episodes, so 16 can run at once). The backend's prefix cache is
+emptied before each phase, so the second phase does not reuse the first's prompts; the JSON is written after
+each phase. `prompt_token_share` is the share of processed tokens that are prompt (prefill) tokens: every
+turn re-reads the whole conversation, so exploration is prefill-bound unless the backend caches prefixes.
 Target: concurrency 16 >= 6x concurrency 1.
 
     .venv/bin/python bench/explore.py            # writes bench/results/explore.json
@@ -26,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from generate import busy_cpu_seconds, own_cpu_seconds  # bench/ is the script's folder, first on sys.path
+
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import ExploreContext, ExploreSettings
 from toolschool.explore.log import TrialLog
@@ -38,15 +42,18 @@ from toolschool.tools.registry import build_registry
 TOOLS = ["calculator", "weekday"]  # few schemas: shorter prompts, a run of minutes on a small CPU
 
 
-def explore_once(backend: Any, registry: Any, *, episodes: int, concurrency: int, args: argparse.Namespace) -> dict:
+def explore_once(backend: Any, registry: Any, *, concurrency: int, args: argparse.Namespace) -> dict:
     settings = ExploreSettings(
-        episodes=episodes,
+        episodes=args.episodes,
         stm_slots=args.stm_slots,
         max_turns=args.max_turns,
         max_tokens=args.max_tokens,
         temperature=0.7,
+        demonstrations=args.demonstrations,
+        force_call=args.force_call,
         seed=0,
     )
+    backend.prefix_cache.clear()
     with tempfile.TemporaryDirectory() as folder, TrialLog.open(folder, resume=False) as log:
         ctx = ExploreContext(
             backend=backend,
@@ -59,9 +66,10 @@ def explore_once(backend: Any, registry: Any, *, episodes: int, concurrency: int
             tool_schemas=registry.schemas(),
             model_name=args.model,
         )
-        start = time.perf_counter()
+        busy, own, start = busy_cpu_seconds(), own_cpu_seconds(), time.perf_counter()
         result = asyncio.run(run_exploration(ctx, TOOLS, concurrency=concurrency))
         seconds = time.perf_counter() - start
+        others = busy_cpu_seconds() - busy - (own_cpu_seconds() - own)
     total = result.summary["total"]
     return {
         "concurrency": concurrency,
@@ -76,6 +84,8 @@ def explore_once(backend: Any, registry: Any, *, episodes: int, concurrency: int
         "execution_errors": total["execution_errors"],
         "calls_ok_share": result.summary["rates"]["calls_ok_share"],
         "failed_episodes": len(result.failures),
+        "cpu_seconds_used_by_other_processes": round(max(others, 0.0), 1),
+        "quiet": others < 0.05 * seconds * (os.cpu_count() or 1),
     }
 
 
@@ -83,10 +93,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--format", default="hermes")
-    parser.add_argument("--max-tokens", type=int, default=24)
-    parser.add_argument("--max-turns", type=int, default=1)
-    parser.add_argument("--stm-slots", type=int, default=1)
-    parser.add_argument("--serial-episodes", type=int, default=1, help="episodes per tool at concurrency 1")
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--stm-slots", type=int, default=2)
+    parser.add_argument("--episodes", type=int, default=8, help="episodes per tool, in both phases")
+    parser.add_argument("--demonstrations", type=int, default=1)
+    parser.add_argument("--force-call", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "explore.json"))
     args = parser.parse_args()
 
@@ -97,7 +109,15 @@ def main() -> None:
         "model": args.model,
         "format": args.format,
         "tools": TOOLS,
-        "settings": {"max_tokens": args.max_tokens, "max_turns": args.max_turns, "stm_slots": args.stm_slots},
+        "settings": {
+            "episodes_per_tool": args.episodes,
+            "max_tokens": args.max_tokens,
+            "max_turns": args.max_turns,
+            "stm_slots": args.stm_slots,
+            "demonstrations": args.demonstrations,
+            "force_call": args.force_call,
+            "temperature": 0.7,
+        },
         "concurrency_1": None,
         "concurrency_16": None,
         "target_speedup": 6.0,
@@ -124,13 +144,10 @@ def main() -> None:
     backend = make_backend(args.model, max_batch_size=16)
     registry = build_registry(toolbox=["builtin"], only=TOOLS)
     try:
-        report["concurrency_1"] = explore_once(
-            backend, registry, episodes=args.serial_episodes, concurrency=1, args=args
-        )
+        report["concurrency_1"] = explore_once(backend, registry, concurrency=1, args=args)
         print(json.dumps(report["concurrency_1"]))
         save()
-        episodes = 16 // len(TOOLS)
-        report["concurrency_16"] = explore_once(backend, registry, episodes=episodes, concurrency=16, args=args)
+        report["concurrency_16"] = explore_once(backend, registry, concurrency=16, args=args)
         print(json.dumps(report["concurrency_16"]))
         save()
     finally:

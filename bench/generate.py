@@ -113,7 +113,7 @@ def memory_bandwidth_gbs(mib: int = 512, repeats: int = 5) -> float:
     return 2 * src.numel() * 4 / statistics.median(times) / 1e9
 
 
-def _busy_cpu_seconds() -> float:
+def busy_cpu_seconds() -> float:
     """CPU time all processes spent busy (user, system, irq, steal), from /proc/stat; 0 where it is missing."""
     try:
         fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
@@ -123,7 +123,7 @@ def _busy_cpu_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
-def _own_cpu_seconds() -> float:
+def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
 
@@ -169,13 +169,13 @@ def main() -> None:
     }
     load_before, busy_before, own_before, wall_before = (
         os.getloadavg(),
-        _busy_cpu_seconds(),
-        _own_cpu_seconds(),
+        busy_cpu_seconds(),
+        own_cpu_seconds(),
         time.time(),
     )
     runs = asyncio.run(run_all())
     load_after, wall = os.getloadavg(), time.time() - wall_before
-    others = _busy_cpu_seconds() - busy_before - (_own_cpu_seconds() - own_before)
+    others = busy_cpu_seconds() - busy_before - (own_cpu_seconds() - own_before)
     asyncio.run(backend.aclose())
 
     def rate(samples: list[tuple[int, float]]) -> float:

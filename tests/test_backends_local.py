@@ -13,6 +13,7 @@ from toolschool.models.backend import Completion, GenerationRequest, SamplingPar
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.kv_buffer import BufferedLayer
 from toolschool.models.backends.local import BackendClosedError, LocalBackend
+from toolschool.models.backends.packed import PackedLinear, packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
 
 CALC = {
@@ -224,3 +225,34 @@ def test_buffered_layer_matches_concatenation() -> None:
     layer.keys, layer.values = keys[:1].clone(), values[:1].clone()
     more, _ = layer.update(step[:1], step[:1])
     assert torch.equal(more[:, :, :-1], keys[:1]) and torch.equal(more[:, :, -1:], step[:1])
+
+
+def test_packed_view_matches_the_model_and_leaves_it_untouched(tiny_model_dir: Path) -> None:
+    from toolschool.models.loading import load_model
+
+    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
+    if not packing_available(model):
+        pytest.skip("this torch build has no oneDNN linear")
+    view = packed_view(model)
+    assert any(isinstance(m, PackedLinear) for m in view.modules())
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())  # the original keeps nn.Linear
+    assert {id(p) for p in view.parameters()} == {id(p) for p in model.parameters()}  # shared, not copied
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    with torch.inference_mode():
+        assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
+    # Weights changed in place (as training does) are re-packed, not served stale.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(2.0)
+    with torch.inference_mode():
+        assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
+
+
+async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend) -> None:
+    plain = LocalBackend(backend.loaded, max_batch_size=4, pack_weights=False)
+    try:
+        requests = _sampled([6, 9, 4])
+        want = await asyncio.gather(*(plain.generate(r) for r in requests))
+        got = await asyncio.gather(*(backend.generate(r) for r in requests))
+        _assert_same_run([c[0] for c in got], [c[0] for c in want])
+    finally:
+        await plain.aclose()

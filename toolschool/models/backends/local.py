@@ -16,6 +16,10 @@ So a request arriving mid-generation joins at the next step instead of waiting f
 model is only ever touched by the worker thread (torch parallelises inside each op); results go back to the
 caller's event loop with `call_soon_threadsafe`. Attention uses a 2-D padding mask plus explicit per-row
 position ids, so a row's logits do not depend on the rows it is batched with (up to float rounding).
+
+Two things keep a batched decode step near the cost of its matrix multiplies on a CPU: the KV cache lives in
+preallocated buffers written in place (`kv_buffer.BufferedLayer`, instead of a whole-cache copy per step), and
+forward passes go through a view of the model with oneDNN-prepacked linear weights (`packed.packed_view`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 from toolschool.models.backends.kv_buffer import BufferedLayer
+from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
 
 
@@ -140,11 +145,17 @@ def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
 class LocalBackend(Backend):
     """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
 
-    def __init__(self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 16) -> None:
+    def __init__(
+        self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 16, pack_weights: bool = True
+    ) -> None:
         if max_batch_size < 1:
             raise ToolschoolError(f"max_batch_size must be at least 1, got {max_batch_size}")
         self.loaded = loaded
         self.model = loaded.model
+        # Forward passes go through a view whose linear layers use prepacked oneDNN weights (CPU fp32 only);
+        # it shares the parameters, and `self.model` itself stays untouched for everyone else.
+        self.packed = pack_weights and packing_available(self.model)
+        self._forward_model = packed_view(self.model) if self.packed else self.model
         self.tokenizer = loaded.tokenizer
         self.device = torch.device(loaded.device)
         self.name = loaded.spec.name
@@ -316,7 +327,7 @@ class LocalBackend(Backend):
             mask.append([0] * (R - r) + [1] * r + [0] * (S - s) + [1] * s)
             positions.append([r] * (S - s) + list(range(r, r + s)))
         mask_bL = torch.tensor(mask, device=self.device)
-        out = self.model(
+        out = self._forward_model(
             input_ids=torch.tensor(input_ids, device=self.device),
             attention_mask=mask_bL,
             position_ids=torch.tensor(positions, device=self.device),
@@ -403,7 +414,7 @@ class LocalBackend(Backend):
         start = time.perf_counter()
         last_B1 = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self.device)
         self._mask_BL = torch.cat([self._mask_BL, torch.ones_like(last_B1)], dim=1)
-        out = self.model(
+        out = self._forward_model(
             input_ids=last_B1,
             attention_mask=self._mask_BL,
             position_ids=self._positions_B[:, None],
