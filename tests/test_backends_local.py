@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CALC
 
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Completion, GenerationRequest, SamplingParams
@@ -16,14 +17,6 @@ from toolschool.models.backends.local import BackendClosedError, LocalBackend
 from toolschool.models.backends.packed import PackedLinear, packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 PROMPTS = ["What is 2+2?", "Tell me a joke about cats.", "hi", "What is the capital of France?", "Compute 17*23."]
 
 
