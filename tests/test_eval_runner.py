@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import CALC as CALC_SCHEMA
 
 from toolschool.chat.types import tool_call
 from toolschool.errors import ConfigError, DataError
@@ -16,15 +17,6 @@ from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
 from toolschool.evaluate.session import Benchmark, make_options, resolve_benchmarks, run_evaluation
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 from toolschool.tools.base import Observation
-
-CALC_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 
 
 def hermes_call(name: str, args: dict) -> str:

@@ -10,20 +10,13 @@ import string
 from typing import Any
 
 import pytest
+from helpers import CALC
 
 from toolschool.chat.formats import FORMAT_NAMES, OBSERVATION_PREFIX, get_format
 from toolschool.chat.formats.rendering import render_conversation
 from toolschool.chat.types import Message, ParsedReply, tool_call
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 
-CALC = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    },
-}
 PY = {
     "type": "function",
     "function": {
