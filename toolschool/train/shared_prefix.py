@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from toolschool.models.backends.kv_buffer import pad_left
+
 
 def decoder_and_head(model: Any) -> tuple[Any, Any]:
     """The transformer body (returning hidden states) and the output head of a causal LM, PEFT-wrapped or not.
@@ -75,8 +77,8 @@ def shared_prefix_hidden_states(
     index = torch.as_tensor(list(owner), device=device)
     cache = DynamicCache(config=model.config)
     for li, layer in enumerate(cache.layers):
-        keys = torch.cat([_pad_left(c.layers[li].keys, longest) for c in per_prefix]).index_select(0, index)
-        values = torch.cat([_pad_left(c.layers[li].values, longest) for c in per_prefix]).index_select(0, index)
+        keys = torch.cat([pad_left(c.layers[li].keys, longest) for c in per_prefix]).index_select(0, index)
+        values = torch.cat([pad_left(c.layers[li].values, longest) for c in per_prefix]).index_select(0, index)
         layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
 
@@ -101,9 +103,3 @@ def group_by_prefix(prefix_keys: Sequence[tuple[int, ...]]) -> tuple[list[tuple[
     distinct: dict[tuple[int, ...], int] = {}
     owner = [distinct.setdefault(tuple(key), len(distinct)) for key in prefix_keys]
     return list(distinct), owner
-
-
-def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Left-pad a [B, H, L, D] key/value tensor with zeros to `length` positions (masked out by the caller)."""
-    missing = length - t.shape[2]
-    return t if missing == 0 else torch.nn.functional.pad(t, (0, 0, missing, 0))

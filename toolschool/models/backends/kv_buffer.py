@@ -114,3 +114,12 @@ class BufferedLayer(DynamicLayer):
     def reset(self) -> None:
         self._key_buf = self._value_buf = None
         super().reset()
+
+
+def pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
+    """Left-pad a [B, L] mask or [B, H, L, D] cache tensor with zeros to `length` positions."""
+    missing = length - (t.shape[1] if t.dim() == 2 else t.shape[2])
+    if missing == 0:
+        return t
+    pad = (missing, 0) if t.dim() == 2 else (0, 0, missing, 0)
+    return torch.nn.functional.pad(t, pad)

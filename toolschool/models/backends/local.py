@@ -36,7 +36,7 @@ import torch
 
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest
-from toolschool.models.backends.kv_buffer import BufferedLayer
+from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
 
@@ -316,8 +316,8 @@ class LocalBackend(Backend):
         cache.layers = [BufferedLayer() for _ in cache.layers]
         if R:
             for li, layer in enumerate(cache.layers):
-                keys = torch.cat([_pad_left(hit.layers[li][0][:, :, : hit.length], R) for *_, hit in group])
-                values = torch.cat([_pad_left(hit.layers[li][1][:, :, : hit.length], R) for *_, hit in group])
+                keys = torch.cat([pad_left(hit.layers[li][0][:, :, : hit.length], R) for *_, hit in group])
+                values = torch.cat([pad_left(hit.layers[li][1][:, :, : hit.length], R) for *_, hit in group])
                 layer.lazy_initialization(keys, values)
                 layer.keys, layer.values = keys, values
         pad_id = self.tokenizer.pad_token_id or 0
@@ -382,7 +382,7 @@ class LocalBackend(Backend):
         length = max(self._mask_BL.shape[1], mask_nL.shape[1])
         for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
             old_layer.join(new_layer.keys, new_layer.values)
-        self._mask_BL = torch.cat([_pad_left(self._mask_BL, length), _pad_left(mask_nL, length)])
+        self._mask_BL = torch.cat([pad_left(self._mask_BL, length), pad_left(mask_nL, length)])
         self._positions_B = torch.cat([self._positions_B, positions_n])
         self._logits_BV = torch.cat([self._logits_BV, logits_nV])
         self._rows = self._rows + rows
@@ -496,15 +496,6 @@ class LocalBackend(Backend):
             _resolve(row.pending, exc)
         self._rows = []
         self._cache = self._mask_BL = self._positions_B = self._logits_BV = None
-
-
-def _pad_left(t: torch.Tensor, length: int) -> torch.Tensor:
-    """Left-pad a [B, L] mask or [B, H, L, D] cache tensor with zeros to `length` positions."""
-    missing = length - (t.shape[1] if t.dim() == 2 else t.shape[2])
-    if missing == 0:
-        return t
-    pad = (missing, 0) if t.dim() == 2 else (0, 0, missing, 0)
-    return torch.nn.functional.pad(t, pad)
 
 
 def _check_plain_layers(cache: Any) -> None:
