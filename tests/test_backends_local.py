@@ -240,6 +240,52 @@ def test_packed_view_matches_the_model_and_leaves_it_untouched(tiny_model_dir: P
         assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_packed_view_folds_lora_adapters_and_follows_their_updates(tiny_model_dir: Path, pack: bool) -> None:
+    """A PEFT LoRA model in training mode: the view computes its eval-mode output (W + s * B @ A, no dropout),
+    refolds after an in-place update, sees a disabled adapter, and leaves the model's modes alone."""
+    from peft import LoraConfig, get_peft_model
+
+    from toolschool.models.loading import load_model
+
+    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
+    if pack and not packing_available(model):
+        pytest.skip("this torch build has no oneDNN linear")
+    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules="all-linear"))
+    torch.manual_seed(0)
+    for name, param in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    peft.train()
+    view = packed_view(peft.get_base_model(), pack=pack)
+    folded = [m for m in view.modules() if isinstance(m, PackedLinear) and m.adapters]
+    assert folded, "the LoRA linears were not folded"
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+
+    def eval_logits() -> torch.Tensor:
+        peft.eval()
+        try:
+            with torch.no_grad():
+                return peft(input_ids=ids).logits
+        finally:
+            peft.train()
+
+    with torch.no_grad():
+        assert torch.allclose(view(input_ids=ids).logits, eval_logits(), atol=1e-4)
+    assert all(m.training for m in peft.modules())  # the view did not switch the policy to eval
+    with torch.no_grad():  # an optimizer step changes the adapters in place
+        for name, param in peft.named_parameters():
+            if "lora_A" in name:
+                param.mul_(-1.5)
+        assert torch.allclose(view(input_ids=ids).logits, eval_logits(), atol=1e-4)
+        with peft.disable_adapter():
+            peft.eval()
+            plain = peft(input_ids=ids).logits
+            assert torch.allclose(view(input_ids=ids).logits, plain, atol=1e-4)
+            peft.train()
+        assert not torch.allclose(view(input_ids=ids).logits, plain, atol=1e-4)
+
+
 async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend) -> None:
     plain = LocalBackend(backend.loaded, max_batch_size=4, pack_weights=False)
     try:

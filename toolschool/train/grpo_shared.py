@@ -20,6 +20,12 @@ the real-token positions: they are what the completion was sampled with. For rot
 SmolLM2, Qwen) attention depends only on relative positions, so the two agree up to float rounding; the tests
 compare against TRL on unpadded prompts (identical positions) and against each full sequence run alone.
 
+Sampling: generation prefills each distinct prompt once and hands its cache to the prompt's samples. On a CPU
+(fp32) it reads the policy through `packed_view`: an eval-mode clone whose LoRA layers are folded into one
+oneDNN-prepacked weight `W + scaling * B @ A`, refolded after every optimizer step, so the samples come from the
+current weights without PEFT's dropout and per-layer adapter matmuls — what TRL's vLLM path does by merging the
+adapter into the engine each step. Sampled tokens are TRL's (same sampler, stops and EOS masking).
+
 Anything else (images, MoE auxiliary losses, gradient checkpointing, models with extra logit scaling, a one-token
 prompt) takes TRL's original path unchanged.
 """
@@ -33,6 +39,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 
 # Config fields by which some architectures rescale logits before the softmax (TRL's fused head reads them);
@@ -117,6 +124,7 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
     """
 
     share_prompts: bool = True
+    _sampler_view: tuple[Any, Any] | None = None  # (model, its packed inference view)
 
     def _time(self, name: str, seconds: float) -> None:
         """Where a step's time goes (logged as time/<name>, seconds per step): the benchmark's breakdown."""
@@ -142,6 +150,15 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
             out = super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
         self._time("generation", time.perf_counter() - started)
         return out
+
+    def _sampler(self, model: Any) -> Any:
+        """The policy as generation reads it: on a CPU in fp32, the packed eval-mode view (see module doc)."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        if not packing_available(base):
+            return model
+        if self._sampler_view is None or self._sampler_view[0] is not base:
+            self._sampler_view = (base, packed_view(base))
+        return self._sampler_view[1]
 
     def _generate_shared_prefill(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], None]:
         """TRL's transformers generation, with each distinct prompt prefilled once and its cache given to its rows.
@@ -181,9 +198,10 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
+            sampler = self._sampler(unwrapped)
             head_ids, head_mask = padded[first, :-1], mask[first, :-1]
-            cache = DynamicCache(config=unwrapped.config)
-            unwrapped(
+            cache = DynamicCache(config=sampler.config)
+            sampler(
                 input_ids=head_ids,
                 attention_mask=head_mask,
                 position_ids=(head_mask.long().cumsum(-1) - 1).clamp(min=0),
@@ -192,7 +210,7 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
                 logits_to_keep=1,
             )
             cache.reorder_cache(torch.tensor(owner, device=device))
-            generated = unwrapped.generate(
+            generated = sampler.generate(
                 input_ids=padded, attention_mask=mask, past_key_values=cache, generation_config=self.generation_config
             )
         completion_ids = generated[:, padded.size(1) :]
