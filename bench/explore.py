@@ -7,7 +7,8 @@ episodes, seed and settings) runs twice on one loaded local backend:
 Trials per minute = finished trials / wall time. Also reported: the share of trials whose calls parsed and
 executed without error (`calls_ok_share`, see toolschool.explore.summary), parse errors and executed calls.
 Settings follow configs/demo.toml's [explore] (2 slots, 2 turns, 40 tokens, forced first call, one worked
-example), on 2 tools with 8 episodes each (16 episodes, so 16 can run at once). The backend's prefix cache is
+example), on 2 tools with 8 episodes each (16 episodes, so 16 can run at once); the one-at-a-time phase runs
+the first `--serial-episodes` (default 2) episodes of each tool, enough for a rate. The backend's prefix cache is
 emptied before each phase, so the second phase does not reuse the first's prompts; the JSON is written after
 each phase. `prompt_token_share` is the share of processed tokens that are prompt (prefill) tokens: every
 turn re-reads the whole conversation, so exploration is prefill-bound unless the backend caches prefixes.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import platform
@@ -42,9 +44,9 @@ from toolschool.tools.registry import build_registry
 TOOLS = ["calculator", "weekday"]  # few schemas: shorter prompts, a run of minutes on a small CPU
 
 
-def explore_once(backend: Any, registry: Any, *, concurrency: int, args: argparse.Namespace) -> dict:
+def explore_once(backend: Any, registry: Any, *, concurrency: int, episodes: int, args: argparse.Namespace) -> dict:
     settings = ExploreSettings(
-        episodes=args.episodes,
+        episodes=episodes,
         stm_slots=args.stm_slots,
         max_turns=args.max_turns,
         max_tokens=args.max_tokens,
@@ -54,6 +56,7 @@ def explore_once(backend: Any, registry: Any, *, concurrency: int, args: argpars
         seed=0,
     )
     backend.prefix_cache.clear()
+    stats_before = dataclasses.replace(backend.stats)
     with tempfile.TemporaryDirectory() as folder, TrialLog.open(folder, resume=False) as log:
         ctx = ExploreContext(
             backend=backend,
@@ -71,8 +74,15 @@ def explore_once(backend: Any, registry: Any, *, concurrency: int, args: argpars
         seconds = time.perf_counter() - start
         others = busy_cpu_seconds() - busy - (own_cpu_seconds() - own)
     total = result.summary["total"]
+    stats = {
+        key: round(value - getattr(stats_before, key), 2)
+        if isinstance(value, float)
+        else value - getattr(stats_before, key)
+        for key, value in dataclasses.asdict(backend.stats).items()
+    }
     return {
         "concurrency": concurrency,
+        "episodes_per_tool": episodes,
         "trials": result.trials_run,
         "seconds": round(seconds, 2),
         "trials_per_minute": round(60 * result.trials_run / seconds, 3),
@@ -86,6 +96,7 @@ def explore_once(backend: Any, registry: Any, *, concurrency: int, args: argpars
         "failed_episodes": len(result.failures),
         "cpu_seconds_used_by_other_processes": round(max(others, 0.0), 1),
         "quiet": others < 0.05 * seconds * (os.cpu_count() or 1),
+        "backend": stats,  # where the generation worker's time went (prefill vs decode, prompt tokens reused)
     }
 
 
@@ -96,7 +107,14 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--stm-slots", type=int, default=2)
-    parser.add_argument("--episodes", type=int, default=8, help="episodes per tool, in both phases")
+    parser.add_argument("--episodes", type=int, default=8, help="episodes per tool in the concurrent phase")
+    parser.add_argument(
+        "--serial-episodes",
+        type=int,
+        default=2,
+        help="episodes per tool in the one-at-a-time phase (the first ones of the concurrent phase; a rate needs "
+        "no more, and one-at-a-time trials take minutes each on a small CPU)",
+    )
     parser.add_argument("--demonstrations", type=int, default=1)
     parser.add_argument("--force-call", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "explore.json"))
@@ -110,7 +128,7 @@ def main() -> None:
         "format": args.format,
         "tools": TOOLS,
         "settings": {
-            "episodes_per_tool": args.episodes,
+            "episodes_per_tool": {"concurrency_1": args.serial_episodes, "concurrency_16": args.episodes},
             "max_tokens": args.max_tokens,
             "max_turns": args.max_turns,
             "stm_slots": args.stm_slots,
@@ -144,10 +162,12 @@ def main() -> None:
     backend = make_backend(args.model, max_batch_size=16)
     registry = build_registry(toolbox=["builtin"], only=TOOLS)
     try:
-        report["concurrency_1"] = explore_once(backend, registry, concurrency=1, args=args)
+        report["concurrency_1"] = explore_once(
+            backend, registry, concurrency=1, episodes=min(args.serial_episodes, args.episodes), args=args
+        )
         print(json.dumps(report["concurrency_1"]))
         save()
-        report["concurrency_16"] = explore_once(backend, registry, concurrency=16, args=args)
+        report["concurrency_16"] = explore_once(backend, registry, concurrency=16, episodes=args.episodes, args=args)
         print(json.dumps(report["concurrency_16"]))
         save()
     finally:

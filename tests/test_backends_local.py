@@ -295,3 +295,45 @@ async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend)
         _assert_same_run([c[0] for c in got], [c[0] for c in want])
     finally:
         await plain.aclose()
+
+
+def test_prefix_cache_keeps_one_entry_per_conversation_within_its_budget() -> None:
+    from toolschool.models.backends.local import PrefixCache
+
+    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))]
+
+    cache = PrefixCache(entries=3, max_tokens=100)
+    system = list(range(20))
+    turn_1 = system + [100, 101]
+    cache.store(turn_1, kv(len(turn_1)))
+    turn_2 = turn_1 + [102, 103, 104]  # the same conversation one turn later supersedes its earlier prompt
+    cache.store(turn_2, kv(len(turn_2)))
+    assert len(cache) == 1
+    assert cache.lookup(turn_2 + [105]).length == len(turn_2)
+    assert cache.lookup(turn_1 + [999]).length == len(turn_1)  # the longer entry answers the shorter's lookups
+    assert cache.lookup(list(range(50, 80))).length == 0  # nothing shared
+    other = system + [200] * 30
+    cache.store(other, kv(len(other)))
+    assert cache.lookup(system + [200, 5]).length == len(system) + 1
+    cache.store([7] * 60, kv(60))  # over the token budget: the least recently used entries go
+    assert len(cache) == 1 and cache.lookup(turn_2 + [1]).length == 0
+    cache.store([8] * 101, kv(101))  # longer than the whole budget: not cached at all
+    assert len(cache) == 1
+    cache.clear()
+    assert len(cache) == 0
+
+
+async def test_cold_cache_burst_prefills_the_shared_prompt_once(tiny_model_dir: Path) -> None:
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
+    try:
+        requests = [_request(p, 0, max_tokens=2) for p in PROMPTS]  # same system prompt and tool list
+        results = await asyncio.gather(*(b.generate(r) for r in requests))
+        # One prompt alone (it fills the cache), then every other one in a single pass on top of it.
+        assert b.stats.prefill_passes == 2
+        shared = min(len(b.render_prompt(r)) for r in requests) // 2
+        assert b.stats.reused_prompt_tokens >= shared * (len(requests) - 1)
+        for request, completions in zip(requests, results, strict=True):
+            assert _prefix_of(completions[0].token_ids, _alone(b, request), b.stop_token_ids)
+    finally:
+        await b.aclose()

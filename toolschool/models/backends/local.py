@@ -103,8 +103,10 @@ class PrefixCache:
 
     min_reuse = 8
 
-    def __init__(self, entries: int = 16) -> None:
+    def __init__(self, entries: int = 64, max_tokens: int = 65536) -> None:
         self.entries = entries
+        self.max_tokens = max_tokens  # cached positions in all (KV memory: positions x layers x 2 x heads x dim)
+        self._tokens = 0
         self._items: collections.OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = (
             collections.OrderedDict()
         )
@@ -124,14 +126,31 @@ class PrefixCache:
     def clear(self) -> None:
         """Forget every entry (benchmarks start each timed run cold; call it only while nothing runs)."""
         self._items.clear()
+        self._tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def store(self, prompt: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        if self.entries <= 0:
+        """Cache a prompt's KV; entries it extends are dropped (it answers every lookup they would, as well).
+
+        A conversation's next prompt extends its previous one, so each live conversation keeps one entry
+        however many turns it has; with many concurrent episodes an LRU of every prompt would instead evict
+        each episode's history before its next turn arrives.
+        """
+        if self.entries <= 0 or len(prompt) > self.max_tokens:
             return
-        self._items[tuple(prompt)] = layers
-        self._items.move_to_end(tuple(prompt))
-        while len(self._items) > self.entries:
-            self._items.popitem(last=False)
+        key = tuple(prompt)
+        for old in [k for k in self._items if len(k) <= len(key) and key[: len(k)] == k]:
+            self._drop(old)
+        self._items[key] = layers
+        self._tokens += len(key)
+        while len(self._items) > self.entries or self._tokens > self.max_tokens:
+            self._drop(next(iter(self._items)))
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        del self._items[key]
+        self._tokens -= len(key)
 
 
 def _common_prefix(a: tuple[int, ...], b: list[int]) -> int:
@@ -146,7 +165,7 @@ class LocalBackend(Backend):
     """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
 
     def __init__(
-        self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 16, pack_weights: bool = True
+        self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 64, pack_weights: bool = True
     ) -> None:
         if max_batch_size < 1:
             raise ToolschoolError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -261,8 +280,18 @@ class LocalBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - one bad request (template, length) must not stop the rest
                 _resolve(pending, exc)
         # Prompts with nothing cached are prefilled alone (and cached); the rest share one padded forward pass.
+        # A miss is looked up again after each alone-prefill: when many requests arrive at once on a cold
+        # cache (the first turn of 16 episodes), the first one's prefill caches the system prompt and tool
+        # list that the others share, so only the first pays for it.
         group: list[tuple[_Pending, list[int], int, _Prefix]] = []
+        misses: list[tuple[_Pending, list[int], int]] = []
         for pending, prompt, max_tokens in prepared:
+            hit = self.prefix_cache.lookup(prompt)
+            if hit.length:
+                group.append((pending, prompt, max_tokens, hit))
+            else:
+                misses.append((pending, prompt, max_tokens))
+        for pending, prompt, max_tokens in misses:
             hit = self.prefix_cache.lookup(prompt)
             if hit.length:
                 group.append((pending, prompt, max_tokens, hit))
