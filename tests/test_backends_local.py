@@ -337,3 +337,20 @@ async def test_cold_cache_burst_prefills_the_shared_prompt_once(tiny_model_dir: 
             assert _prefix_of(completions[0].token_ids, _alone(b, request), b.stop_token_ids)
     finally:
         await b.aclose()
+
+
+async def test_finished_replies_are_cached_for_the_next_turn(backend: LocalBackend) -> None:
+    first = _request("Remember this reply.", 0, max_tokens=6)
+    prompt = backend.render_prompt(first)
+    [done] = await backend.generate(first)
+    fed = prompt + done.token_ids[:-1]  # what ran through the model: the prompt and all but the last token
+    assert backend.prefix_cache.lookup(fed + [5]).length == len(fed)
+    # The next turn (the reply and more text after it) reuses the cache as far as its tokens match (here the
+    # random tiny model's reply may re-tokenize differently after the prompt) and decodes what it would alone.
+    follow = GenerationRequest(
+        messages=first.messages, tools=first.tools, params=SamplingParams(max_tokens=6), prefill=done.text + " and"
+    )
+    reused = backend.stats.reused_prompt_tokens
+    [again] = await backend.generate(follow)
+    assert backend.stats.reused_prompt_tokens - reused >= len(prompt) - 4
+    assert _prefix_of(again.token_ids, _alone(backend, follow), backend.stop_token_ids)

@@ -66,6 +66,7 @@ class _Row:
     index: int
     generator: torch.Generator | None
     max_tokens: int
+    prompt: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
 
@@ -388,7 +389,7 @@ class LocalBackend(Backend):
             seed = params.seed if params.seed is not None else secrets.randbits(62)
             for i in range(params.n):
                 generator = torch.Generator().manual_seed(seed + i) if params.temperature > 0 else None
-                rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens))
+                rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens, prompt=prompt))
                 positions_n.append(len(prompt))
             pending.completions = [None] * params.n
             pending.remaining = params.n
@@ -433,7 +434,7 @@ class LocalBackend(Backend):
                 continue
             row.token_ids.append(tokens[i])
             row.logprobs.append(logprobs[i])
-            finished = self._finish_if_done(row)
+            finished = self._finish_if_done(i, row)
             if not finished:
                 keep.append(i)
         if len(keep) < len(rows):
@@ -458,24 +459,39 @@ class LocalBackend(Backend):
         self.stats.decode_seconds += time.perf_counter() - start
         self.stats.decode_tokens += len(keep)
 
-    def _finish_if_done(self, row: _Row) -> bool:
+    def _cache_conversation(self, i: int, row: _Row) -> None:
+        """Keep the finished row's keys and values (its prompt and every token it generated and fed) in the
+        prefix cache: a conversation's next prompt is this one plus the reply plus the tool's observation, so
+        its prefill then starts after the reply (as far as the re-rendered reply matches the generated tokens)
+        instead of after the previous prompt."""
+        assert self._mask_BL is not None
+        fed = row.prompt + row.token_ids[:-1]  # the last sampled token was never run through the model
+        real = self._mask_BL[i].nonzero().squeeze(1)
+        if len(real) != len(fed):  # cannot happen; a wrong entry would corrupt later prompts, so never store one
+            return
+        self.prefix_cache.store(
+            fed, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in self._cache.layers]
+        )
+
+    def _finish_if_done(self, i: int, row: _Row) -> bool:
         """Complete the row if its last token ends it; return whether it finished."""
         params = row.pending.request.params
         token = row.token_ids[-1]
         if token in self.stop_token_ids:
-            return self._complete(row, self._decode(row.token_ids[:-1]), "stop")
+            return self._complete(i, row, self._decode(row.token_ids[:-1]), "stop")
         if params.stop:
             window = max(len(s) for s in params.stop) + 8
             tail = self._decode(row.token_ids[-window:])
             if any(s in tail for s in params.stop):
                 text = self._decode(row.token_ids)
                 cut = min(text.find(s) for s in params.stop if s in text)
-                return self._complete(row, text[:cut], "stop")
+                return self._complete(i, row, text[:cut], "stop")
         if len(row.token_ids) >= row.max_tokens:
-            return self._complete(row, self._decode(row.token_ids), "length")
+            return self._complete(i, row, self._decode(row.token_ids), "length")
         return False
 
-    def _complete(self, row: _Row, text: str, reason: str) -> bool:
+    def _complete(self, i: int, row: _Row, text: str, reason: str) -> bool:
+        self._cache_conversation(i, row)  # before the caller hears back and sends the conversation's next turn
         pending = row.pending
         pending.completions[row.index] = Completion(
             text=text,
