@@ -240,6 +240,27 @@ def test_packed_view_matches_the_model_and_leaves_it_untouched(tiny_model_dir: P
         assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-4)
 
 
+def test_packed_view_runs_its_own_layers_under_an_instance_forward_patch(tiny_model_dir: Path) -> None:
+    """TRL's GRPOTrainer sets `model.forward` to a closure over the original forward (its fused LM head)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from toolschool.models.loading import load_model
+
+    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
+    add_fused_lm_head(model)
+    assert "forward" in model.__dict__
+    view = packed_view(model, pack=False)
+    calls = []
+    for module in view.modules():
+        if isinstance(module, PackedLinear):
+            module.register_forward_hook(lambda *_: calls.append(1))
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    with torch.inference_mode():
+        logits = view(input_ids=ids).logits
+        assert torch.allclose(logits, model(input_ids=ids).logits, atol=1e-4)
+    assert calls  # the view's wrapped layers ran, not the original model's
+
+
 @pytest.mark.parametrize("pack", [True, False])
 def test_packed_view_folds_lora_adapters_and_follows_their_updates(tiny_model_dir: Path, pack: bool) -> None:
     """A PEFT LoRA model in training mode: the view computes its eval-mode output (W + s * B @ A, no dropout),

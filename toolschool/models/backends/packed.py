@@ -116,7 +116,8 @@ def packed_view(model: nn.Module, *, pack: bool = True) -> nn.Module:
 
     Every `nn.Linear` is wrapped, and every PEFT LoRA linear with plain adapters is replaced by one PackedLinear
     over its folded weight. The clones are in eval mode (no dropout); the original model, its modules and their
-    train/eval flags are untouched. `pack=False` folds LoRA without oneDNN (any device or dtype).
+    train/eval flags are untouched. `pack=False` folds LoRA without oneDNN (any device or dtype). Forward patches
+    set on a module instance (TRL's fused LM head) are not carried over: the view computes the plain forward.
     """
     if isinstance(model, nn.Linear):
         return PackedLinear(model, pack=pack)
@@ -125,6 +126,9 @@ def packed_view(model: nn.Module, *, pack: bool = True) -> nn.Module:
         return PackedLinear(model, adapters, pack=pack)
     clone = copy.copy(model)
     clone.training = False
+    # An instance-level `forward` (TRL's fused LM head, accelerate's wrappers) closes over the original module's
+    # bound forward, so a clone that kept it would run the original layers: the view runs its class's forward.
+    clone.__dict__.pop("forward", None)
     clone._modules = {  # a new dict: the original's children stay as they are
         name: None if child is None else packed_view(child, pack=pack) for name, child in model._modules.items()
     }
