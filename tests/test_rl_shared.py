@@ -149,12 +149,22 @@ def test_reference_pass_with_adapter_disabled(trainer):
     g = torch.Generator().manual_seed(3)
     prompt = _tokens(9, g)
     ids, mask, keep = _batch([prompt, prompt], [_tokens(3, g), _tokens(5, g)])
+    from toolschool.models.backends.packed import PackedLinear, packing_available
+
+    calls = []
+    hook = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, *_: calls.append(1) if isinstance(module, PackedLinear) else None
+    )
     results = []
-    for share in (True, False):
-        trainer.share_prompts = share
-        with torch.no_grad(), trainer.model.disable_adapter():
-            results.append(trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0])
+    try:
+        for share in (True, False):
+            trainer.share_prompts = share
+            with torch.no_grad(), trainer.model.disable_adapter():
+                results.append(trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0])
+    finally:
+        hook.remove()
     torch.testing.assert_close(results[0], results[1], atol=2e-5, rtol=1e-4)
+    assert bool(calls) == packing_available(trainer.model)  # ours read the packed view of the base weights
     with torch.no_grad():
         adapted = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, keep)[0]
     assert not torch.allclose(adapted, results[0])  # the adapter was really off

@@ -24,7 +24,10 @@ Sampling: generation prefills each distinct prompt once and hands its cache to t
 (fp32) it reads the policy through `packed_view`: an eval-mode clone whose LoRA layers are folded into one
 oneDNN-prepacked weight `W + scaling * B @ A`, refolded after every optimizer step, so the samples come from the
 current weights without PEFT's dropout and per-layer adapter matmuls — what TRL's vLLM path does by merging the
-adapter into the engine each step. Sampled tokens are TRL's (same sampler, stops and EOS masking).
+adapter into the engine each step. The KL reference pass (adapters disabled, no gradients) reads the same view,
+which then folds nothing. Its KV cache decodes into preallocated buffers (`kv_buffer.BufferedLayer`, as
+the local backend does) instead of copying the whole cache every token. Sampled tokens are TRL's (same sampler,
+stops and EOS masking).
 
 Anything else (images, MoE auxiliary losses, gradient checkpointing, models with extra logit scaling, a one-token
 prompt) takes TRL's original path unchanged.
@@ -39,6 +42,7 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
+from toolschool.models.backends.kv_buffer import BufferedLayer
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 
@@ -168,6 +172,7 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
         the cache lacks). Sampling, stopping and the EOS masking are TRL's.
         """
         from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
         from trl.models import unwrap_model_for_generation
         from trl.trainer.utils import pad
 
@@ -201,6 +206,8 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
             sampler = self._sampler(unwrapped)
             head_ids, head_mask = padded[first, :-1], mask[first, :-1]
             cache = DynamicCache(config=sampler.config)
+            if all(type(layer) is DynamicLayer for layer in cache.layers):  # decode in place, no per-step copy
+                cache.layers = [BufferedLayer() for _ in cache.layers]
             sampler(
                 input_ids=head_ids,
                 attention_mask=head_mask,
@@ -259,6 +266,10 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
         **multimodal: Any,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         text_only = all(value is None for value in multimodal.values())
+        if self.share_prompts and not torch.is_grad_enabled() and _adapters_disabled(model):
+            # The KL reference pass: the base model alone, in inference — the sampler's packed view computes it
+            # (its LoRA layers fold nothing while PEFT has them disabled).
+            model = self._sampler(self.accelerator.unwrap_model(model))
         if self.share_prompts and text_only and not compute_aux_loss and supports_shared_prompts(model):
             batch_size = batch_size or input_ids.size(0)
             logps, entropies = [], []
@@ -290,6 +301,12 @@ class SharedPromptGRPOTrainer(GRPOTrainer):
             compute_aux_loss=compute_aux_loss,
             **multimodal,
         )
+
+
+def _adapters_disabled(model: Any) -> bool:
+    """Whether `model` is a PEFT LoRA model whose adapters are all switched off (`disable_adapter()`)."""
+    layers = [m for m in model.modules() if hasattr(m, "lora_A") and hasattr(m, "disable_adapters")]
+    return bool(layers) and all(m.disable_adapters for m in layers)
 
 
 __all__ = ["SharedPromptGRPOTrainer", "shared_prompt_logps", "supports_shared_prompts"]

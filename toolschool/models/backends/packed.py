@@ -75,8 +75,28 @@ class PackedLinear(nn.Module):
         self.adapters = adapters
         self.pack = pack
         self.training = False
-        self._packed: torch.Tensor | None = None
-        self._packed_from: tuple[Any, ...] | None = None  # folded adapters, (storage pointer, version) of each source
+        # packed weights by (folded adapters, (storage pointer, version) of each source); two are kept, so a
+        # policy that alternates between its adapted and its base weights (RL's sampling and KL reference
+        # passes) does not re-pack on every switch
+        self._packed: dict[tuple[Any, ...], torch.Tensor] = {}
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The unpacked weight this layer computes with (base + folded adapters), for code that reads it directly
+        (e.g. a fused log-prob head); inference only, no gradient."""
+        adapters = [] if self.adapters is None else _folded(self.linear)
+        weight = self._base().weight
+        if not adapters:
+            return weight
+        with torch.no_grad():
+            weight = weight.detach().clone()
+            for name in adapters:
+                weight += self.linear.get_delta_weight(name).to(weight.dtype)
+        return weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._base().bias
 
     def _base(self) -> nn.Linear:
         return self.linear if self.adapters is None else self.linear.base_layer  # type: ignore[return-value]
@@ -87,16 +107,19 @@ class PackedLinear(nn.Module):
         for name in adapters:
             sources += [self.linear.lora_A[name].weight, self.linear.lora_B[name].weight]
         key = (tuple(adapters), *((w.data_ptr(), w._version) for w in sources))
-        if self._packed is None or self._packed_from != key:
+        packed = self._packed.pop(key, None)
+        if packed is None:
             with torch.no_grad():
                 weight = sources[0].detach()
                 if adapters:
                     weight = weight.clone()
                     for name in adapters:
                         weight += self.linear.get_delta_weight(name).to(weight.dtype)
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT) if self.pack else weight
-            self._packed_from = key
-        return self._packed  # type: ignore[return-value]
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT) if self.pack else weight
+            while len(self._packed) >= 2:
+                self._packed.pop(next(iter(self._packed)))
+        self._packed[key] = packed  # most recently used last
+        return packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weight = self._weight()
