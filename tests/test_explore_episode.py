@@ -344,3 +344,25 @@ def test_memory_window_and_pending_entries() -> None:
     assert memory.shown("t") == [{"query": "q2", "solved": "No"}, {"query": "q3", "solved": "not yet known"}]
     LongTermMemory.resolve(entry, None)
     assert memory.shown("t", with_outcome=False)[-1] == {"query": "q3", "solved": "unknown"}
+
+
+async def test_cancelling_an_episode_as_its_tool_call_returns_is_not_swallowed() -> None:
+    """Ctrl-C cancels the episodes; a call finishing in that same moment must not turn the cancel into a result."""
+    from types import SimpleNamespace
+
+    from toolschool.explore.episode import _execute
+
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[Observation] = loop.create_future()
+
+    class Registry:
+        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+            return await gate
+
+    task = asyncio.ensure_future(_execute(SimpleNamespace(registry=Registry()), "calculator", {}))
+    for _ in range(3):
+        await asyncio.sleep(0)  # the call is now waiting on the gate
+    gate.set_result(Observation("4", 4))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

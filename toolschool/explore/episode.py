@@ -241,7 +241,10 @@ class _Trial:
 async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Observation:
     """Run one call; whatever goes wrong becomes an error observation so the episode goes on."""
     try:
-        return await asyncio.wait_for(ctx.registry.acall(name, args), timeout=CALL_TIMEOUT_S)
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a call that finishes just
+        # as the episode is cancelled (Ctrl-C), swallowing the cancellation, and the run then goes on to the end.
+        async with asyncio.timeout(CALL_TIMEOUT_S):
+            return await ctx.registry.acall(name, args)
     except TimeoutError:
         message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:.0f} s."
         return Observation(message, None, is_error=True, error_kind="timeout")
