@@ -456,6 +456,10 @@ def write_heatmap(path: Path, panels: Sequence[dict[str, Any]]) -> None:
     image = None
     for ax, data in zip(axes[0], panels, strict=True):
         image = _draw_heatmap(ax, data, _figure_title(data))
+    if len({len(p["matrix"]) for p in panels}) == 1:  # same rows: label them once, on the left (no overlap)
+        for ax in axes[0][1:]:
+            ax.set_ylabel("")
+            ax.tick_params(labelleft=False)
     if image is not None:
         fig.colorbar(image, ax=list(axes[0]), shrink=0.8, label="correct %")
     fig.savefig(path, dpi=120, bbox_inches="tight")
