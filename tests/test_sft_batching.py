@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -98,6 +99,29 @@ def test_sampler_groups_prefixes_and_is_deterministic() -> None:
     sampler.set_epoch(1)
     assert list(sampler) != order and sorted(sampler) == list(range(len(keys)))
     assert list(PrefixGroupedSampler(keys, batch_size=2, seed=4)) != order
+
+
+def test_sampler_groups_lengths_within_prefix_groups() -> None:
+    rng = random.Random(0)
+    keys = ["a"] * 40 + ["b"] * 24
+    lengths = [rng.randint(10, 400) for _ in keys]
+
+    def padded(order: list[int]) -> int:
+        return sum(max(lengths[i] for i in order[k : k + 8]) * 8 for k in range(0, len(order), 8))
+
+    grouped = PrefixGroupedSampler(keys, batch_size=8, seed=1, lengths=lengths)
+    order = list(grouped)
+    assert sorted(order) == list(range(len(keys)))
+    batches = [order[i : i + 8] for i in range(0, len(order), 8)]
+    assert all(len({keys[i] for i in batch}) == 1 for batch in batches)  # prefixes still shared
+    plain = list(PrefixGroupedSampler(keys, batch_size=8, seed=1))
+    assert padded(order) < 0.8 * padded(plain)
+    assert padded(order) <= 1.25 * sum(lengths)  # sorted: only the spread within a batch is padding
+    assert list(PrefixGroupedSampler(keys, batch_size=8, seed=1, lengths=lengths)) == order  # resumable
+    grouped.set_epoch(1)
+    assert list(grouped) != order  # batch order still shuffled per epoch
+    with pytest.raises(ValueError, match="3 lengths for 64 examples"):
+        PrefixGroupedSampler(keys, batch_size=8, seed=1, lengths=[1, 2, 3])
 
 
 def test_bad_batching_value_is_refused() -> None:

@@ -18,12 +18,16 @@ def sft(
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     method: str = typer.Option(None, help="lora | full"),
     lora_rank: int = typer.Option(None),
+    lora_dropout: float = typer.Option(None),
     batch_size: int = typer.Option(None),
     num_steps: int = typer.Option(None),
     max_length: int = typer.Option(None),
     learning_rate: float = typer.Option(None, "--lr"),
     batching: str = typer.Option(
         None, help="shared_prefix (default: tool schemas run once per batch) | padding_free | padded"
+    ),
+    group_by_length: bool = typer.Option(
+        None, "--group-by-length/--no-group-by-length", help="Batch examples of similar length (default: on)."
     ),
     checkpoint_interval: int = typer.Option(None),
     log_interval: int = typer.Option(None),
@@ -46,11 +50,13 @@ def sft(
         "sft.format": format,
         "sft.method": method,
         "sft.lora_rank": lora_rank,
+        "sft.lora_dropout": lora_dropout,
         "sft.batch_size": batch_size,
         "sft.num_steps": num_steps,
         "sft.max_length": max_length,
         "sft.learning_rate": learning_rate,
         "sft.batching": batching,
+        "sft.group_by_length": group_by_length,
         "sft.checkpoint_interval": checkpoint_interval,
         "sft.log_interval": log_interval,
         "sft.validation_interval": validation_interval,

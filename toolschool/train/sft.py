@@ -458,6 +458,9 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         # Examples are already truncated (and counted) by prepare_examples.
         max_length=settings.max_length if batching == "padded" else None,
         padding_free=batching == "padding_free",
+        train_sampling_strategy="group_by_length"
+        if settings.group_by_length and batching == "padded"
+        else "random",
         # The shared-prefix collator reads each row's `prefix_length` column, which TRL would drop.
         remove_unused_columns=batching != "shared_prefix",
         report_to="none",
@@ -473,7 +476,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     extra: dict[str, Any] = {}
     if batching == "shared_prefix":
         keys = [tuple(row["input_ids"][: row["prefix_length"]]) for row in prepared.rows]
-        trainer_class = shared_prefix_trainer(keys)
+        lengths = [len(row["input_ids"]) - row["prefix_length"] for row in prepared.rows]
+        trainer_class = shared_prefix_trainer(keys, lengths if settings.group_by_length else None)
         extra["data_collator"] = SharedPrefixCollator(tokenizer.pad_token_id)
         rows = prepared.rows
     else:
