@@ -174,3 +174,4 @@ def test_resume_continues_with_the_same_batches(tmp_path: Path, tiny_model_dir: 
     log = [json.loads(line) for line in (straight / "train_log.jsonl").read_text().splitlines()]
     tokens = [r for r in log if "tokens_run" in r]
     assert tokens and all(r["tokens_run"] < r["tokens_represented"] for r in tokens)
+    assert all(r["tokens_run"] <= r["tokens_computed"] for r in tokens)  # computed counts the padding too
