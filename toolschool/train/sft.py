@@ -458,9 +458,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         # Examples are already truncated (and counted) by prepare_examples.
         max_length=settings.max_length if batching == "padded" else None,
         padding_free=batching == "padding_free",
-        train_sampling_strategy="group_by_length"
-        if settings.group_by_length and batching == "padded"
-        else "random",
+        train_sampling_strategy="group_by_length" if settings.group_by_length and batching == "padded" else "random",
         # The shared-prefix collator reads each row's `prefix_length` column, which TRL would drop.
         remove_unused_columns=batching != "shared_prefix",
         report_to="none",
