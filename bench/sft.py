@@ -111,7 +111,7 @@ def _worker(variant: str, data: Path, model_name: str, steps: int, batch: int, m
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=LoraConfig(
-            r=32, lora_alpha=64, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM"
+            r=32, lora_alpha=64, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM"
         ),
         callbacks=[Clock()],
         **extra,
@@ -184,7 +184,7 @@ def main() -> None:
         "batch_size": args.batch_size,
         "max_length": args.max_length,
         "repeats": args.repeats,
-        "lora": {"r": 32, "alpha": 64, "dropout": 0.05, "target_modules": "all-linear"},
+        "lora": {"r": 32, "alpha": 64, "dropout": 0.0, "target_modules": "all-linear"},
         "pinned": {
             "gradient_checkpointing": "off in every variant (TRL default: on) to isolate batching",
             "data": "same tokenized rows (our format's labels) for every variant",
