@@ -53,7 +53,7 @@ class SFTSection(Section):
         0.0,
         ge=0.0,
         lt=1.0,
-        description="PEFT's default; on CPU a dropout mask per LoRA layer costs ~13% of a step (bernoulli RNG)",
+        description="PEFT's default; on CPU a dropout mask per LoRA layer costs ~12% of a step (bernoulli RNG)",
     )
     target_modules: list[str] = Field(
         default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
