@@ -247,13 +247,13 @@ def shared_prefix_trainer(keys: Sequence[Any], lengths: Sequence[int] | None = N
                 if self.args.average_tokens_across_devices:
                     loss = loss * self.accelerator.num_processes
             if model.training:
-                run = int(inputs["prefix_lengths"].sum()) + int(inputs["attention_mask"].sum())
-                self._tokens_run += run
+                prefix = int(inputs["prefix_lengths"].sum())
+                self._tokens_run += prefix + int(inputs["attention_mask"].sum())
                 self._tokens_represented += represented
-                self._tokens_computed += int(inputs["prefix_lengths"].sum()) + inputs["attention_mask"].numel()
+                self._tokens_computed += prefix + inputs["attention_mask"].numel()  # padding included
                 self._metrics["train"]["tokens_run"] = [self._tokens_run]
                 self._metrics["train"]["tokens_represented"] = [self._tokens_represented]
-                self._metrics["train"]["tokens_computed"] = [self._tokens_computed]  # padding included
+                self._metrics["train"]["tokens_computed"] = [self._tokens_computed]
                 self._metrics["train"]["num_tokens"] = [self._tokens_represented]
             if return_outputs:
                 return loss, {"loss": loss}

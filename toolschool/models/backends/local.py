@@ -281,9 +281,10 @@ class LocalBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - one bad request (template, length) must not stop the rest
                 _resolve(pending, exc)
         # Prompts with nothing cached are prefilled alone (and cached); the rest share one padded forward pass.
-        # A miss is looked up again after each alone-prefill: when many requests arrive at once on a cold
-        # cache (the first turn of 16 episodes), the first one's prefill caches the system prompt and tool
-        # list that the others share, so only the first pays for it.
+        # Hits are taken first (an alone-prefill's store could evict what they would hit); a miss is looked up
+        # again after each alone-prefill: when many requests arrive at once on a cold cache (the first turn of 16
+        # episodes), the first one's prefill caches the system prompt and tool list that the others share, so
+        # only the first pays for it.
         group: list[tuple[_Pending, list[int], int, _Prefix]] = []
         misses: list[tuple[_Pending, list[int], int]] = []
         for pending, prompt, max_tokens in prepared:
@@ -366,10 +367,7 @@ class LocalBackend(Backend):
             logits_to_keep=1,
         )
         for i, (_, prompt, _, _) in enumerate(group):
-            real = mask_bL[i].nonzero().squeeze(1)
-            self.prefix_cache.store(
-                prompt, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in cache.layers]
-            )
+            self._cache_row(prompt, cache.layers, mask_bL[i], i)
         self.stats.prefill_seconds += time.perf_counter() - start
         self.stats.prefill_tokens += sum(suffix)
         self.stats.reused_prompt_tokens += sum(prefix)
@@ -466,11 +464,15 @@ class LocalBackend(Backend):
         instead of after the previous prompt."""
         assert self._mask_BL is not None
         fed = row.prompt + row.token_ids[:-1]  # the last sampled token was never run through the model
-        real = self._mask_BL[i].nonzero().squeeze(1)
-        if len(real) != len(fed):  # cannot happen; a wrong entry would corrupt later prompts, so never store one
+        self._cache_row(fed, self._cache.layers, self._mask_BL[i], i)
+
+    def _cache_row(self, tokens: list[int], layers: list[Any], mask_L: torch.Tensor, i: int) -> None:
+        """Store row i of a batched cache (its real positions, per `mask_L`) as the KV of `tokens`."""
+        real = mask_L.nonzero().squeeze(1)
+        if len(real) != len(tokens):  # cannot happen; a wrong entry would corrupt later prompts, so never store one
             return
         self.prefix_cache.store(
-            fed, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in self._cache.layers]
+            tokens, [(layer.keys[i : i + 1, :, real], layer.values[i : i + 1, :, real]) for layer in layers]
         )
 
     def _finish_if_done(self, i: int, row: _Row) -> bool:

@@ -84,7 +84,10 @@ class PackedLinear(nn.Module):
     def weight(self) -> torch.Tensor:
         """The unpacked weight this layer computes with (base + folded adapters), for code that reads it directly
         (e.g. a fused log-prob head); inference only, no gradient."""
-        adapters = [] if self.adapters is None else _folded(self.linear)
+        return self._fold([] if self.adapters is None else _folded(self.linear))
+
+    def _fold(self, adapters: list[str]) -> torch.Tensor:
+        """The base weight with `adapters` added in (a new tensor; the base parameter itself when there are none)."""
         weight = self._base().weight
         if not adapters:
             return weight
@@ -109,12 +112,8 @@ class PackedLinear(nn.Module):
         key = (tuple(adapters), *((w.data_ptr(), w._version) for w in sources))
         packed = self._packed.pop(key, None)
         if packed is None:
+            weight = self._fold(adapters).detach()
             with torch.no_grad():
-                weight = sources[0].detach()
-                if adapters:
-                    weight = weight.clone()
-                    for name in adapters:
-                        weight += self.linear.get_delta_weight(name).to(weight.dtype)
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight, BATCH_HINT) if self.pack else weight
             while len(self._packed) >= 2:
                 self._packed.pop(next(iter(self._packed)))
