@@ -375,3 +375,30 @@ async def test_finished_replies_are_cached_for_the_next_turn(backend: LocalBacke
     [again] = await backend.generate(follow)
     assert backend.stats.reused_prompt_tokens - reused >= len(prompt) - 4
     assert _prefix_of(again.token_ids, _alone(backend, follow), backend.stop_token_ids)
+
+
+def test_prefill_buckets_keep_similar_rows_together_and_split_outliers() -> None:
+    from toolschool.models.backends.local import prefill_buckets
+
+    # similar short suffixes on the same cached prompt: one pass (a pass costs more than a little padding)
+    assert prefill_buckets([(30, 265), (33, 265), (28, 265), (35, 265)]) == [[2, 0, 1, 3]]
+    # a 400-token tool observation beside 20-token replies: the replies do not pad to 400
+    assert prefill_buckets([(20, 1500), (400, 1500), (22, 1400), (18, 1600)]) == [[3, 0, 2], [1]]
+    assert prefill_buckets([(7, 100)]) == [[0]]
+    assert prefill_buckets([]) == []
+
+
+async def test_prompts_of_very_different_lengths_are_prefilled_in_separate_passes(tiny_model_dir: Path) -> None:
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
+    try:
+        await b.generate(_request("hi", 0, max_tokens=1))  # caches the shared system prompt and tool list
+        long_question = "Please add up these numbers for me: " + " + ".join(str(i) for i in range(80))
+        requests = [_request(p, 0, max_tokens=3) for p in ("hello", "hey there", long_question, "what now?")]
+        passes, padding = b.stats.prefill_passes, b.stats.prefill_padding_tokens
+        results = await asyncio.gather(*(b.generate(r) for r in requests))
+        assert b.stats.prefill_passes - passes == 2  # the short ones together, the long one alone
+        assert b.stats.prefill_padding_tokens - padding < 10
+        for request, completions in zip(requests, results, strict=True):
+            assert _prefix_of(completions[0].token_ids, _alone(b, request), b.stop_token_ids)
+    finally:
+        await b.aclose()
