@@ -5,8 +5,9 @@ requests go into a queue; one worker thread owns the model and runs the decode l
 
 1. admit waiting requests while the batch has room: the part of each prompt already in the prefix cache
    (typically the shared system prompt and tool list) is reused, the rest of the admitted prompts is
-   prefilled in padded forward passes (prompts of similar lengths share one), each row's KV cache is repeated for its `n` samples, and the rows
-   are merged into the running batch by left-padding the shorter cache with masked zeros;
+   prefilled in padded forward passes (prompts of similar lengths share one), each row's KV cache is
+   repeated for its `n` samples, and the rows are merged into the running batch by left-padding the shorter
+   cache with masked zeros;
 2. choose one token for every row (greedy or seeded sampling, per row);
 3. retire rows that hit the end-of-turn token, a stop string or their token budget — they leave the batch at
    once, so they cost no further compute — and answer a request when all of its samples are done;
