@@ -193,6 +193,31 @@ async def test_kv_buffer_growth_across_capacity_gives_the_same_tokens(
     _assert_same_run([c[0] for c in results], alone)
 
 
+def test_buffered_layer_joins_rows_in_place_after_one_rebuild() -> None:
+    torch.manual_seed(0)
+    layer = BufferedLayer()
+    layer.headroom = 4
+    first = torch.randn(2, 2, 6, 8)
+    layer.update(first, -first)
+    second = torch.randn(1, 2, 3, 8)
+    layer.join(second, -second, max_rows=8)  # no spare rows yet: rebuilt with room for as many rows again
+    buffer = layer._key_buf
+    assert buffer is not None and buffer.shape[0] == 6
+    longer = torch.randn(2, 2, 9, 8)  # longer than the batch: the view grows to the left, in place
+    layer.join(longer, -longer, max_rows=8)
+    assert layer._key_buf is buffer and layer.keys.shape == (5, 2, 9, 8)
+    zeros = torch.zeros
+    assert torch.equal(layer.keys[:2, :, :3], zeros(2, 2, 3, 8)) and torch.equal(layer.keys[:2, :, 3:], first)
+    assert torch.equal(layer.keys[2, :, :6], zeros(2, 6, 8)) and torch.equal(layer.keys[2, :, 6:], second[0])
+    assert torch.equal(layer.keys[3:], longer) and torch.equal(layer.values[3:], -longer)
+    step = torch.randn(5, 2, 1, 8)
+    keys, _ = layer.update(step, -step)
+    assert layer._key_buf is buffer and torch.equal(keys[:, :, -1:], step) and torch.equal(keys[3:, :, :-1], longer)
+    layer.join(torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8), max_rows=8)  # too long for the spare: rebuilt
+    assert layer._key_buf is not buffer and layer.keys.shape == (7, 2, 20, 8)
+    assert torch.equal(layer.keys[3:5, :, -10:-1], longer) and not layer.keys.isnan().any()
+
+
 def test_buffered_layer_matches_concatenation() -> None:
     torch.manual_seed(0)
     layer = BufferedLayer()

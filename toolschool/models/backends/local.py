@@ -413,7 +413,7 @@ class LocalBackend(Backend):
         assert self._mask_BL is not None and self._positions_B is not None and self._logits_BV is not None
         length = max(self._mask_BL.shape[1], mask_nL.shape[1])
         for old_layer, new_layer in zip(self._cache.layers, cache.layers, strict=True):
-            old_layer.join(new_layer.keys, new_layer.values)
+            old_layer.join(new_layer.keys, new_layer.values, max_rows=self.max_batch_size)
         self._mask_BL = torch.cat([pad_left(self._mask_BL, length), pad_left(mask_nL, length)])
         self._positions_B = torch.cat([self._positions_B, positions_n])
         self._logits_BV = torch.cat([self._logits_BV, logits_nV])
