@@ -213,9 +213,16 @@ def test_buffered_layer_joins_rows_in_place_after_one_rebuild() -> None:
     step = torch.randn(5, 2, 1, 8)
     keys, _ = layer.update(step, -step)
     assert layer._key_buf is buffer and torch.equal(keys[:, :, -1:], step) and torch.equal(keys[3:, :, :-1], longer)
+    for _ in range(4):  # past the spare positions on the right: rebuilt, keeping the spare rows
+        keys, _ = layer.update(step, -step)
+    assert layer._key_buf is not buffer and layer._key_buf.shape[0] == 6 and torch.equal(keys[3:, :, :9], longer)
+    buffer = layer._key_buf
+    layer.join(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), max_rows=8)
+    assert layer._key_buf is buffer and layer.keys.shape == (6, 2, 14, 8)
+    layer.keep_rows([], rows=5, drop_front=0)
     layer.join(torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8), max_rows=8)  # too long for the spare: rebuilt
     assert layer._key_buf is not buffer and layer.keys.shape == (7, 2, 20, 8)
-    assert torch.equal(layer.keys[3:5, :, -10:-1], longer) and not layer.keys.isnan().any()
+    assert torch.equal(layer.keys[3:5, :, -14:-5], longer) and not layer.keys.isnan().any()
 
 
 def test_buffered_layer_matches_concatenation() -> None:

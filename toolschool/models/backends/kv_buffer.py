@@ -46,8 +46,11 @@ class BufferedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         used = self.get_seq_length()
         new = key_states.shape[-2]
-        if not self._owns_views() or self._key_buf is None or self._start + used + new > self._key_buf.shape[2]:
-            self._rebuild(extra=new, batch=key_states.shape[0])
+        owned = self._owns_views()
+        if not owned or self._start + used + new > self._key_buf.shape[2]:  # type: ignore[union-attr]
+            # out of positions: keep the spare rows, so the next join does not have to rebuild again
+            spare_rows = self._key_buf.shape[0] if owned else 0  # type: ignore[union-attr]
+            self._rebuild(extra=new, batch=key_states.shape[0], rows_capacity=spare_rows)
         assert self._key_buf is not None and self._value_buf is not None
         rows, end = key_states.shape[0], self._start + used
         self._key_buf[:rows, :, end : end + new] = key_states
