@@ -109,7 +109,7 @@ def test_loader_reports_bad_lines_with_file_and_line(tmp_path: Path) -> None:
     assert len(examples) == 2 and report.lines == 4 and report.kept == 2 and report.skipped == 2
     assert report.errors[0].startswith(f"{path}:2: not valid JSON")
     assert report.errors[1].startswith(f"{path}:4: ") and "must end with an assistant message" in report.errors[1]
-    with pytest.raises(DataError, match=rf"{path}:2: not valid JSON.*on_error='skip'"):
+    with pytest.raises(DataError, match=rf"{path}:2: not valid JSON.*toolschool dataset validate {path}"):
         load_dataset_jsonl(path, on_error="stop")
 
 

@@ -89,9 +89,22 @@ def test_missing_or_empty_data_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="does not exist"):
         items_from_file(tmp_path / "nope.jsonl")
     empty = tmp_path / "empty.jsonl"
-    empty.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": []}) + "\n")
+    empty.write_text("\n")
     with pytest.raises(DataError, match="no conversation with an assistant turn"):
         items_from_file(empty)
+    no_reply = tmp_path / "no_reply.jsonl"
+    no_reply.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": []}) + "\n")
+    with pytest.raises(DataError, match="no_reply.jsonl:1: the conversation must end with an assistant message"):
+        items_from_file(no_reply)
+
+
+def test_a_bad_data_line_stops_evaluation_with_its_line_number(data_file: Path) -> None:
+    """Skipping it would silently change what the scores are measured over."""
+    lines = data_file.read_text().splitlines()
+    lines.insert(1, json.dumps({"messages": [{"role": "user", "content": "hi"}], "tool": []}))
+    data_file.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"{data_file}:2: unknown key\(s\) tool.*toolschool dataset validate"):
+        items_from_file(data_file)
 
 
 async def test_runner_scores_replies_and_never_crashes_on_bad_output(data_file: Path) -> None:

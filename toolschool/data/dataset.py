@@ -134,7 +134,8 @@ def _check_on_error(on_error: str) -> None:
 def _bad(report: DatasetReport, where: str, reason: str, on_error: str) -> None:
     message = f"{where}: {reason}"
     if on_error == "stop":
-        raise DataError(message, hint="fix the line, or load with on_error='skip' (--on-error skip) to skip bad lines")
+        hint = f"fix the line; `toolschool dataset validate {report.source}` lists every bad line"
+        raise DataError(message, hint=hint)
     report.errors.append(message)
 
 

@@ -8,13 +8,13 @@ Benchmarks (BFCL, STE) build items themselves and may attach a `judge` that adds
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolschool.chat.types import ParsedReply
+from toolschool.data.dataset import load_dataset_jsonl
 from toolschool.errors import DataError
 
 Judge = Callable[[ParsedReply], dict[str, Any]]
@@ -43,31 +43,15 @@ class EvalItem:
 
 
 def read_examples(path: str | Path) -> list[dict[str, Any]]:
-    """Dataset lines through the DATA package's loader (it validates and reports bad lines)."""
+    """Dataset lines, validated by the data loader; the first bad line stops with its `file:line: reason`.
+
+    As in SFT and RL: skipping a bad line here would silently change what a score is measured over.
+    """
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file '{path}' does not exist", hint="pass a JSONL file of conversations with --data")
-    try:
-        from toolschool.data.dataset import load_dataset_jsonl
-    except ImportError:  # the DATA package is optional for reading plain files
-        return _read_jsonl(path)
-    examples, _report = load_dataset_jsonl(path, on_error="skip")
-    return list(examples)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})", hint="fix or remove that line") from None
-        if not isinstance(row, dict) or not isinstance(row.get("messages"), list):
-            raise DataError(f"{path}:{number}: expected an object with a 'messages' list")
-        rows.append(row)
-    return rows
+    examples, _report = load_dataset_jsonl(path, on_error="stop")
+    return examples
 
 
 def item_from_example(example: dict[str, Any], index: int, *, source: str = "data") -> EvalItem | None:
