@@ -142,6 +142,18 @@ def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Pa
         run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
 
 
+def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tiny_model_dir: Path) -> None:
+    """Another model of the same architecture (e.g. a fine-tune of the base) is still another base model."""
+    from helpers import save_tiny_llama
+
+    tmp_path, train, validation, out, _ = first_run
+    other_dir = save_tiny_llama(tmp_path / "same-shape-model", tiny_model_dir, seed=7)
+    with pytest.raises(ToolschoolError, match="were trained from base model .*different weights"):
+        run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
+    saved = json.loads((out / "toolschool_sft.json").read_text())["base"]
+    assert saved["model"] == str(tiny_model_dir)  # the refused resume did not overwrite the run's base
+
+
 def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
     from toolschool.models.loading import load_model
 

@@ -57,14 +57,38 @@ def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:
         "hidden_size": getattr(config, "hidden_size", None),
         "num_hidden_layers": getattr(config, "num_hidden_layers", None),
         "vocab_size": len(loaded.tokenizer),
+        "weights": weights_fingerprint(loaded.model),
     }
+
+
+def weights_fingerprint(model: Any, per_tensor: int = 256) -> str:
+    """A short hash of the model's weights, so a model of the same architecture but other weights (another
+    fine-tune of the same base, a re-initialised copy) is not taken for the base a checkpoint was trained on.
+
+    It hashes the first `per_tensor` values of every parameter rounded to bf16, so loading the same model in
+    fp32 or bf16 gives the same fingerprint; this reads a few KB per tensor, not the whole model.
+    """
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            values = param.detach().reshape(-1)[:per_tensor].to("cpu", torch.bfloat16).view(torch.int16)
+            digest.update(name.encode())
+            digest.update(values.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
 
 
 def same_base(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
-    return all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS)
+    """Same architecture, and the same weights where both sides recorded a fingerprint (older runs did not)."""
+    if not all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
+        return False
+    return saved.get("weights") is None or identity.get("weights") is None or saved["weights"] == identity["weights"]
 
 
 def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from toolschool.config import SFTSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
+    IDENTITY_KEYS,
     JsonlLogger,
     base_identity,
     latest_checkpoint,
@@ -355,11 +356,20 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         return
     saved = json.loads(meta_path.read_text())["base"]
     if not same_base(saved, identity):
+        if all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
+            what = (
+                f"not '{identity['model']}', which has the same architecture ({identity['model_type']}, "
+                f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']}) but different weights "
+                f"(fingerprint {identity.get('weights')} vs {saved.get('weights')})"
+            )
+        else:
+            what = (
+                f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden "
+                f"{saved.get('hidden_size')}), not '{identity['model']}' ({identity['model_type']}, "
+                f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']})"
+            )
         raise ToolschoolError(
-            f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' "
-            f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden {saved.get('hidden_size')}), "
-            f"not '{identity['model']}' ({identity['model_type']}, {identity['num_hidden_layers']} layers, "
-            f"hidden {identity['hidden_size']})",
+            f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' {what}",
             hint="resume with the same --model, or train into a new --out folder",
         )
 
