@@ -89,7 +89,7 @@ async def test_http_errors_are_clear(url: str) -> None:
     await wrong_key.aclose()
 
     http = _http(url)
-    with pytest.raises(EndpointError, match=r"rejected the request for model 'tiny' \(HTTP 400: .*max_tokens"):
+    with pytest.raises(EndpointError, match=r"rejected the request \(HTTP 400: .*max_tokens"):
         await http.generate(GenerationRequest([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=0)))
     await http.aclose()
 
@@ -195,3 +195,20 @@ async def test_retries_give_up_with_a_clear_error_and_concurrency_is_bounded() -
 def test_concurrency_must_be_positive() -> None:
     with pytest.raises(Exception, match="concurrency must be at least 1"):
         OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:9/v1#m"), concurrency=0)
+
+
+async def test_a_model_the_endpoint_does_not_serve_is_named_with_the_ones_it_does(url: str) -> None:
+    wrong = make_backend(f"openai:{url}#tinyy", api_key="secret")
+    with pytest.raises(EndpointError, match=r"endpoint .* has no model 'tinyy' \(HTTP 404.*it serves: tiny"):
+        await wrong.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
+    await wrong.aclose()
+
+
+async def test_a_rejected_request_names_the_server_reason_and_not_the_model(url: str) -> None:
+    http = _http(url)
+    long = GenerationRequest([{"role": "user", "content": "word " * 1100}])
+    with pytest.raises(EndpointError) as caught:
+        await http.generate(long)
+    await http.aclose()
+    assert "rejected the request (HTTP 400: the prompt has" in str(caught.value)
+    assert "model name" not in str(caught.value)

@@ -262,3 +262,156 @@ def test_generate_command_prints_completions(tiny_model_dir: Path) -> None:
 def test_serve_refuses_an_endpoint_model() -> None:
     result = CliRunner().invoke(app, ["serve", "--model", "openai:http://127.0.0.1:9/v1#m"])
     assert result.exit_code == 2 and "is already an endpoint" in result.output
+
+
+HI = [{"role": "user", "content": "hi"}]
+CALC_NAME = CALC["function"]["name"]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message", "param"),
+    [
+        (
+            {"messages": HI, "model": "gpt-4o"},
+            404,
+            "model 'gpt-4o' is not served here; this server serves 'tiny'",
+            "model",
+        ),
+        ({"messages": HI, "stop": 5}, 400, "stop: must be a string or a list of strings", "stop"),
+        ({"messages": HI, "stop": ["a", None]}, 400, "stop: must be a string or a list of strings", "stop"),
+        (
+            {"messages": HI, "tool_choice": "bogus"},
+            400,
+            'tool_choice: must be "none", "auto", "required" or',
+            "tool_choice",
+        ),
+        ({"messages": HI, "seed": 2**70}, 400, "seed: Input should be less than or equal to", "seed"),
+        ({"messages": HI, "top_logprobs": 3, "logprobs": True}, 400, "top_logprobs is not supported", "top_logprobs"),
+        ({"messages": HI, "presence_penalty": 0.5}, 400, "presence_penalty is not supported", "presence_penalty"),
+        ({"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty is not supported", "frequency_penalty"),
+        ({"messages": HI, "logit_bias": {"42": 5}}, 400, "logit_bias is not supported", "logit_bias"),
+        (
+            {"messages": HI, "response_format": {"type": "json_object"}},
+            400,
+            "response_format 'json_object' is not supported",
+            "response_format",
+        ),
+        (
+            {"messages": HI, "tool_choice": {"type": "function", "function": {"name": CALC_NAME}}},
+            400,
+            f"tool_choice names function '{CALC_NAME}' but the request has no tools",
+            "tool_choice",
+        ),
+        (
+            {"messages": HI, "tools": [CALC], "tool_choice": {"type": "function", "function": {"name": "web"}}},
+            400,
+            f"tool_choice names function 'web', which is not in tools ({CALC_NAME})",
+            "tool_choice",
+        ),
+        (
+            {"messages": HI, "tools": [CALC], "tool_choice": {"type": "function"}},
+            400,
+            'tool_choice must be {"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        ),
+        ({"messages": HI, "tool_choice": "required"}, 400, "tool_choice 'required' needs tools", "tool_choice"),
+    ],
+)
+async def test_requests_the_server_cannot_honour_are_refused_with_the_field(
+    base_url: str, body: dict, status: int, message: str, param: str
+) -> None:
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["param"] == param
+
+
+async def test_body_must_be_a_json_object_whatever_the_content_type(base_url: str) -> None:
+    body = json.dumps({"messages": HI, "max_tokens": 2}).encode()
+    async with httpx.AsyncClient(timeout=60) as client:
+        as_form = await client.post(  # what `curl -d` sends
+            f"{base_url}/chat/completions", content=body, headers={"content-type": "application/x-www-form-urlencoded"}
+        )
+        a_list = await client.post(f"{base_url}/chat/completions", json=[{"messages": HI}])
+    assert as_form.status_code == 200, as_form.text
+    assert a_list.status_code == 400
+    assert a_list.json()["error"]["message"] == "request body must be a JSON object, got a list"
+
+
+async def test_null_means_default_and_defaults_are_accepted(base_url: str) -> None:
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "developer", "content": "Be brief."}, *HI],
+        **dict.fromkeys(
+            ("n", "temperature", "top_p", "stop", "seed", "logprobs", "stream", "tools", "tool_choice"), None
+        ),
+        "max_tokens": 2,
+        "presence_penalty": 0,
+        "frequency_penalty": 0.0,
+        "logit_bias": {},
+        "response_format": {"type": "text"},
+        "top_logprobs": 0,
+        "parallel_tool_calls": True,
+        "user": "someone",
+    }
+    system = {**body, "messages": [{"role": "system", "content": "Be brief."}, *HI]}
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+        as_system = await client.post(f"{base_url}/chat/completions", json=system)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 1
+    # "developer" (the OpenAI API's newer name for system) is rendered as the system message
+    assert response.json()["usage"]["prompt_tokens"] == as_system.json()["usage"]["prompt_tokens"]
+
+
+async def test_named_tool_choice_and_largest_seed_are_served(base_url: str) -> None:
+    body = {
+        "messages": HI,
+        "tools": [CALC],
+        "tool_choice": {"type": "function", "function": {"name": CALC_NAME}},
+        "seed": 2**63 - 1,
+        "n": 2,
+        "temperature": 1,
+        "max_tokens": 2,
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(f"{base_url}/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 2
+
+
+async def test_logprob_tokens_are_text_not_vocabulary_entries(base_url: str) -> None:
+    body = {"messages": HI, "max_tokens": 5, "temperature": 0, "logprobs": True}
+    async with httpx.AsyncClient(timeout=60) as client:
+        choice = (await client.post(f"{base_url}/chat/completions", json=body)).json()["choices"][0]
+    entries = choice["logprobs"]["content"]
+    assert choice["finish_reason"] == "length" and len(entries) == 5
+    assert "".join(e["token"] for e in entries) == choice["message"]["content"]
+    assert all(e["bytes"] == list(e["token"].encode()) for e in entries)
+
+
+async def test_unknown_routes_and_methods_get_openai_style_errors(base_url: str) -> None:
+    async with httpx.AsyncClient() as client:
+        missing = await client.post(f"{base_url}/completions", json={})
+        wrong_method = await client.get(f"{base_url}/chat/completions")
+    assert missing.status_code == 404
+    assert "POST /v1/completions is not served" in missing.json()["error"]["message"]
+    assert wrong_method.status_code == 405
+    assert "GET /v1/chat/completions is not allowed" in wrong_method.json()["error"]["message"]
+
+
+async def test_disconnect_is_noticed_with_an_api_key_too(backend: LocalBackend) -> None:
+    """The key check must not hide the client's disconnect from the endpoint (it did as an http middleware)."""
+    with running_server(backend, "tiny", api_key="k") as url:
+        body = {"messages": [{"role": "user", "content": "Write a long story."}], "max_tokens": 900}
+        headers = {"authorization": "Bearer k"}
+        async with httpx.AsyncClient(timeout=0.5) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(f"{url}/chat/completions", json=body, headers=headers)
+            refused = await client.get(f"{url}/models")
+        deadline = time.monotonic() + 30
+        while backend._rows and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert not backend._rows
+    assert refused.status_code == 401 and "invalid API key" in refused.json()["error"]["message"]

@@ -6,28 +6,41 @@ concurrent requests share forward passes. Tool calls the model writes in hermes 
 `tool_calls`).
 
 Request handling, on purpose:
+- The body is parsed as JSON whatever its content type (`curl -d` sends a form type); it must be an object.
+- `model`, when given, must be the served name (else 404 `model_not_found`, as vLLM and OpenAI answer), so a
+  client pointed at the wrong model learns it instead of silently getting this one.
+- `null` for an optional field means its default, as in the OpenAI API.
 - `tool_choice`: "none" means the tools are not offered to the model at all (and nothing is parsed as a call);
   "auto", "required" and a named function are all treated as "auto" — the model decides, nothing is forced.
+  "required" without tools, or a named function that is not among the tools, is a 400.
 - `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, as in the OpenAI API.
+- Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
+  `logit_bias`, a JSON `response_format`) get a 400 naming them rather than being silently ignored; their
+  neutral values (0, {}, "text") are accepted. Other unknown fields (`user`, `parallel_tool_calls`, ...) are
+  ignored. Role "developer" (the OpenAI API's newer name for the system role) is read as "system".
 - `continue_final_message: true` (a vLLM extension) continues a final partial assistant message: its content
   is appended to the prompt and the reply holds only the continuation.
-- `stream: true` is refused with 400 (not implemented); malformed requests get 400 with an OpenAI-style error.
-- A client that disconnects cancels its generation, so its rows leave the batch.
+- A client that disconnects cancels its generation, so its rows leave the batch. The API-key check is a plain
+  ASGI middleware: Starlette's `BaseHTTPMiddleware` hides the client's disconnect from the endpoint.
 - With an API key set, /v1 requests without `Authorization: Bearer KEY` get 401.
+- Errors, unknown routes included, have the OpenAI form `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import secrets
 import time
 import uuid
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
@@ -35,39 +48,75 @@ from toolschool.models.backend import Backend, Completion, GenerationRequest, Sa
 
 DEFAULT_MAX_TOKENS = 512
 _DISCONNECT_POLL_SECONDS = 0.25
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# Union-typed fields: pydantic reports one error per member type, so these get one message of their own.
+_FIELD_MESSAGES = {
+    "stop": "must be a string or a list of strings",
+    "tool_choice": 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+}
 
 
 class ChatCompletionRequest(BaseModel):
-    """The subset of the OpenAI chat completions request that toolschool serves (unknown fields ignored)."""
+    """The subset of the OpenAI chat completions request that toolschool serves (unknown fields ignored).
+
+    Every optional field accepts null (= its default), as the OpenAI API does.
+    """
 
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    n: int = Field(1, ge=1, le=64)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int | None = Field(None, ge=1, le=64)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
-    logprobs: bool = False
-    stream: bool = False
-    continue_final_message: bool = False
+    seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
+    logprobs: bool | None = None
+    stream: bool | None = None
+    continue_final_message: bool | None = None
+    # Accepted only at their neutral values (see the module docstring).
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, param: str | None = None, *, status: int = 400, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
+        self.status = status
+        self.code = code
 
 
-def _error(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+def _error(
+    status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> JSONResponse:
     return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": None}}
+        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": code}}
     )
+
+
+class _RequireKey:
+    """Refuse /v1 requests without `Authorization: Bearer KEY` (a pure ASGI middleware; see the module doc)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            sent = dict(scope["headers"]).get(b"authorization", b"")
+            if not secrets.compare_digest(sent, self.expected):
+                response = _error(401, "invalid API key: send Authorization: Bearer KEY", kind="authentication_error")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(backend: Backend, model_name: str, *, api_key: str | None = None, close_backend: bool = True) -> FastAPI:
@@ -84,24 +133,25 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
 
     app = FastAPI(title="toolschool", lifespan=lifespan)
     created = int(time.time())
+    if api_key:
+        app.add_middleware(_RequireKey, api_key=api_key)
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        return _error(400, f"invalid request: {message}", param=where or None)
-
-    @app.middleware("http")
-    async def _check_key(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _error(401, "invalid API key: send Authorization: Bearer KEY", kind="authentication_error")
-        return await call_next(request)
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message = f"{where} is not served; toolschool serve has POST /v1/chat/completions and GET /v1/models"
+        elif exc.status_code == 405:
+            message = f"{where} is not allowed; toolschool serve has POST /v1/chat/completions and GET /v1/models"
+        else:
+            message = str(exc.detail)
+        return _error(
+            exc.status_code, message, kind="not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        )
 
     @app.exception_handler(BadRequest)
     async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
-        return _error(400, exc.message, param=exc.param)
+        return _error(exc.status, exc.message, param=exc.param, code=exc.code)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -115,7 +165,15 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
         return {"status": "ok"}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> dict[str, Any] | Response:
+    async def chat_completions(request: Request) -> dict[str, Any] | Response:
+        body = parse_body(await request.body())
+        if body.model and body.model != model_name:
+            raise BadRequest(
+                f"model '{body.model}' is not served here; this server serves '{model_name}'",
+                "model",
+                status=404,
+                code="model_not_found",
+            )
         generation, offer_tools = to_generation_request(body)
         try:
             completions = await _unless_disconnected(request, backend.generate(generation))
@@ -130,10 +188,37 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
     return app
 
 
+def parse_body(raw: bytes) -> ChatCompletionRequest:
+    """The request body as a ChatCompletionRequest, whatever the content type; BadRequest naming the field."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        kind = {list: "a list", str: "a string", type(None): "null"}.get(type(data), type(data).__name__)
+        raise BadRequest(f"request body must be a JSON object, got {kind}")
+    try:
+        return ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _validation_error(exc: ValidationError) -> BadRequest:
+    """The first error as `field[index]: message`; union members' type tags are left out of the location."""
+    first = exc.errors()[0]
+    loc = first.get("loc", ())
+    if not loc:
+        return BadRequest(f"invalid request: {first.get('msg')}")
+    field = str(loc[0])
+    if field in _FIELD_MESSAGES:
+        return BadRequest(f"invalid request: {field}: {_FIELD_MESSAGES[field]}", field)
+    where = field + "".join(f"[{part}]" for part in loc[1:] if isinstance(part, int))
+    return BadRequest(f"invalid request: {where}: {first.get('msg')}", field)
+
+
 def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationRequest, bool]:
     """Validate and convert an OpenAI request into a backend request; return it and whether tools are offered."""
-    if body.stream:
-        raise BadRequest("stream=true is not supported by toolschool serve; send stream=false", "stream")
+    _refuse_unsupported(body)
     messages = [_message_from_wire(m, i) for i, m in enumerate(body.messages)]
     prefill = ""
     if body.continue_final_message:
@@ -142,25 +227,66 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
         prefill = messages.pop()["content"] or ""
         if not messages:
             raise BadRequest("continue_final_message needs at least one message before the assistant's", "messages")
+    names = _tool_names(body.tools or [])
+    _check_tool_choice(body.tool_choice, names)
     offer_tools = bool(body.tools) and body.tool_choice != "none"
-    tools = None
-    if offer_tools:
-        tools = body.tools
-        for i, tool in enumerate(tools or []):
-            function = tool.get("function") if isinstance(tool, dict) else None
-            if tool.get("type", "function") != "function" or not isinstance(function, dict) or not function.get("name"):
-                raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}', "tools")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     params = SamplingParams(
-        n=body.n,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        n=body.n or 1,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
         max_tokens=body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS,
         stop=[s for s in stop if s],
-        seed=body.seed,
-        logprobs=body.logprobs,
+        # The local backend seeds sample i with seed + i in an unsigned 64-bit generator: fold int64 into it.
+        seed=None if body.seed is None else body.seed % 2**63,
+        logprobs=bool(body.logprobs),
     )
+    tools = body.tools if offer_tools else None
     return GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill), offer_tools
+
+
+def _refuse_unsupported(body: ChatCompletionRequest) -> None:
+    if body.stream:
+        raise BadRequest("stream=true is not supported by toolschool serve; send stream=false", "stream")
+    if body.top_logprobs:
+        raise BadRequest("top_logprobs is not supported by toolschool serve; use logprobs=true alone", "top_logprobs")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(body, name):
+            raise BadRequest(f"{name} is not supported by toolschool serve; send 0 or leave it out", name)
+    if body.logit_bias:
+        raise BadRequest("logit_bias is not supported by toolschool serve; leave it out", "logit_bias")
+    kind = (body.response_format or {}).get("type", "text")
+    if kind != "text":
+        raise BadRequest(
+            f"response_format '{kind}' is not supported by toolschool serve; only 'text' is", "response_format"
+        )
+
+
+def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, dict) or not function.get("name"):
+            raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}', "tools")
+        names.append(str(function["name"]))
+    return names
+
+
+def _check_tool_choice(choice: str | dict[str, Any] | None, names: list[str]) -> None:
+    if choice == "required" and not names:
+        raise BadRequest("tool_choice 'required' needs tools; send tools or tool_choice 'auto'", "tool_choice")
+    if not isinstance(choice, dict):
+        return
+    function = choice.get("function")
+    if choice.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise BadRequest('tool_choice must be {"type": "function", "function": {"name": ...}}', "tool_choice")
+    name = function["name"]
+    if not names:
+        raise BadRequest(f"tool_choice names function '{name}' but the request has no tools", "tool_choice")
+    if name not in names:
+        raise BadRequest(
+            f"tool_choice names function '{name}', which is not in tools ({', '.join(names)})", "tool_choice"
+        )
 
 
 def _message_from_wire(message: dict[str, Any], index: int) -> dict[str, Any]:
@@ -169,13 +295,19 @@ def _message_from_wire(message: dict[str, Any], index: int) -> dict[str, Any]:
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object", "messages")
     out = dict(message)
+    if out.get("role") == "developer":  # the OpenAI API's newer name for the system role
+        out["role"] = "system"
     content = message.get("content")
     if isinstance(content, list):  # content parts: keep the text ones
         try:
             out["content"] = "".join(part["text"] for part in content if part.get("type") == "text")
         except (AttributeError, KeyError, TypeError):
-            raise BadRequest(f"{where}.content parts must be objects like {{'type': 'text', 'text': ...}}") from None
+            raise BadRequest(
+                f"{where}.content parts must be objects like {{'type': 'text', 'text': ...}}", "messages"
+            ) from None
     if message.get("tool_calls"):
+        if not isinstance(message["tool_calls"], list):
+            raise BadRequest(f"{where}.tool_calls must be a list", "messages")
         calls = []
         for j, call in enumerate(message["tool_calls"]):
             try:
@@ -189,9 +321,13 @@ def _message_from_wire(message: dict[str, Any], index: int) -> dict[str, Any]:
                     }
                 )
             except (KeyError, TypeError, AttributeError):
-                raise BadRequest(f"{where}.tool_calls[{j}] must have function.name and function.arguments") from None
+                raise BadRequest(
+                    f"{where}.tool_calls[{j}] must have function.name and function.arguments", "messages"
+                ) from None
             except ValueError as exc:
-                raise BadRequest(f"{where}.tool_calls[{j}].function.arguments is not a JSON object: {exc}") from None
+                raise BadRequest(
+                    f"{where}.tool_calls[{j}].function.arguments is not a JSON object: {exc}", "messages"
+                ) from None
         out["tool_calls"] = calls
     try:
         Message.model_validate(out)
@@ -253,10 +389,12 @@ def _choice(index: int, completion: Completion, offer_tools: bool, logprobs: boo
             finish_reason = "tool_calls"
     choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
     if logprobs and completion.logprobs is not None and tokenizer is not None:
-        tokens = tokenizer.convert_ids_to_tokens(completion.token_ids)
+        # Each token as the text it decodes to (" Hello", not the vocabulary entry "ĠHello"), as OpenAI and vLLM
+        # return it; a token holding part of a UTF-8 character decodes to U+FFFD.
+        tokens = [tokenizer.decode([token_id]) for token_id in completion.token_ids]
         choice["logprobs"] = {
             "content": [
-                {"token": t, "logprob": lp, "bytes": None, "top_logprobs": []}
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
                 for t, lp in zip(tokens, completion.logprobs, strict=False)
             ]
         }

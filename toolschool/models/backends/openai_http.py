@@ -62,6 +62,7 @@ class OpenAIBackend(Backend):
         self._semaphore = asyncio.Semaphore(concurrency)
         self._checked = False
         self._check_lock = asyncio.Lock()
+        self.served_models: list[str] = []  # what the endpoint's /models listed (named in a 404's message)
 
     async def check(self) -> list[str]:
         """Reach the endpoint and list its models; raise EndpointError naming the URL and the fix."""
@@ -85,6 +86,7 @@ class OpenAIBackend(Backend):
                 hint="check that the URL ends with the API root, e.g. http://127.0.0.1:8000/v1",
             ) from exc
         names = [m.id for m in page.data]
+        self.served_models = names
         if names and self.served_name not in names:
             log.warning("endpoint %s does not list model '%s' (it lists %s)", self.base_url, self.served_name, names)
         return names
@@ -153,14 +155,20 @@ class OpenAIBackend(Backend):
                 retry_error: Exception = exc
             except openai.APIConnectionError as exc:
                 retry_error = exc
+            except openai.NotFoundError as exc:
+                served = ", ".join(self.served_models) or "nothing in GET /models"
+                raise EndpointError(
+                    f"endpoint {self.base_url} has no model '{self.served_name}' "
+                    f"(HTTP 404: {_error_text(exc)}); it serves: {served}",
+                    hint="fix the name after # in --model openai:URL#NAME",
+                ) from exc
             except openai.APIStatusError as exc:
                 if exc.status_code in (408, 409) or exc.status_code >= 500:
                     retry_error = exc
                 else:
                     raise EndpointError(
-                        f"endpoint {self.base_url} rejected the request for model '{self.served_name}' "
-                        f"(HTTP {exc.status_code}: {_error_text(exc)})",
-                        hint="check the model name after # and the sampling parameters",
+                        f"endpoint {self.base_url} rejected the request (HTTP {exc.status_code}: {_error_text(exc)})",
+                        hint="the server's message says what to change (prompt length, sampling parameters, tools)",
                     ) from exc
             if attempt >= self.max_retries:
                 raise EndpointError(
