@@ -97,7 +97,10 @@ async def test_http_errors_are_clear(url: str) -> None:
     port = sock.getsockname()[1]
     sock.close()
     down = _http(f"http://127.0.0.1:{port}/v1")
-    with pytest.raises(EndpointError, match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable"):
+    with pytest.raises(
+        EndpointError,
+        match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable \\(APIConnectionError: Connection error\\. .+\\)",
+    ):
         await down.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
     await down.aclose()
 
@@ -212,3 +215,42 @@ async def test_a_rejected_request_names_the_server_reason_and_not_the_model(url:
     await http.aclose()
     assert "rejected the request (HTTP 400: the prompt has" in str(caught.value)
     assert "model name" not in str(caught.value)
+
+
+@contextlib.contextmanager
+def html_server(paths: list[str]) -> Iterator[str]:
+    """A web server that answers every request with an HTML page (a URL that is not an OpenAI API)."""
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def page(path: str) -> Any:
+        from fastapi.responses import HTMLResponse
+
+        paths.append(path)
+        return HTMLResponse("<html><body>hello</body></html>")
+
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+async def test_a_url_that_is_not_an_openai_api_is_one_clear_error() -> None:
+    paths: list[str] = []
+    with html_server(paths) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"))
+        with pytest.raises(EndpointError, match=r"did not answer GET /models like an OpenAI API \(text/html"):
+            await http.generate(GenerationRequest(CONVERSATION[:1]))
+        http._checked = True  # as if /models had answered: the chat completion itself is checked too
+        with pytest.raises(EndpointError, match=r"did not answer POST /chat/completions like an OpenAI API"):
+            await http.generate(GenerationRequest(CONVERSATION[:1]))
+        await http.aclose()
+    assert paths == ["v1/models", "v1/chat/completions"]

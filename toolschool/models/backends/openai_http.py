@@ -69,7 +69,8 @@ class OpenAIBackend(Backend):
         import openai
 
         try:
-            page = await self.client.models.list()
+            raw = await self.client.models.with_raw_response.list()
+            page = self._parse(raw, "GET /models")
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
             raise EndpointError(
                 f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
@@ -77,7 +78,7 @@ class OpenAIBackend(Backend):
             ) from exc
         except (openai.APIConnectionError, openai.APITimeoutError) as exc:
             raise EndpointError(
-                f"endpoint {self.base_url} is unreachable ({type(exc).__name__}: {exc})",
+                f"endpoint {self.base_url} is unreachable ({_connection_text(exc)})",
                 hint="start the server (e.g. toolschool serve --port 8000) or fix the URL in --model openai:URL#NAME",
             ) from exc
         except openai.APIStatusError as exc:
@@ -85,7 +86,13 @@ class OpenAIBackend(Backend):
                 f"endpoint {self.base_url} answered GET /models with HTTP {exc.status_code}: {_error_text(exc)}",
                 hint="check that the URL ends with the API root, e.g. http://127.0.0.1:8000/v1",
             ) from exc
-        names = [m.id for m in page.data]
+        try:
+            names = [str(m.id) for m in page.data]
+        except (AttributeError, TypeError) as exc:
+            raise EndpointError(
+                f"endpoint {self.base_url} did not answer GET /models like an OpenAI API (no list of models in 'data')",
+                hint="point --model openai:URL#NAME at the API root of an OpenAI-compatible server",
+            ) from exc
         self.served_models = names
         if names and self.served_name not in names:
             log.warning("endpoint %s does not list model '%s' (it lists %s)", self.base_url, self.served_name, names)
@@ -135,7 +142,13 @@ class OpenAIBackend(Backend):
             messages.append({"role": "assistant", "content": request.prefill})
             kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
         response = await self._with_retries(kwargs)
-        prompt_tokens = response.usage.prompt_tokens if response.usage else 0
+        if not isinstance(getattr(response, "choices", None), list):
+            raise EndpointError(
+                f"endpoint {self.base_url} did not answer POST /chat/completions like an OpenAI API (no 'choices')",
+                hint="point --model openai:URL#NAME at the API root of an OpenAI-compatible server",
+            )
+        usage = getattr(response, "usage", None)
+        prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         return [_completion_from_choice(choice, prompt_tokens) for choice in response.choices]
 
     async def _with_retries(self, kwargs: dict[str, Any]) -> Any:
@@ -145,7 +158,8 @@ class OpenAIBackend(Backend):
         while True:
             try:
                 async with self._semaphore:
-                    return await self.client.chat.completions.create(**kwargs)
+                    raw = await self.client.chat.completions.with_raw_response.create(**kwargs)
+                    return self._parse(raw, "POST /chat/completions")
             except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
                 raise EndpointError(
                     f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
@@ -182,8 +196,30 @@ class OpenAIBackend(Backend):
             self.retries_done += 1
             await asyncio.sleep(delay)
 
+    def _parse(self, raw: Any, what: str) -> Any:
+        """The parsed body of a 2xx answer, or EndpointError when it is not JSON (a web page, another service).
+
+        `raw` is the client's `with_raw_response` result (a LegacyAPIResponse: `text` and `parse()` are sync).
+        """
+        content_type = raw.headers.get("content-type", "")
+        if "json" not in content_type:
+            text = " ".join(raw.text[:80].split())
+            raise EndpointError(
+                f"endpoint {self.base_url} did not answer {what} like an OpenAI API "
+                f"({content_type or 'no content type'}: {text!r})",
+                hint="point --model openai:URL#NAME at the API root of an OpenAI-compatible server",
+            )
+        return raw.parse()
+
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def _connection_text(exc: Exception) -> str:
+    """The client's "Connection error." plus its cause (refused, name not known, timed out, ...)."""
+    cause = exc.__cause__
+    text = f"{type(exc).__name__}: {exc}"
+    return f"{text} {cause}" if cause is not None and str(cause) else text
 
 
 def _error_text(exc: Any) -> str:
