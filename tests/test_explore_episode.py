@@ -173,6 +173,19 @@ async def test_one_episode_imagines_tries_reflects_and_logs(tmp_path) -> None:
     assert second_imagination.messages[1:9] == unmarked(first["messages"])
 
 
+async def test_worked_examples_do_not_turn_the_first_trial_into_a_follow_up(tmp_path) -> None:
+    """The demonstrations hold assistant turns; the episode's first trial must still describe the real tool."""
+    backend = ScriptedBackend()
+    ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=2, demonstrations=2)
+    await run_episode(ctx, "calculator", 0, {})
+    first, second = imagination_requests(backend)
+    assert first.messages[-1]["content"].startswith("Tool: calculator\nWhat it does: Evaluate an arithmetic")
+    assert "explores it further" in second.messages[-1]["content"]
+    records = read_trials(tmp_path / TRIALS_FILE)
+    assert records[0]["messages"][2]["content"].startswith("Now answer the request using the tools.")
+    assert records[1]["messages"][2]["content"].startswith("Now answer this request the same way")
+
+
 async def test_long_term_memory_is_shown_only_when_imagining(tmp_path) -> None:
     backend = ScriptedBackend()
     ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=1)

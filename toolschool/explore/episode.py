@@ -298,15 +298,18 @@ def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bo
 
 
 async def run_trial(
-    ctx: ExploreContext, tool: str, episode: int, slot: int, conversation: list[dict[str, Any]]
+    ctx: ExploreContext, tool: str, episode: int, slot: int, conversation: list[dict[str, Any]], *, first: bool
 ) -> dict[str, Any]:
-    """Imagine, try and reflect once; write the trial's log line and return it."""
+    """Imagine, try and reflect once; write the trial's log line and return it.
+
+    `first`: the conversation holds no trial yet (only the system message and worked examples), so the trial
+    uses the first-query prompts that describe the tool rather than the follow-up ones.
+    """
     settings = ctx.settings
     ablations = settings.ablations
     started, clock = _now(), time.perf_counter()
     trial = _Trial(ctx, tool, episode, slot)
     schema = ctx.schema_of(tool)
-    first = not any(m["role"] == "assistant" for m in conversation)
     variables = {
         "tool": tool,
         "description": schema.get("description", ""),
@@ -497,7 +500,8 @@ async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[i
         if slot in done:
             conversation += done[slot].get("messages", [])
             continue
-        record = await run_trial(ctx, tool, episode, slot, conversation)
+        # The worked examples hold assistant turns too: "first" means no trial of this tool in the conversation.
+        record = await run_trial(ctx, tool, episode, slot, conversation, first=len(conversation) == len(preamble))
         conversation += record["messages"]
         ran += 1
     return ran
