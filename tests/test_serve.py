@@ -415,3 +415,15 @@ async def test_disconnect_is_noticed_with_an_api_key_too(backend: LocalBackend) 
             await asyncio.sleep(0.05)
         assert not backend._rows
     assert refused.status_code == 401 and "invalid API key" in refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "port 70000 is not a TCP port"),
+        (["--log-level", "loud"], "unknown --log-level 'loud'"),
+    ],
+)
+def test_serve_options_are_checked_before_loading_the_model(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["serve", "--model", "/nonexistent/model/folder", *args])
+    assert result.exit_code == 2 and message in result.output, result.output

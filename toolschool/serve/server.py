@@ -33,7 +33,22 @@ class _Server(uvicorn.Server):
                 captured.remove(sig)  # graceful stop requested: exit normally instead of re-raising
 
 
+def check_log_level(log_level: str) -> None:
+    """Refuse a log level uvicorn does not know (it would fail with a KeyError after the model is loaded)."""
+    if log_level.lower() not in uvicorn.config.LOG_LEVELS:
+        raise ToolschoolError(
+            f"unknown --log-level '{log_level}'", hint=f"use one of {', '.join(uvicorn.config.LOG_LEVELS)}"
+        )
+
+
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ToolschoolError(f"port {port} is not a TCP port", hint="pick a --port from 1 to 65535")
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or one ToolschoolError line (bad port, port in use, unknown host)."""
+    check_port(port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
