@@ -189,3 +189,75 @@ def test_config_as_argument_or_option_but_not_two_different(tmp_path, scripted) 
     assert len(read_trials(out / TRIALS_FILE)) == 1
     both = runner.invoke(app, ["explore", str(first), "--config", str(second), "--out", str(tmp_path / "x")])
     assert both.exit_code == 2 and "two config files given" in both.output
+
+
+def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(tmp_path, monkeypatch) -> None:
+    """Hung calls are cut off; their threads must not fill the pool others need nor keep asyncio.run waiting."""
+    import threading
+
+    from toolschool.config import load_config
+    from toolschool.explore import episode, runner
+    from toolschool.tools.functions import FunctionTool
+    from toolschool.tools.registry import ToolRegistry
+
+    release = threading.Event()
+    hung = []
+
+    def stall(text: str) -> str:
+        """Never answers while the run lasts.
+
+        Args:
+            text: anything.
+        """
+        hung.append(threading.current_thread())
+        release.wait(30)
+        return "late"
+
+    def double(number: int) -> int:
+        """Twice the number.
+
+        Args:
+            number: a number.
+        """
+        return 2 * number
+
+    def policy(request, counter):
+        last = request.messages[-1]
+        content = last.get("content") or ""
+        if last["role"] == "tool":
+            return f"Result: {content}"
+        if content.rstrip().endswith("User request:"):
+            return "Please do it."
+        if "Yes" in content and "No" in content:
+            return "No"
+        explored = "stall" if any("Tool: stall" in (m.get("content") or "") for m in request.messages) else "double"
+        name, args = (explored, '{"text": "x"}' if explored == "stall" else '{"number": 21}')
+        return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
+
+    def registry_factory(config):
+        registry = ToolRegistry()
+        registry.add(FunctionTool(stall), "test")
+        registry.add(FunctionTool(double), "test")
+        return registry
+
+    monkeypatch.setattr(episode, "CALL_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(runner.DaemonThreadExecutor, "SHUTDOWN_GRACE_S", 0.2)
+    overrides = {"explore.episodes": 8, "explore.stm_slots": 1, "explore.max_turns": 1, "explore.concurrency": 16}
+    config = load_config(None, {**overrides, "explore.demonstrations": 0})
+    try:
+        result = stage.run_explore_stage(
+            config,
+            out=tmp_path / "explore",
+            backend_factory=lambda config: ScriptedBackend(policy),
+            registry_factory=registry_factory,
+        )
+        assert len(hung) == 8 and all(thread.is_alive() for thread in hung)  # the run ended while they still hang
+    finally:
+        release.set()
+    records = read_trials(tmp_path / "explore" / TRIALS_FILE)
+    stalled = [c["observation"] for r in records if r["tool"] == "stall" for s in r["steps"] for c in s["calls"]]
+    assert len(stalled) == 8 and all(o["error_kind"] == "timeout" for o in stalled)
+    assert "the tool 'stall' did not answer" in stalled[0]["text"]
+    doubled = [c["observation"] for r in records if r["tool"] == "double" for s in r["steps"] for c in s["calls"]]
+    assert len(doubled) == 8 and all(o["text"] == "42" and not o["is_error"] for o in doubled), doubled
+    assert result.summary["tools"]["stall"]["execution_errors"] == 8
