@@ -160,13 +160,22 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     tmp_path, train, validation, out, first = first_run
     assert first.steps == 2
     assert latest_checkpoint(out).name == "checkpoint-2"
+    # A run killed after its last checkpoint (step 2) had already logged step 3; the resumed run redoes step 3.
+    with (out / "train_log.jsonl").open("a") as handle:
+        handle.write(json.dumps({"step": 3, "loss": 99.0, "tokens_represented": 1e9}) + "\n")
     # Continue the same run to step 4: starts at step 2, not from scratch.
     result = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
     assert result.steps == 4
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     starts = [r for r in log if r.get("event") == "start"]
     assert [s["step"] for s in starts] == [0, 2]
-    assert any("loss" in r for r in log)
+    losses = [r for r in log if "loss" in r]
+    assert [r["step"] for r in losses] == [1, 2, 3, 4]  # one record per step: the lost step-3 record is gone
+    assert all(r["loss"] != 99.0 for r in losses)
+    # Token counts are totals since step 0: they go on from the checkpoint's, not from zero.
+    for key in ("tokens_run", "tokens_represented", "tokens_computed", "num_tokens"):
+        counts = [r[key] for r in losses]
+        assert counts == sorted(counts) and len(set(counts)) == 4, (key, counts)
     validations = [r["validation"] for r in log if "validation" in r]
     assert validations and "well_formed" in validations[-1]
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
@@ -177,16 +186,20 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     assert adapter.adapter == str(result.adapter_dir)
 
 
-def test_two_processes_with_accelerate(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+def test_two_processes_with_accelerate(tmp_path: Path, tiny_model_dir: Path, data_files, tokenizer) -> None:
     """The same command under `accelerate launch`: 2 CPU processes (gloo) for a few steps."""
+    from toolschool.chat.formats import get_format
+
     train, validation = data_files
     out = tmp_path / "ddp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # `accelerate launch --cpu --num_processes 2` starts ONE process (its CPU launcher needs mpirun for more);
+    # the multi-process launcher (torchrun) with no visible GPU runs 2 CPU processes over gloo.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     cmd = [
         sys.executable,
         "-m",
         "accelerate.commands.launch",
-        "--cpu",
+        "--multi_gpu",
         "--num_processes",
         "2",
         "--num_machines",
@@ -224,3 +237,12 @@ def test_two_processes_with_accelerate(tmp_path: Path, tiny_model_dir: Path, dat
     assert (out / "adapter" / "adapter_config.json").is_file()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert any(r.get("step") == 2 for r in log)
+    assert proc.stderr.count("sft: ") == 2  # each process announces itself: there really were two
+    assert proc.stdout.count('"out_dir"') == 1  # one summary, from the main process
+    assert json.loads((out / "summary.json").read_text())["adapter"] == str(out / "adapter")
+    assert [r["event"] for r in log if "event" in r] == ["start", "end"]  # written once, by the main process
+    # Token counts cover both processes: 2 steps x 2 processes x 2 rows = 8 rows, not the main process's 4.
+    examples = [json.loads(line) for line in train.read_text().splitlines()]
+    lengths = sorted(len(r["input_ids"]) for r in prepare_examples(examples, get_format("hermes"), tokenizer, 384).rows)
+    at_step_2 = next(r for r in log if r.get("step") == 2 and "tokens_represented" in r)
+    assert at_step_2["tokens_represented"] >= sum(lengths[:8]), (at_step_2, lengths)

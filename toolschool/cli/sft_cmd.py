@@ -69,6 +69,8 @@ def sft(
     out_dir = stage_dir(config, "sft", out)
     err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
     result = run_sft(config, out_dir, resume=resume)
+    if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)
+        return
     summary = {
         "out_dir": str(result.out_dir),
         "adapter": str(result.adapter_dir) if result.adapter_dir else None,

@@ -329,6 +329,8 @@ class SFTResult:
     seconds: float
     stats: dict[str, int] = field(default_factory=dict)
     final_validation: dict[str, float] | None = None
+    # False on the other processes of an `accelerate launch` run: they save nothing and report nothing
+    main_process: bool = True
 
 
 def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
@@ -374,6 +376,32 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
+def drop_log_records_after(log_path: Path, step: int) -> None:
+    """Remove the log records of steps after `step`, the checkpoint a run resumes from.
+
+    An interrupted run logged the steps it trained after its last checkpoint; the resumed run trains those steps
+    again and logs them again, so without this the log (and the report's curves) would hold two records for each.
+    Only the main process rewrites the file (under `accelerate launch` every process runs this code).
+    """
+    import os
+
+    if os.environ.get("RANK", "0") != "0" or not log_path.is_file():
+        return
+    lines = log_path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run killed while writing it
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
+    if len(kept) != len(lines):
+        tmp = log_path.with_name(log_path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(log_path)
+
+
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -382,7 +410,11 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.models.loading import load_model
-    from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_trainer
+    from toolschool.train.sft_batching import (
+        SharedPrefixCollator,
+        shared_prefix_trainer,
+        with_resumable_token_counts,
+    )
 
     settings = config.sft
     if settings.method not in ("lora", "full"):
@@ -410,6 +442,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if resume:
         _check_resume_base(out_dir, identity)
+        if checkpoint is not None:
+            drop_log_records_after(out_dir / "train_log.jsonl", int(checkpoint.name.split("-")[-1]))
     else:
         refuse_existing_checkpoints(out_dir)
 
@@ -491,7 +525,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     else:
         rows = [{"input_ids": r["input_ids"], "labels": r["labels"]} for r in prepared.rows]
     dataset = Dataset.from_list(rows)
-    trainer = trainer_class(
+    trainer = with_resumable_token_counts(trainer_class)(
         model=model,
         args=args,
         train_dataset=dataset,
@@ -512,7 +546,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
             final_validation = record["validation"]
             break
     seconds = time.perf_counter() - started
-    logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
+    if trainer.is_world_process_zero():  # every process of an `accelerate launch` run gets here
+        logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
     return SFTResult(
         out_dir=out_dir,
         adapter_dir=adapter_dir,
@@ -521,6 +556,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         seconds=seconds,
         stats=stats,
         final_validation=final_validation,
+        main_process=trainer.is_world_process_zero(),
     )
 
 

@@ -219,6 +219,42 @@ def _forward_replaced(module: Any, forward: Callable[..., Any]) -> Iterator[None
             module.forward = previous
 
 
+TOKEN_COUNTS_FILE = "toolschool_tokens.json"
+_TOKEN_COUNTERS = ("_total_train_tokens", "_tokens_run", "_tokens_represented", "_tokens_computed")
+
+
+def with_resumable_token_counts(trainer_class: type) -> type:
+    """`trainer_class` whose running token totals (TRL's `num_tokens`, our `tokens_*`) are saved in each
+    checkpoint and restored on resume.
+
+    The HF Trainer restores optimizer, scheduler, RNG and step, but these totals live on the trainer object, so
+    a resumed run would log them from zero again: `num_tokens` at step 10 would be the tokens since step 8.
+    """
+    import os
+
+    class ResumableTokenCounts(trainer_class):  # type: ignore[misc, valid-type]
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            super()._save_checkpoint(model, trial)
+            if self.args.should_save:
+                folder = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+                counts = {name: getattr(self, name) for name in _TOKEN_COUNTERS if hasattr(self, name)}
+                with open(os.path.join(folder, TOKEN_COUNTS_FILE), "w", encoding="utf-8") as handle:
+                    json.dump(counts, handle)
+
+        def train(self, resume_from_checkpoint: Any = None, *args: Any, **kwargs: Any) -> Any:
+            if isinstance(resume_from_checkpoint, str):
+                path = os.path.join(resume_from_checkpoint, TOKEN_COUNTS_FILE)
+                if os.path.isfile(path):
+                    with open(path, encoding="utf-8") as handle:
+                        for name, value in json.load(handle).items():
+                            if name in _TOKEN_COUNTERS:
+                                setattr(self, name, value)
+            return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    ResumableTokenCounts.__name__ = ResumableTokenCounts.__qualname__ = trainer_class.__name__
+    return ResumableTokenCounts
+
+
 def shared_prefix_trainer(keys: Sequence[Any], lengths: Sequence[int] | None = None) -> type:
     """TRL's SFTTrainer with the prefix-grouped sampler and the shared-prefix loss (`keys`: each row's prefix;
     `lengths`: each row's suffix length, to batch similar lengths together; None keeps a plain shuffle)."""
@@ -248,9 +284,16 @@ def shared_prefix_trainer(keys: Sequence[Any], lengths: Sequence[int] | None = N
                     loss = loss * self.accelerator.num_processes
             if model.training:
                 prefix = int(inputs["prefix_lengths"].sum())
-                self._tokens_run += prefix + int(inputs["attention_mask"].sum())
-                self._tokens_represented += represented
-                self._tokens_computed += prefix + inputs["attention_mask"].numel()  # padding included
+                mask = inputs["attention_mask"]
+                # prefix once + real suffix tokens, the rows' full lengths, prefix + padded suffixes; summed over
+                # processes (every process runs this each micro-batch), as TRL counts its num_tokens
+                counts = torch.tensor(
+                    [prefix + int(mask.sum()), represented, prefix + mask.numel()], device=mask.device
+                )
+                run, represented_all, computed = (int(v) for v in self.accelerator.gather(counts).view(-1, 3).sum(0))
+                self._tokens_run += run
+                self._tokens_represented += represented_all
+                self._tokens_computed += computed
                 self._metrics["train"]["tokens_run"] = [self._tokens_run]
                 self._metrics["train"]["tokens_represented"] = [self._tokens_represented]
                 self._metrics["train"]["tokens_computed"] = [self._tokens_computed]
@@ -267,8 +310,10 @@ __all__ = [
     "PrefixFinder",
     "PrefixGroupedSampler",
     "SharedPrefixCollator",
+    "TOKEN_COUNTS_FILE",
     "common_prefix_length",
     "prefix_length",
     "shared_prefix_loss_sum",
     "shared_prefix_trainer",
+    "with_resumable_token_counts",
 ]
