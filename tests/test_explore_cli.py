@@ -261,3 +261,50 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
     doubled = [c["observation"] for r in records if r["tool"] == "double" for s in r["steps"] for c in s["calls"]]
     assert len(doubled) == 8 and all(o["text"] == "42" and not o["is_error"] for o in doubled), doubled
     assert result.summary["tools"]["stall"]["execution_errors"] == 8
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-turns", "3"], "max_turns = 2, this run has 3"),
+        (["--stm-slots", "1"], "stm_slots = 2, this run has 1"),
+        (["--temperature", "0.1"], "temperature = 0.7, this run has 0.1"),
+        (["--seed", "5"], "seed = 0, this run has 5"),
+        (["--module", "TOOLS_PY"], "offered tools = ['calculator', 'python', "),
+    ],
+)
+def test_resume_with_settings_that_shape_a_trial_is_refused_and_keeps_the_saved_config(
+    tmp_path, scripted, flags, message
+) -> None:
+    out = tmp_path / "explore"
+    common = ["explore", "--tools", "calculator", "--episodes", "1", "--out", str(out)]
+    first = {"--stm-slots": "2", "--max-turns": "2"}
+    assert runner.invoke(app, [*common, *(a for pair in first.items() for a in pair)]).exit_code == 0
+    saved = (out / "config.toml").read_text()
+    if flags[1] == "TOOLS_PY":
+        module = tmp_path / "more_tools.py"
+        module.write_text(
+            "from toolschool.tools.functions import tool\n\n\n@tool\ndef shout(text: str) -> str:\n"
+            '    """Upper case.\n\n    Args:\n        text: the text.\n    """\n    return text.upper()\n'
+        )
+        flags = [flags[0], str(module)]
+    again = {**first, flags[0]: flags[1]}
+    args = [*common, "--resume", *(a for pair in again.items() for a in pair)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "cannot resume: the trial log was written with" in result.output and message in result.output
+    assert "--out" in result.output
+    assert (out / "config.toml").read_text() == saved  # the log's settings stay on record
+
+
+def test_resume_may_add_episodes_and_counts_progress_within_the_plan(tmp_path, scripted) -> None:
+    out = tmp_path / "explore"
+    base = ["explore", "--tools", "calculator", "--stm-slots", "1", "--out", str(out)]
+    assert runner.invoke(app, [*base, "--episodes", "2"]).exit_code == 0
+    more = runner.invoke(app, [*base, "--episodes", "3", "--resume"])
+    assert more.exit_code == 0, more.output
+    assert "resuming: 2 finished trial(s) kept, 1 episode(s) to run" in more.output
+    assert len(read_trials(out / TRIALS_FILE)) == 3
+    fewer = runner.invoke(app, [*base, "--episodes", "1", "--resume"])
+    assert fewer.exit_code == 0, fewer.output
+    assert "1/1 trials" in fewer.output and "3/1" not in fewer.output

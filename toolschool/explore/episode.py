@@ -91,6 +91,15 @@ class ExploreSettings:
     seed: int = 0
     ablations: Ablations = field(default_factory=Ablations)
 
+    def trial_shape(self) -> dict[str, Any]:
+        """The settings that shape every trial, logged with it: a resumed run must not change them.
+
+        `episodes` is left out on purpose: raising it on resume explores further in the same experiment.
+        """
+        shape = asdict(self)
+        del shape["episodes"], shape["ablations"]  # ablations are logged and checked on their own
+        return shape
+
     @classmethod
     def from_section(cls, section: ExploreSection, seed: int = 0) -> ExploreSettings:
         return cls(
@@ -359,6 +368,7 @@ async def run_trial(
         "model": ctx.model_name,
         "format": ctx.fmt.name,
         "ablations": ablations.to_dict(),
+        "settings": settings.trial_shape(),
         "started_at": started,
         "finished_at": _now(),
         "seconds": round(time.perf_counter() - clock, 3),

@@ -20,7 +20,9 @@ Fields of one line (version 1):
   query, the attempt, the reflection) — replayed on resume and used by distillation; `tools`: the OpenAI
   schemas offered;
 - `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm,
-  no_reflection}, `started_at`, `finished_at` (ISO 8601 UTC), `seconds`.
+  no_reflection}, `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens,
+  reflection_max_tokens, demonstrations, force_call, seed), `started_at`, `finished_at` (ISO 8601 UTC),
+  `seconds`.
 """
 
 from __future__ import annotations

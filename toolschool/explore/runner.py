@@ -109,16 +109,40 @@ def plan_episodes(
     ]
 
 
-def check_resumable(records: list[dict[str, Any]], *, model: str, fmt: str, ablations: dict[str, bool]) -> None:
-    """A resumed log must continue the same experiment; mixing models, formats or ablations is an error."""
+def check_resumable(
+    records: list[dict[str, Any]],
+    *,
+    model: str,
+    fmt: str,
+    ablations: dict[str, bool],
+    settings: dict[str, Any] | None = None,
+    tools: list[str] | None = None,
+) -> None:
+    """A resumed log must continue the same experiment: mixing models, formats, ablations, the settings that
+    shape a trial (`ExploreSettings.trial_shape`) or the offered tool set is an error. Only `episodes` (and
+    which tools to explore) may change: more episodes explore further. Lines written before `settings` was
+    logged are checked on model, format, ablations and tools only.
+    """
     if not records:
         return
     first = records[0]
-    for key, now in (("model", model), ("format", fmt), ("ablations", ablations)):
-        if first.get(key) != now:
+    checks: list[tuple[str, Any, Any]] = [
+        ("model", first.get("model"), model),
+        ("format", first.get("format"), fmt),
+        ("ablations", first.get("ablations"), ablations),
+    ]
+    logged_settings = first.get("settings")
+    if settings is not None and isinstance(logged_settings, dict):
+        checks += [(key, logged_settings.get(key), value) for key, value in settings.items()]
+    if tools is not None and isinstance(first.get("tools"), list):
+        offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
+        checks.append(("offered tools", offered, tools))
+    for key, was, now in checks:
+        if was != now:
             raise ToolschoolError(
-                f"cannot resume: the trial log was written with {key} = {first.get(key)!r}, this run has {now!r}",
-                hint="resume with the same settings, or write to another folder with --out",
+                f"cannot resume: the trial log was written with {key} = {was!r}, this run has {now!r}",
+                hint="resume with the same settings (only --episodes may change), or write to another folder "
+                "with --out",
             )
 
 
@@ -129,6 +153,12 @@ async def run_exploration(
     settings = ctx.settings
     done = completed_slots(ctx.log.existing)
     plan = plan_episodes(tools, settings.episodes, settings.stm_slots, done)
+    if ctx.log.existing and console is not None:
+        console.print(
+            f"resuming: {len(ctx.log.existing)} finished trial(s) kept, {len(plan)} episode(s) to run",
+            highlight=False,
+            markup=False,
+        )
     failures: list[dict[str, Any]] = []
     semaphore = asyncio.Semaphore(concurrency)
     started = time.perf_counter()
@@ -138,7 +168,14 @@ async def run_exploration(
     overall = per_tool = None
     if progress is not None:
         total = len(tools) * settings.episodes * settings.stm_slots
-        finished = {t: sum(len(s) for (tool, _), s in done.items() if tool == t) for t in tools}
+        finished = {  # within this run's plan: a resume with fewer episodes must not show 4/2
+            t: sum(
+                sum(1 for slot in slots if slot < settings.stm_slots)
+                for (tool, episode), slots in done.items()
+                if tool == t and episode < settings.episodes
+            )
+            for t in tools
+        }
         overall = progress.add_task("[bold]all tools", total=total, completed=sum(finished.values()))
         per_tool = {
             t: progress.add_task(t, total=settings.episodes * settings.stm_slots, completed=finished[t]) for t in tools

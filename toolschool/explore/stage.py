@@ -100,7 +100,14 @@ def run_explore_stage(
         directory = explore_dir(config, out)
         log = TrialLog.open(directory, resume=resume, fsync=fsync)
         try:
-            check_resumable(log.existing, model=config.model.name, fmt=fmt.name, ablations=settings.ablations.to_dict())
+            check_resumable(
+                log.existing,
+                model=config.model.name,
+                fmt=fmt.name,
+                ablations=settings.ablations.to_dict(),
+                settings=settings.trial_shape(),
+                tools=registry.names(),
+            )
             stage_dir(config, STAGE, directory)
             backend = (backend_factory or default_backend_factory)(config)
             ctx = ExploreContext(
