@@ -4,9 +4,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
-from toolschool.errors import ModelLoadError
+from toolschool.errors import ConfigError, ModelLoadError
 from toolschool.models.chat_template import renders_tool_calls
+from toolschool.models.device import resolve_device
 from toolschool.models.loading import load_model, load_tokenizer
 from toolschool.models.spec import parse_model_spec
 
@@ -112,3 +114,27 @@ def test_embedded_model_converted_once_and_loads_fast(embedded_dir: Path) -> Non
     )
     out = loaded.model.generate(**ids, max_new_tokens=64, do_sample=False)
     assert out[0, -1].item() == loaded.tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu0", "unknown device 'gpu0'"),
+        ("xla", "device 'xla' is not supported"),
+    ],
+)
+def test_bad_device_is_a_clear_error(device: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve_device(device)
+
+
+def test_missing_cuda_is_a_clear_error_not_a_torch_assertion(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match="device 'cuda' is not available: this torch sees no CUDA GPU"):
+        resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"device 'cuda:2' does not exist: this machine has 2 CUDA GPU\(s\)"):
+        resolve_device("cuda:2")
+    assert resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("cpu") == "cpu"

@@ -24,6 +24,31 @@ def default_device() -> str:
     return "cpu"
 
 
+def resolve_device(name: str | None) -> str:
+    """The device to load on: `name` checked against this machine (a clear error, not torch's assertion), else
+    the default."""
+    from toolschool.errors import ConfigError
+
+    if name in (None, "", "auto"):
+        return default_device()
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"unknown device '{name}'", hint="use cpu, cuda or cuda:N (or leave it out)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            hint = "use --device cpu or leave it out"
+            raise ConfigError(f"device '{name}' is not available: this torch sees no CUDA GPU", hint=hint)
+        if device.index is not None and device.index >= count:
+            raise ConfigError(f"device '{name}' does not exist: this machine has {count} CUDA GPU(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device '{name}' is not available here", hint="use --device cpu or leave it out")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ConfigError(f"device '{name}' is not supported", hint="use cpu, cuda or cuda:N (or leave it out)")
+    return name
+
+
 def default_dtype(device: str) -> torch.dtype:
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

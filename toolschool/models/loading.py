@@ -131,7 +131,7 @@ def load_model(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from toolschool.models.device import default_device, parse_dtype
+    from toolschool.models.device import parse_dtype, resolve_device
 
     spec = parse_model_spec(model) if isinstance(model, str) else model
     import_start = time.perf_counter()
@@ -139,7 +139,7 @@ def load_model(
     import_seconds = time.perf_counter() - import_start
     start = time.perf_counter()
     source, adapter = resolve_source(spec)
-    device = device or default_device()
+    device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()

@@ -333,13 +333,13 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
 
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
-    from toolschool.models.device import default_device
+    from toolschool.models.device import resolve_device
     from toolschool.models.loading import load_model
     from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
     from toolschool.train.sft import check_has_assistant
 
     settings = config.rl
-    device = config.model.device or default_device()
+    device = resolve_device(config.model.device)
     check_settings(settings, device=device)
     fmt = get_format(settings.format)
     train_path = resolve_train_path(config)
