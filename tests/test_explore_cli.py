@@ -52,6 +52,14 @@ def test_unknown_tool_name_is_one_clear_line(tmp_path, scripted) -> None:
     assert not (tmp_path / "x").exists()  # nothing was started
 
 
+@pytest.mark.parametrize("value", ["", " , ,"])
+def test_tools_flag_naming_no_tool_is_an_error_not_every_tool(tmp_path, scripted, value) -> None:
+    result = runner.invoke(app, ["explore", "--tools", value, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2, result.output
+    assert f"--tools {value!r} names no tool" in result.output and "--tools calculator,weekday" in result.output
+    assert not (tmp_path / "x").exists()
+
+
 def test_empty_tool_set_is_one_clear_line(tmp_path, scripted) -> None:
     config = tmp_path / "run.toml"
     config.write_text("[tools]\ntoolbox = []\n")

@@ -10,9 +10,20 @@ from toolschool.cli.console import console, err_console
 
 
 def _split_names(text: str | None) -> list[str] | None:
+    """`--tools a,b` as names; given but naming none (`--tools ""`, an unset shell variable) is an error rather
+    than silently exploring every tool of the set."""
     if text is None:
         return None
-    return [name.strip() for name in text.split(",") if name.strip()]
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        from toolschool.errors import ConfigError
+
+        raise ConfigError(
+            f"--tools {text!r} names no tool",
+            hint="pass comma-separated tool names, e.g. --tools calculator,weekday, or leave --tools out to explore "
+            "every tool of the set",
+        )
+    return names
 
 
 def explore(
