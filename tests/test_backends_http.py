@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from helpers import CALC
 
@@ -117,7 +117,8 @@ def scripted_server(failures: list[int], state: dict[str, int]) -> Iterator[str]
         return {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "test"}]}
 
     @app.post("/v1/chat/completions")
-    async def chat() -> Any:
+    async def chat(request: Request) -> Any:
+        state.setdefault("bodies", []).append(await request.json())
         state["in_flight"] += 1
         state["peak"] = max(state["peak"], state["in_flight"])
         try:
@@ -193,6 +194,18 @@ async def test_retries_give_up_with_a_clear_error_and_concurrency_is_bounded() -
         results = await bounded.generate_many([GenerationRequest(CONVERSATION[:1]) for _ in range(12)])
         await bounded.aclose()
     assert len(results) == 12 and state["peak"] <= 3
+
+
+async def test_a_server_that_ignores_n_is_asked_again_with_the_seed_moved_on() -> None:
+    """llama.cpp answers one choice whatever n is; asking again with the same seed would repeat the sample."""
+    state: dict[str, Any] = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"))
+        params = SamplingParams(n=3, temperature=1.0, seed=7)
+        completions = await http.generate(GenerationRequest(CONVERSATION[:1], params=params))
+        await http.aclose()
+    assert len(completions) == 3
+    assert [(b["n"], b["seed"]) for b in state["bodies"]] == [(3, 7), (2, 8), (1, 9)]
 
 
 def test_concurrency_must_be_positive() -> None:

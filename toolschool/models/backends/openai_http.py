@@ -110,15 +110,17 @@ class OpenAIBackend(Backend):
         await self._ensure_checked()
         params = request.params
         completions: list[Completion] = []
-        # Some servers (llama.cpp) ignore n > 1: ask again for whatever is missing.
+        # Some servers (llama.cpp) ignore n > 1: ask again for whatever is missing, with the seed moved on by
+        # the samples already had (sample i gets seed + i, as on the local backend), else a seeded request
+        # would get the same sample back every time.
         for _ in range(params.n):
             missing = params.n - len(completions)
             if missing <= 0:
                 break
-            completions.extend(await self._create(request, missing))
+            completions.extend(await self._create(request, missing, seed_offset=len(completions)))
         return completions[: params.n]
 
-    async def _create(self, request: GenerationRequest, n: int) -> list[Completion]:
+    async def _create(self, request: GenerationRequest, n: int, *, seed_offset: int = 0) -> list[Completion]:
         params = request.params
         messages = [_message_to_wire(m) for m in request.messages]
         kwargs: dict[str, Any] = {
@@ -134,7 +136,7 @@ class OpenAIBackend(Backend):
         if params.stop:
             kwargs["stop"] = params.stop
         if params.seed is not None:
-            kwargs["seed"] = params.seed
+            kwargs["seed"] = params.seed + seed_offset
         if params.logprobs:
             kwargs["logprobs"] = True
         if request.prefill:
