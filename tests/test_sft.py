@@ -172,6 +172,11 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     losses = [r for r in log if "loss" in r]
     assert [r["step"] for r in losses] == [1, 2, 3, 4]  # one record per step: the lost step-3 record is gone
     assert all(r["loss"] != 99.0 for r in losses)
+    # Resuming a finished run would train one step past num_steps (the HF Trainer steps before it checks): refused.
+    with pytest.raises(ToolschoolError, match=r"already reached step 4 of sft.num_steps = 4") as info:
+        run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    assert "--num-steps" in info.value.hint
+    assert latest_checkpoint(out).name == "checkpoint-4"
     # Token counts are totals since step 0: they go on from the checkpoint's, not from zero.
     for key in ("tokens_run", "tokens_represented", "tokens_computed", "num_tokens"):
         counts = [r[key] for r in losses]

@@ -443,7 +443,16 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if resume:
         _check_resume_base(out_dir, identity)
         if checkpoint is not None:
-            drop_log_records_after(out_dir / "train_log.jsonl", int(checkpoint.name.split("-")[-1]))
+            step = int(checkpoint.name.split("-")[-1])
+            if step >= settings.num_steps:
+                raise ToolschoolError(
+                    f"the run in {out_dir} already reached step {step} of sft.num_steps = {settings.num_steps}: "
+                    "there is nothing left to resume",
+                    hint=f"pass --num-steps above {step} to train further (the final model is in {out_dir}/merged, "
+                    f"a LoRA run's adapter in {out_dir}/adapter; `toolschool evaluate {checkpoint}` scores "
+                    "the checkpoint)",
+                )
+            drop_log_records_after(out_dir / "train_log.jsonl", step)
     else:
         refuse_existing_checkpoints(out_dir)
 
