@@ -60,3 +60,14 @@ def test_completed_slots_groups_by_episode_and_ignores_duplicates() -> None:
     assert set(done) == {("a", 0), ("b", 2)}
     assert sorted(done[("a", 0)]) == [0, 1]
     assert done[("a", 0)][0]["query"] == "q00"
+
+
+def test_a_second_writer_of_the_same_log_is_refused_until_the_first_closes(tmp_path) -> None:
+    """Two explores resuming one folder at once would both run the missing trials: duplicates in the log."""
+    first = TrialLog.open(tmp_path, resume=True)
+    first.write(_record("calculator", 0, 0))
+    with pytest.raises(DataError, match="is being written by another running exploration"):
+        TrialLog.open(tmp_path, resume=True)
+    first.close()
+    with TrialLog.open(tmp_path, resume=True) as again:
+        assert [r["slot"] for r in again.existing] == [0]

@@ -27,6 +27,7 @@ Fields of one line (version 1):
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections import defaultdict
@@ -106,12 +107,23 @@ class TrialLog:
 
     @classmethod
     def open(cls, directory: str | Path, *, resume: bool, fsync: bool = False) -> TrialLog:
-        """Open for appending. Without `resume` an existing non-empty log is an error (it would be mixed)."""
+        """Open for appending. Without `resume` an existing non-empty log is an error (it would be mixed).
+
+        The log stays locked (flock) while open: a second exploration of the same folder at the same time would
+        run the same missing trials and write them twice, so it is refused.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / TRIALS_FILE
-        existing: list[dict[str, Any]] = []
-        if path.exists():
+        handle = path.open("a", encoding="utf-8")
+        try:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise DataError(
+                    f"'{path}' is being written by another running exploration",
+                    hint="wait for it to finish (or stop it), or use --out / another run name",
+                ) from None
             existing, valid_length = _scan(path)
             if not resume and path.stat().st_size > 0:
                 raise DataError(
@@ -121,7 +133,9 @@ class TrialLog:
             if path.stat().st_size != valid_length:
                 with path.open("r+b") as raw:  # drop a torn last line so the next append starts clean
                     raw.truncate(valid_length)
-        handle = path.open("a", encoding="utf-8")
+        except BaseException:
+            handle.close()
+            raise
         return cls(directory, handle, existing, fsync=fsync)
 
     def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
