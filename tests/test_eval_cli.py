@@ -52,3 +52,86 @@ def test_bfcl_through_a_real_local_backend(tiny_model_dir: Path, tmp_path: Path)
     records = [json.loads(line) for line in next(out.rglob("bfcl.items.jsonl")).read_text().splitlines()]
     assert len(records) == 4 and all(isinstance(r["raw_output"], str) for r in records)
     assert all(r["benchmark_verdict"] is not None for r in records)
+
+
+def _toolken_model(tiny_model_dir: Path, out: Path) -> Path:
+    """The tiny model as `sft --toolkens` saves one: its tokenizer has `<tool_calculator>`, embeddings resized."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.add_tokens(["<tool_calculator>"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _calc_line(a: int, b: int) -> str:
+    from helpers import CALC
+
+    arguments = {"expression": f"{a} * {b}"}
+    call = {"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": arguments}}
+    return json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {a} * {b}?"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c0", "content": str(a * b)},
+                {"role": "assistant", "content": f"{a * b}."},
+            ],
+            "tools": [CALC],
+        }
+    )
+
+
+def test_evaluate_shows_a_toolken_model_its_toolkens(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A model trained with toolkens saw `<tool_calculator>` in every prompt and call; evaluating it with plain
+    names would score a prompt it never saw, and its `<tool_calculator>` calls would never match the gold."""
+    model = _toolken_model(tiny_model_dir, tmp_path / "merged")
+    data = tmp_path / "test.jsonl"
+    data.write_text(_calc_line(40, 7) + "\n" + _calc_line(41, 7) + "\n")
+    result = CliRunner().invoke(app, ["evaluate", str(model), "-n", "2", "--data", str(data)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in next((model / "eval").rglob("data.items.jsonl")).read_text().splitlines()]
+    assert [r["tools"] for r in records] == [["<tool_calculator>"], ["<tool_calculator>"]]
+    assert all(r["gold_calls"][0]["function"]["name"] == "calculator" for r in records)
+    summary = json.loads((model / "eval" / "summary.json").read_text())
+    assert summary["models"][str(model)]["data"]["overall"]["n"] == 2
+
+
+def test_toolken_replies_are_scored_with_plain_names(tmp_path: Path) -> None:
+    """The toolken model's call `<tool_calculator>` is the gold call `calculator`: correct, and per-tool under
+    its plain name."""
+    from toolschool.cli.eval_cmd import ToolkenBackend, toolken_items
+    from toolschool.evaluate.items import items_from_file
+    from toolschool.models.backend import Backend, Completion
+
+    class Replies(Backend):
+        """Answers every request with the call a trained toolken model writes; records what it was sent."""
+
+        name = "replies"
+
+        def __init__(self) -> None:
+            self.requests: list = []
+
+        async def generate(self, request):  # noqa: ANN001, ANN201
+            self.requests.append(request)
+            text = '<tool_call>\n{"name": "<tool_calculator>", "arguments": {"expression": "40 * 7"}}\n</tool_call>'
+            return [Completion(text=text)]
+
+    data = tmp_path / "test.jsonl"
+    data.write_text(_calc_line(40, 7) + "\n")
+    inner = Replies()
+    summary = run_evaluation(
+        ["toolken-model"],
+        [Benchmark("data", toolken_items(items_from_file(str(data), limit=1)))],
+        EvalOptions(max_tokens=8, concurrency=1),
+        tmp_path / "eval",
+        make_backend=lambda name: ToolkenBackend(inner, {"calculator"}),
+    )
+    block = summary["models"]["toolken-model"]["data"]
+    assert block["overall"]["correct"] == 1.0, block
+    assert inner.requests[0].tools[0]["function"]["name"] == "<tool_calculator>"
+    record = json.loads(next((tmp_path / "eval").rglob("data.items.jsonl")).read_text())
+    assert record["parsed"]["calls"][0]["function"]["name"] == "calculator"
