@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -66,3 +67,21 @@ def test_debug_shows_traceback(tmp_path) -> None:
     result = runner.invoke(app, ["--debug", "models", "info", "--model", str(tmp_path)])
     assert result.exit_code == 2
     assert "Traceback" in result.output
+
+
+def test_ctrl_c_says_how_the_interrupted_command_continues(monkeypatch, tmp_path) -> None:
+    """--resume for commands that have it, a plain rerun for the pipeline, nothing for one-shot commands."""
+    import toolschool.pipeline
+    import toolschool.tools.registry
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(toolschool.tools.registry, "build_registry", interrupt)
+    result = runner.invoke(app, ["tools", "list"])
+    assert result.exit_code == 130 and "interrupted" in result.output and "rerun" not in result.output
+    result = runner.invoke(app, ["explore", "--tools", "calculator", "--out", str(tmp_path / "explore")])
+    assert result.exit_code == 130 and "rerun the same command with --resume to continue" in result.output
+    monkeypatch.setattr(toolschool.pipeline, "run_pipeline", interrupt)
+    result = runner.invoke(app, ["run", str(Path(__file__).parent.parent / "configs" / "demo.toml")])
+    assert result.exit_code == 130 and "rerun the same command to continue" in result.output

@@ -119,7 +119,7 @@ def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path, scripted) -> 
     out = tmp_path / "explore"
     args = ["explore", "--tools", "calculator", "--episodes", "3", "--stm-slots", "2", "--out", str(out)]
     result = runner.invoke(app, ["explore", *args[1:], "--concurrency", "2"])
-    assert result.exit_code == 130 and "rerun to resume" in result.output
+    assert result.exit_code == 130 and "rerun the same command with --resume to continue" in result.output
     partial = read_trials(out / TRIALS_FILE)
     assert 0 < len(partial) < 6
     scripted.fail_when = None

@@ -31,8 +31,23 @@ class _ErrorHandlingGroup(TyperGroup):
             err_console.print(f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(code=exc.exit_code) from None
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/yellow] — work written so far is kept; rerun to resume")
+            err_console.print(f"[yellow]interrupted[/yellow]{_how_to_continue(self, ctx)}", soft_wrap=True)
             raise typer.Exit(code=130) from None
+
+
+# Commands that continue where they stopped when simply run again (the others start over or take --resume).
+_CONTINUE_ON_RERUN = {"run", "continual", "distill"}
+
+
+def _how_to_continue(group: TyperGroup, ctx: Any) -> str:
+    """What to tell a user who pressed Ctrl-C: the way the interrupted command continues, if it does."""
+    name = ctx.invoked_subcommand
+    command = group.get_command(ctx, name) if name else None
+    if command is not None and any(param.name == "resume" for param in command.params):
+        return " — work written so far is kept; rerun the same command with --resume to continue"
+    if name in _CONTINUE_ON_RERUN:
+        return " — work written so far is kept; rerun the same command to continue"
+    return ""
 
 
 app = typer.Typer(
