@@ -135,3 +135,25 @@ def test_toolken_replies_are_scored_with_plain_names(tmp_path: Path) -> None:
     assert inner.requests[0].tools[0]["function"]["name"] == "<tool_calculator>"
     record = json.loads(next((tmp_path / "eval").rglob("data.items.jsonl")).read_text())
     assert record["parsed"]["calls"][0]["function"]["name"] == "calculator"
+
+
+def test_adapter_on_another_base_model_is_one_clear_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A checkpoint (LoRA adapter) whose adapter_config names a base of other shapes: no torch traceback."""
+    from helpers import save_tiny_llama
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    other = save_tiny_llama(tmp_path / "other", tiny_model_dir, hidden=32, layers=1, seed=1)
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules="all-linear")
+    )
+    adapter = tmp_path / "checkpoint-2"
+    model.save_pretrained(adapter)
+    config_file = adapter / "adapter_config.json"
+    config_file.write_text(config_file.read_text().replace(str(tiny_model_dir), str(other)))
+    data = tmp_path / "test.jsonl"
+    data.write_text(_calc_line(40, 7) + "\n")
+    result = CliRunner().invoke(app, ["evaluate", str(adapter), "-n", "1", "--data", str(data)])
+    assert result.exit_code == 2, result.output
+    assert "does not fit its base model" in result.output and str(other) in result.output
+    assert "Traceback" not in result.output
