@@ -157,3 +157,26 @@ def test_adapter_on_another_base_model_is_one_clear_line(tiny_model_dir: Path, t
     assert result.exit_code == 2, result.output
     assert "does not fit its base model" in result.output and str(other) in result.output
     assert "Traceback" not in result.output
+
+
+def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A run trained with `--format json` writes calls as JSON text; scoring its checkpoint as hermes would
+    count every call malformed. `evaluate` reads the format from the run's metadata unless --format is given."""
+    import shutil
+
+    run = tmp_path / "sft"
+    shutil.copytree(tiny_model_dir, run / "merged")
+    (run / "checkpoints").mkdir()
+    shutil.copytree(tiny_model_dir, run / "checkpoints" / "checkpoint-2")
+    (run / "toolschool_sft.json").write_text(json.dumps({"format": "json", "method": "lora"}))
+    data = tmp_path / "test.jsonl"
+    data.write_text(_calc_line(40, 7) + "\n")
+    for folder in (run / "merged", run / "checkpoints" / "checkpoint-2"):
+        result = CliRunner().invoke(app, ["evaluate", str(folder), "-n", "1", "--data", str(data)])
+        assert result.exit_code == 0, result.output
+        assert json.loads((folder / "eval" / "summary.json").read_text())["settings"]["format"] == "json"
+    result = CliRunner().invoke(
+        app, ["evaluate", str(run / "merged"), "-n", "1", "--data", str(data), "--format", "react"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((run / "merged" / "eval" / "summary.json").read_text())["settings"]["format"] == "react"

@@ -222,11 +222,32 @@ def _default_data(checkpoint: Path) -> Path | None:
     return None
 
 
+RUN_META_FILES = ("toolschool_sft.json", "toolschool_rl.json")
+
+
+def _trained_format(checkpoint: Path) -> str | None:
+    """The tool-call format the SFT/RL run that wrote `checkpoint` trained with (its metadata file sits in the
+    stage folder: above `merged/`, `adapter/` and `checkpoints/checkpoint-N/`), or None outside such a run."""
+    resolved = checkpoint.resolve()
+    for folder in [resolved, *resolved.parents][:3]:
+        for name in RUN_META_FILES:
+            meta = folder / name
+            if meta.is_file():
+                try:
+                    value = json.loads(meta.read_text(encoding="utf-8")).get("format")
+                except (OSError, json.JSONDecodeError):
+                    return None
+                return value if isinstance(value, str) else None
+    return None
+
+
 def evaluate_command(
     checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
     num_samples: int = typer.Option(50, "--num-samples", "-n", help="Evaluate the first N items."),
     data: str = typer.Option(None, help="Test JSONL (default: the run's distill/test.jsonl or validation.jsonl)."),
-    format: str = typer.Option(None, "--format", help="hermes | json | react"),
+    format: str = typer.Option(
+        None, "--format", help="hermes | json | react (default: the format the checkpoint's run trained with)"
+    ),
     out: Path = typer.Option(None, help="Output folder (default: CHECKPOINT/eval)."),
 ) -> None:
     """Evaluate one checkpoint on N test items (a shortcut for `toolschool eval --model CHECKPOINT --limit N`)."""
@@ -246,6 +267,10 @@ def evaluate_command(
                 hint="pass --data test.jsonl",
             )
         data = str(found)
+    if format is None and path.is_dir():
+        format = _trained_format(path)
+        if format is not None:
+            err_console.print(f"[dim]evaluate: format '{format}', as the run was trained (--format overrides)[/dim]")
     default_out = path / "eval" if path.is_dir() else None
     overrides = {"eval.data": data, "eval.limit": num_samples, "eval.format": format}
     _run(None, overrides, [checkpoint], out or default_out)
