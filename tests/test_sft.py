@@ -155,6 +155,9 @@ def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tin
 
 
 def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
+    import torch
+    from safetensors.torch import load_file
+
     from toolschool.models.loading import load_model
 
     tmp_path, train, validation, out, first = first_run
@@ -172,11 +175,18 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     losses = [r for r in log if "loss" in r]
     assert [r["step"] for r in losses] == [1, 2, 3, 4]  # one record per step: the lost step-3 record is gone
     assert all(r["loss"] != 99.0 for r in losses)
-    # Resuming a finished run would train one step past num_steps (the HF Trainer steps before it checks): refused.
-    with pytest.raises(ToolschoolError, match=r"already reached step 4 of sft.num_steps = 4") as info:
-        run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
-    assert "--num-steps" in info.value.hint
-    assert latest_checkpoint(out).name == "checkpoint-4"
+    # Resuming a finished run (or one stopped while saving its final model) trains nothing more: the HF Trainer
+    # alone would run a step past num_steps. It saves the final model again from the last checkpoint.
+    (out / "merged" / "model.safetensors").unlink()
+    again = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    assert again.steps == 4 and latest_checkpoint(out).name == "checkpoint-4"
+    assert (out / "merged" / "model.safetensors").is_file()
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [r for r in log if "loss" in r]
+    assert [r["step"] for r in losses] == [1, 2, 3, 4]
+    saved = load_file(out / "adapter" / "adapter_model.safetensors")
+    at_checkpoint = load_file(out / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
+    assert saved.keys() == at_checkpoint.keys() and all(torch.equal(saved[k], at_checkpoint[k]) for k in saved)
     # Token counts are totals since step 0: they go on from the checkpoint's, not from zero.
     for key in ("tokens_run", "tokens_represented", "tokens_computed", "num_tokens"):
         counts = [r[key] for r in losses]

@@ -443,16 +443,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if resume:
         _check_resume_base(out_dir, identity)
         if checkpoint is not None:
-            step = int(checkpoint.name.split("-")[-1])
-            if step >= settings.num_steps:
-                raise ToolschoolError(
-                    f"the run in {out_dir} already reached step {step} of sft.num_steps = {settings.num_steps}: "
-                    "there is nothing left to resume",
-                    hint=f"pass --num-steps above {step} to train further (the final model is in {out_dir}/merged, "
-                    f"a LoRA run's adapter in {out_dir}/adapter; `toolschool evaluate {checkpoint}` scores "
-                    "the checkpoint)",
-                )
-            drop_log_records_after(out_dir / "train_log.jsonl", step)
+            drop_log_records_after(out_dir / "train_log.jsonl", int(checkpoint.name.split("-")[-1]))
     else:
         refuse_existing_checkpoints(out_dir)
 
@@ -543,7 +534,15 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         callbacks=_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
         **extra,
     )
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if checkpoint is not None and int(checkpoint.name.split("-")[-1]) >= settings.num_steps:
+        # Nothing left to train (a finished run, or one stopped while saving its final model): the HF Trainer
+        # would still run one more step when the checkpoint is not at an epoch end, so load it and only save.
+        from transformers.trainer_callback import TrainerState
+
+        trainer._load_from_checkpoint(str(checkpoint))
+        trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+    else:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     adapter_dir, merged_dir = save_final(
         trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
