@@ -261,3 +261,23 @@ def test_two_processes_with_accelerate(tmp_path: Path, tiny_model_dir: Path, dat
     lengths = sorted(len(r["input_ids"]) for r in prepare_examples(examples, get_format("hermes"), tokenizer, 384).rows)
     at_step_2 = next(r for r in log if r.get("step") == 2 and "tokens_represented" in r)
     assert at_step_2["tokens_represented"] >= sum(lengths[:8]), (at_step_2, lengths)
+
+
+def test_refused_or_failed_sft_leaves_the_runs_config_alone(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+    """config.toml records what a run was trained with; a command that stops before training must not replace it."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    train, _ = data_files
+    out = tmp_path / "run"
+    (out / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    (out / "config.toml").write_text("# the run's own settings\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(train.read_text().splitlines()[0] + "\n{not json\n")
+    base = ["sft", "--model", str(tiny_model_dir), "--out", str(out), "--num-steps", "9", "--validation-samples", "0"]
+    refused = CliRunner().invoke(app, [*base, "--train", str(train)])
+    assert refused.exit_code == 2 and "already holds checkpoints" in refused.output
+    broken = CliRunner().invoke(app, [*base, "--train", str(bad), "--resume"])
+    assert broken.exit_code == 2 and "bad.jsonl:2: not valid JSON" in broken.output
+    assert (out / "config.toml").read_text() == "# the run's own settings\n"

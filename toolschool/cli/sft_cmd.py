@@ -40,7 +40,7 @@ def sft(
     seed: int = typer.Option(None),
 ) -> None:
     """Fine-tune a model on tool-use conversations; writes checkpoints, logs, adapter/ and merged/."""
-    from toolschool.config import load_config, stage_dir
+    from toolschool.config import load_config
     from toolschool.train.sft import run_sft
 
     overrides = {
@@ -66,7 +66,9 @@ def sft(
         "run.seed": seed,
     }
     config = load_config(config_path, overrides)
-    out_dir = stage_dir(config, "sft", out)
+    # Not config.stage_dir: it writes config.toml at once, over an existing run's even when this command is then
+    # refused (checkpoints without --resume, a bad data line); run_sft writes it once its checks have passed.
+    out_dir = Path(out) if out is not None else config.run_dir() / "sft"
     err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
     result = run_sft(config, out_dir, resume=resume)
     if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)

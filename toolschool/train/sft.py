@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.config import SFTSection, ToolschoolConfig
+from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
     IDENTITY_KEYS,
@@ -467,6 +467,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     )
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.toml").write_text(dump_toml(config), encoding="utf-8")  # the settings this run trains with
     (out_dir / META_FILE).write_text(
         json.dumps(
             {
