@@ -184,6 +184,11 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     losses = [r for r in log if "loss" in r]
     assert [r["step"] for r in losses] == [1, 2, 3, 4]
+    assert [(r["step"], r.get("trained", True)) for r in log if r.get("event") == "start"] == [
+        (0, True),
+        (2, True),
+        (4, False),
+    ]
     saved = load_file(out / "adapter" / "adapter_model.safetensors")
     at_checkpoint = load_file(out / "checkpoints" / "checkpoint-4" / "adapter_model.safetensors")
     assert saved.keys() == at_checkpoint.keys() and all(torch.equal(saved[k], at_checkpoint[k]) for k in saved)

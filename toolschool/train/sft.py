@@ -542,6 +542,10 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
 
         trainer._load_from_checkpoint(str(checkpoint))
         trainer.state = TrainerState.load_from_json(str(checkpoint / "trainer_state.json"))
+        if trainer.is_world_process_zero():  # the log still says this run resumed here, like a training start
+            logger.write(
+                {"event": "start", "step": trainer.state.global_step, "time": time.time(), **stats, "trained": False}
+            )
     else:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
