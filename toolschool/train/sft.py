@@ -8,7 +8,8 @@ What this module adds on top of TRL:
 - validation during training generates on validation samples and logs the evaluation module's metrics;
 - logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
   `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
-  RNG and skips the batches already seen);
+  RNG and skips the batches already seen; we drop the log records written after that checkpoint, restore the
+  token totals, refuse another base model, and only save the final model when the checkpoint is at num_steps);
 - at the end a LoRA adapter (`adapter/`) and a merged model (`merged/`) in Hugging Face format.
 
 Batching (`sft.batching`, see bench/sft.py for the measured figures):
