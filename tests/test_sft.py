@@ -286,3 +286,17 @@ def test_refused_or_failed_sft_leaves_the_runs_config_alone(tmp_path: Path, tiny
     broken = CliRunner().invoke(app, [*base, "--train", str(bad), "--resume"])
     assert broken.exit_code == 2 and "bad.jsonl:2: not valid JSON" in broken.output
     assert (out / "config.toml").read_text() == "# the run's own settings\n"
+
+
+def test_resume_without_checkpoints_says_it_starts_at_step_0(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+    """`--resume` into a folder with no checkpoint (a typo in --out, say) trains from scratch, and says so."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    train, _ = data_files
+    out = tmp_path / "typo"
+    args = ["sft", "--model", str(tiny_model_dir), "--train", str(train), "--out", str(out), "--resume"]
+    result = CliRunner().invoke(app, [*args, "--num-steps", "1", "--batch-size", "2", "--validation-samples", "0"])
+    assert result.exit_code == 0, result.output
+    assert f"no checkpoint in {out / 'checkpoints'}: starting at step 0" in " ".join(result.output.split())

@@ -70,6 +70,14 @@ def sft(
     # refused (checkpoints without --resume, a bad data line); run_sft writes it once its checks have passed.
     out_dir = Path(out) if out is not None else config.run_dir() / "sft"
     err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
+    if resume:
+        from rich.markup import escape
+
+        from toolschool.train.common import latest_checkpoint
+
+        if latest_checkpoint(out_dir) is None:
+            where = escape(str(out_dir / "checkpoints"))
+            err_console.print(f"[yellow]no checkpoint in {where}: starting at step 0[/yellow]")
     result = run_sft(config, out_dir, resume=resume)
     if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)
         return
