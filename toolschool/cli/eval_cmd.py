@@ -94,20 +94,8 @@ class ToolkenBackend(Backend):
         await self.inner.aclose()
 
 
-def _adapter_base(model: str) -> str | None:
-    """The base model a LoRA adapter folder names, or None when `model` is not an adapter folder."""
-    config_file = Path(model) / "adapter_config.json"
-    if not config_file.is_file():
-        return None
-    try:
-        return str(json.loads(config_file.read_text(encoding="utf-8")).get("base_model_name_or_path"))
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
 def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] | None, out: Path | None) -> None:
     from toolschool.config import load_config, stage_dir
-    from toolschool.errors import ModelLoadError
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
     from toolschool.models.backends import make_backend
@@ -137,18 +125,7 @@ def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] 
             return lambda _result: bar.advance(task)
 
         def backend_for(model: str):
-            try:
-                backend = make_backend(model, dtype=config.model.dtype, device=config.model.device)
-            except RuntimeError as exc:
-                adapter_base = _adapter_base(model)
-                if adapter_base is None or "size mismatch" not in str(exc):
-                    raise
-                raise ModelLoadError(
-                    f"the adapter in '{model}' does not fit its base model '{adapter_base}' (adapter_config.json "
-                    "base_model_name_or_path): its weights have other shapes, so it was trained on another model",
-                    hint="point base_model_name_or_path at the model the adapter was trained from, or evaluate the "
-                    "run's merged/ folder",
-                ) from None
+            backend = make_backend(model, dtype=config.model.dtype, device=config.model.device)
             names = model_toolkens(model)
             return ToolkenBackend(backend, names) if names else backend
 

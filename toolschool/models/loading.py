@@ -155,7 +155,17 @@ def load_model(
     if adapter:
         from peft import PeftModel
 
-        hf_model = PeftModel.from_pretrained(hf_model, adapter)
+        try:
+            hf_model = PeftModel.from_pretrained(hf_model, adapter)
+        except RuntimeError as exc:
+            if "size mismatch" not in str(exc):
+                raise
+            raise ModelLoadError(
+                f"the adapter in '{adapter}' does not fit its base model '{source}' (adapter_config.json "
+                "base_model_name_or_path): its weights have other shapes, so it was trained on another model",
+                hint="point base_model_name_or_path at the model the adapter was trained from, or use the run's "
+                "merged/ folder",
+            ) from None
         if merge_adapter:
             hf_model = hf_model.merge_and_unload()
     hf_model.to(device)

@@ -602,18 +602,12 @@ def resolve_batching(settings: SFTSection) -> str:
     return batching
 
 
-def estimate_epochs(stats: dict[str, int], settings: SFTSection) -> float:
-    examples = max(1, stats.get("examples", 1))
-    return settings.num_steps * settings.batch_size * settings.gradient_accumulation / examples
-
-
 __all__ = [
     "PreparedData",
     "SFTResult",
     "apply_toolkens",
     "build_validation_items",
     "check_has_assistant",
-    "estimate_epochs",
     "latest_checkpoint",
     "prepare_examples",
     "resolve_batching",
