@@ -29,8 +29,17 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 def test_evaluate_needs_data_when_the_run_has_none(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
+    (ckpt / "config.json").write_text("{}")
     result = CliRunner().invoke(app, ["evaluate", str(ckpt)])
     assert result.exit_code == 2 and "pass --data" in result.output
+
+
+def test_evaluate_on_a_folder_that_is_no_model_writes_nothing_into_it(tmp_path: Path) -> None:
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    result = CliRunner().invoke(app, ["evaluate", str(folder), "--data", str(tmp_path / "test.jsonl")])
+    assert result.exit_code == 2 and "holds no config.json or adapter_config.json" in result.output
+    assert list(folder.iterdir()) == []
 
 
 def test_bfcl_through_a_real_local_backend(tiny_model_dir: Path, tmp_path: Path) -> None:

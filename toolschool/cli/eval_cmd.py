@@ -236,6 +236,11 @@ def evaluate_command(
         raise ModelLoadError(
             f"checkpoint '{checkpoint}' does not exist", hint="pass a folder written by `toolschool sft` or `rl`"
         )
+    if path.is_dir():  # not a model folder: say so before writing CHECKPOINT/eval/ into it
+        from toolschool.models.loading import resolve_source
+        from toolschool.models.spec import parse_model_spec
+
+        resolve_source(parse_model_spec(checkpoint))
     if data is None:
         found = _default_data(path) if path.is_dir() else None
         if found is None:
