@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from helpers import CALC
@@ -22,7 +19,7 @@ from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.backends.openai_http import EndpointError, OpenAIBackend
 from toolschool.models.spec import parse_model_spec
-from toolschool.serve.server import bind_socket, running_server
+from toolschool.serve.server import bind_socket, running_app, running_server
 
 CONVERSATION = [
     {"role": "user", "content": "What is 12*7?"},
@@ -153,18 +150,8 @@ def scripted_server(failures: list[int], state: dict[str, int]) -> Iterator[str]
         finally:
             state["in_flight"] -= 1
 
-    sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with running_app(app) as base_url:
+        yield base_url
 
 
 async def test_retries_with_backoff_then_tool_calls_as_hermes_text() -> None:
@@ -242,18 +229,8 @@ def html_server(paths: list[str]) -> Iterator[str]:
         paths.append(path)
         return HTMLResponse("<html><body>hello</body></html>")
 
-    sock = bind_socket("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with running_app(app) as base_url:
+        yield base_url
 
 
 async def test_a_url_that_is_not_an_openai_api_is_one_clear_error() -> None:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -104,14 +105,17 @@ def running_server(
     For programs that want an OpenAI endpoint over a backend they already hold (and for tests): port 0 picks
     a free port. The server stops when the block ends; the backend stays open unless `close_backend`.
     """
+    app = create_app(backend, model_name, api_key=api_key, close_backend=close_backend)
+    with running_app(app, host=host, port=port, log_level=log_level) as base_url:
+        yield base_url
+
+
+@contextlib.contextmanager
+def running_app(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> Iterator[str]:
+    """Run any ASGI app in a background thread and yield its `http://HOST:PORT/v1` (port 0: a free port)."""
     sock = bind_socket(host, port)
     actual_port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        create_app(backend, model_name, api_key=api_key, close_backend=close_backend),
-        log_level=log_level,
-        timeout_graceful_shutdown=5.0,
-    )
-    server = _Server(config)
+    server = _Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5.0))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="toolschool-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30.0
