@@ -204,7 +204,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
     import threading
 
     from toolschool.config import load_config
-    from toolschool.explore import episode, runner
+    from toolschool.tools import registry as registry_module
     from toolschool.tools.functions import FunctionTool
     from toolschool.tools.registry import ToolRegistry
 
@@ -248,8 +248,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
         registry.add(FunctionTool(double), "test")
         return registry
 
-    monkeypatch.setattr(episode, "CALL_TIMEOUT_S", 0.2)
-    monkeypatch.setattr(runner.DaemonThreadExecutor, "SHUTDOWN_GRACE_S", 0.2)
+    monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.2)
     overrides = {"explore.episodes": 8, "explore.stm_slots": 1, "explore.max_turns": 1, "explore.concurrency": 16}
     config = load_config(None, {**overrides, "explore.demonstrations": 0})
     try:

@@ -124,3 +124,52 @@ def test_only_and_unknown_toolbox() -> None:
         build_registry(only=["calculatr"])
     with pytest.raises(ToolschoolError, match="unknown toolbox 'extra' — known toolboxes: builtin"):
         build_registry(toolbox=["extra"])
+
+
+def test_hung_calls_time_out_without_starving_other_calls_or_the_end_of_the_run(monkeypatch) -> None:
+    """Forty calls that never answer (more than asyncio's default pool has threads), then a normal one."""
+    import asyncio
+    import threading
+
+    from toolschool.tools import registry as registry_module
+    from toolschool.tools.functions import FunctionTool
+
+    release = threading.Event()
+    hung: list[threading.Thread] = []
+
+    def stall(text: str) -> str:
+        """Never answers while the run lasts.
+
+        Args:
+            text: anything.
+        """
+        hung.append(threading.current_thread())
+        release.wait(30)
+        return "late"
+
+    def double(number: int) -> int:
+        """Twice the number.
+
+        Args:
+            number: a number.
+        """
+        return 2 * number
+
+    registry = ToolRegistry()
+    registry.add(FunctionTool(stall), "test")
+    registry.add(FunctionTool(double), "test")
+    monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.3)
+
+    async def run() -> tuple[list[Observation], Observation]:
+        stalled = await asyncio.gather(*(registry.acall("stall", {"text": "x"}) for _ in range(40)))
+        return stalled, await registry.acall("double", {"number": 21})
+
+    try:
+        stalled, doubled = asyncio.run(run())
+        # asyncio.run returned while every hung call still runs: it did not wait for them
+        assert len(hung) == 40 and all(thread.is_alive() and thread.daemon for thread in hung)
+    finally:
+        release.set()
+    assert all(o.is_error and o.error_kind == "timeout" for o in stalled)
+    assert stalled[0].text == "Error: the tool 'stall' did not answer within 0.3 s."
+    assert doubled.text == "42" and not doubled.is_error

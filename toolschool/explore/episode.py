@@ -16,7 +16,6 @@ model sees (`fmt.to_messages`) and parses what the model writes (`fmt.parse`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -37,8 +36,6 @@ from toolschool.tools.base import Observation
 # Imagination must end with the query: cut where a model starts solving it instead.
 IMAGINE_STOP = ["Thought:", "Action:", "<tool_call>", "Final Answer:"]
 _QUERY_PREFIX = re.compile(r"^\s*(?:\*\*)?(?:user\s+)?(?:request|query)(?:\*\*)?\s*:\s*(?:\*\*)?", re.IGNORECASE)
-# A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
-CALL_TIMEOUT_S = 120.0
 
 
 class ChatFormat(Protocol):
@@ -250,13 +247,7 @@ class _Trial:
 async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Observation:
     """Run one call; whatever goes wrong becomes an error observation so the episode goes on."""
     try:
-        # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a call that finishes just
-        # as the episode is cancelled (Ctrl-C), swallowing the cancellation, and the run then goes on to the end.
-        async with asyncio.timeout(CALL_TIMEOUT_S):
-            return await ctx.registry.acall(name, args)
-    except TimeoutError:
-        message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:.0f} s."
-        return Observation(message, None, is_error=True, error_kind="timeout")
+        return await ctx.registry.acall(name, args)  # a call that hangs comes back as a timeout observation
     except Exception as exc:  # a registry/tool bug must not stop exploration; the model sees the error
         return Observation(f"Error: the tool '{name}' failed: {exc}", None, is_error=True, error_kind="execution")
 

@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 import traceback
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,60 +38,6 @@ class ExploreResult:
     seconds: float
     log_dir: Path
     failures: list[dict[str, Any]] = field(default_factory=list)
-
-
-class DaemonThreadExecutor(ThreadPoolExecutor):
-    """The event loop's default executor during exploration: one daemon thread per call, never a shared pool.
-
-    Why: synchronous tools run through `asyncio.to_thread`. A tool that never returns is cut off after
-    `CALL_TIMEOUT_S` (the episode goes on), but its thread keeps running: in asyncio's default pool it would
-    hold one of the few workers (min(32, CPUs + 4)), so a handful of hung calls would make every later call
-    of every tool time out too, and `asyncio.run` would wait for it forever at exit. Here each call gets its
-    own daemon thread, and shutdown waits only `SHUTDOWN_GRACE_S` for threads still running (a hung tool
-    then dies with the process). A ThreadPoolExecutor subclass because `set_default_executor` requires one;
-    its own worker pool is never used.
-    """
-
-    SHUTDOWN_GRACE_S = 5.0
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=1, thread_name_prefix="toolschool-explore-call")
-        self._live: set[threading.Thread] = set()
-        self._guard = threading.Lock()
-        self._calls = 0
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-
-        def work() -> None:
-            try:
-                if not future.set_running_or_notify_cancel():
-                    return
-                try:
-                    result = fn(*args, **kwargs)
-                except BaseException as exc:  # handed to the awaiting coroutine, as a pool worker would
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            finally:
-                with self._guard:
-                    self._live.discard(threading.current_thread())
-
-        with self._guard:
-            self._calls += 1
-            thread = threading.Thread(target=work, name=f"toolschool-explore-call-{self._calls}", daemon=True)
-            self._live.add(thread)
-        thread.start()
-        return future
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        if wait:
-            deadline = time.monotonic() + self.SHUTDOWN_GRACE_S
-            with self._guard:
-                live = list(self._live)
-            for thread in live:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
 
 def plan_episodes(

@@ -19,7 +19,7 @@ from toolschool.errors import ToolschoolError
 from toolschool.explore.episode import ExploreContext, ExploreSettings
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory
-from toolschool.explore.runner import DaemonThreadExecutor, ExploreResult, check_resumable, run_exploration
+from toolschool.explore.runner import ExploreResult, check_resumable, run_exploration
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend
 
@@ -129,8 +129,6 @@ def run_explore_stage(
 
 
 async def _run(ctx: ExploreContext, targets: list[str], concurrency: int, console: Console | None) -> ExploreResult:
-    # a tool that hangs must neither starve the other calls nor keep the process alive at exit
-    asyncio.get_running_loop().set_default_executor(DaemonThreadExecutor())
     try:
         check = getattr(ctx.backend, "check", None)
         if check is not None:  # an HTTP endpoint: fail before any work when it cannot be reached

@@ -8,9 +8,13 @@ unreachable server all become an `Observation` with `is_error=True` and a messag
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -41,5 +45,40 @@ class Tool(ABC):
         """Validate `args` against `parameters`, run, and return an observation (never raise)."""
 
     async def aexecute(self, args: dict[str, Any]) -> Observation:
-        """Async execution; the default runs `execute` in a worker thread so the event loop keeps going."""
-        return await asyncio.to_thread(self.execute, args)
+        """Async execution; the default runs `execute` in a thread of its own so the event loop keeps going."""
+        return await in_own_thread(self.execute, args)
+
+
+async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` in a new daemon thread, awaited; what asyncio.to_thread does, without its shared pool.
+
+    Why: a tool that never returns is cut off by the caller's timeout (`ToolRegistry.acall`), but its thread
+    runs on. In asyncio's default pool (min(32, CPUs + 4) workers) a handful of hung calls would make every
+    later call of every tool time out too, and `asyncio.run` waits for the pool at exit, so the run would
+    never end. A daemon thread of its own holds nothing others need and dies with the process.
+    """
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: T | None, error: BaseException | None) -> None:
+        if future.cancelled():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result = fn(*args)
+        except BaseException as exc:  # handed to the awaiting coroutine, as a pool worker would
+            outcome: tuple[T | None, BaseException | None] = (None, exc)
+        else:
+            outcome = (result, None)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop closed while the call hung: nobody is waiting any more
+            pass
+
+    threading.Thread(target=work, name=f"tool-call-{getattr(fn, '__qualname__', 'fn')}", daemon=True).start()
+    return await future

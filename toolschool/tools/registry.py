@@ -2,11 +2,13 @@
 
 `get` raises `ToolschoolError` for an unknown name (a programming or configuration mistake); `call` / `acall`
 never raise: an unknown tool, arguments that are not a JSON object, or a tool that crashes all become error
-observations, because the caller is usually a model in the middle of trial and error.
+observations, because the caller is usually a model in the middle of trial and error. `acall` also cuts off a
+call that does not answer within `CALL_TIMEOUT_S`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -16,6 +18,8 @@ from toolschool.tools.base import Observation, Tool
 from toolschool.tools.sandbox import SandboxLimits
 
 TOOLBOXES = ("builtin",)
+# A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
+CALL_TIMEOUT_S = 120.0
 
 
 class ToolRegistry:
@@ -71,7 +75,13 @@ class ToolRegistry:
             return tool_or_error
         tool, parsed = tool_or_error
         try:
-            return await tool.aexecute(parsed)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a call that finishes
+            # just as the caller is cancelled (Ctrl-C), swallowing the cancellation.
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                return await tool.aexecute(parsed)
+        except TimeoutError:
+            message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:g} s."
+            return Observation(message, None, is_error=True, error_kind="timeout")
         except Exception as exc:
             return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
 
