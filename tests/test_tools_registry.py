@@ -173,3 +173,44 @@ def test_hung_calls_time_out_without_starving_other_calls_or_the_end_of_the_run(
     assert all(o.is_error and o.error_kind == "timeout" for o in stalled)
     assert stalled[0].text == "Error: the tool 'stall' did not answer within 0.3 s."
     assert doubled.text == "42" and not doubled.is_error
+
+
+def test_synchronous_callers_cut_off_a_hung_call_too(monkeypatch) -> None:
+    """`call` (tools call, held-out data) and RL's tool functions, which TRL calls synchronously."""
+    import threading
+
+    from toolschool.tools import registry as registry_module
+    from toolschool.tools.functions import FunctionTool
+    from toolschool.train.rl import tool_callable
+
+    release = threading.Event()
+
+    def stall(text: str) -> str:
+        """Never answers while the test lasts.
+
+        Args:
+            text: anything.
+        """
+        release.wait(30)
+        return "late"
+
+    def broken(text: str) -> str:
+        """Raises.
+
+        Args:
+            text: anything.
+        """
+        raise RuntimeError("kaboom")
+
+    registry = ToolRegistry()
+    registry.add(FunctionTool(stall), "test")
+    registry.add(FunctionTool(broken), "test")
+    monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.3)
+    try:
+        observation = registry.call("stall", {"text": "x"})
+        assert observation.is_error and observation.error_kind == "timeout"
+        assert tool_callable(registry.get("stall"))(text="x") == observation.text
+    finally:
+        release.set()
+    failed = registry.call("broken", {"text": "x"})
+    assert failed.is_error and failed.text == "broken failed: RuntimeError: kaboom"

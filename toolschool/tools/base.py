@@ -49,6 +49,28 @@ class Tool(ABC):
         return await in_own_thread(self.execute, args)
 
 
+def call_in_own_thread(fn: Callable[..., T], *args: Any, timeout: float) -> tuple[bool, T | None]:
+    """`fn(*args)` in a new daemon thread, waited for at most `timeout` s: (True, result), or (False, None) when
+    it has not finished (it runs on, holding nothing, and dies with the process). Its exception is re-raised."""
+    outcome: list[Any] = []
+
+    def work() -> None:
+        try:
+            outcome.append((fn(*args), None))
+        except BaseException as exc:
+            outcome.append((None, exc))
+
+    thread = threading.Thread(target=work, name=f"tool-call-{getattr(fn, '__qualname__', 'fn')}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not outcome:
+        return False, None
+    result, error = outcome[0]
+    if error is not None:
+        raise error
+    return True, result
+
+
 async def in_own_thread(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` in a new daemon thread, awaited; what asyncio.to_thread does, without its shared pool.
 

@@ -2,8 +2,8 @@
 
 `get` raises `ToolschoolError` for an unknown name (a programming or configuration mistake); `call` / `acall`
 never raise: an unknown tool, arguments that are not a JSON object, or a tool that crashes all become error
-observations, because the caller is usually a model in the middle of trial and error. `acall` also cuts off a
-call that does not answer within `CALL_TIMEOUT_S`.
+observations, because the caller is usually a model in the middle of trial and error. Both cut off a call that
+does not answer within `CALL_TIMEOUT_S` (`timeout_observation`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,27 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.tools.base import Observation, Tool
+from toolschool.tools.base import Observation, Tool, call_in_own_thread
 from toolschool.tools.sandbox import SandboxLimits
 
 TOOLBOXES = ("builtin",)
 # A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
 CALL_TIMEOUT_S = 120.0
+
+
+def timeout_observation(name: str) -> Observation:
+    """What the model reads when a call to `name` was cut off after CALL_TIMEOUT_S."""
+    message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:g} s."
+    return Observation(message, None, is_error=True, error_kind="timeout")
+
+
+def execute_with_timeout(tool: Tool, args: dict[str, Any]) -> Observation:
+    """`tool.execute(args)` for synchronous callers, cut off after CALL_TIMEOUT_S; never raises."""
+    try:
+        finished, observation = call_in_own_thread(tool.execute, args, timeout=CALL_TIMEOUT_S)
+    except Exception as exc:  # a third-party Tool that broke its contract must not stop the run
+        return Observation(f"{tool.name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+    return observation if finished and observation is not None else timeout_observation(tool.name)
 
 
 class ToolRegistry:
@@ -64,10 +79,7 @@ class ToolRegistry:
         if isinstance(tool_or_error, Observation):
             return tool_or_error
         tool, parsed = tool_or_error
-        try:
-            return tool.execute(parsed)
-        except Exception as exc:  # a third-party Tool that broke its contract must not stop the run
-            return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+        return execute_with_timeout(tool, parsed)
 
     async def acall(self, name: str, args: dict[str, Any] | str | None) -> Observation:
         tool_or_error = self._resolve(name, args)
@@ -80,8 +92,7 @@ class ToolRegistry:
             async with asyncio.timeout(CALL_TIMEOUT_S):
                 return await tool.aexecute(parsed)
         except TimeoutError:
-            message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:g} s."
-            return Observation(message, None, is_error=True, error_kind="timeout")
+            return timeout_observation(name)
         except Exception as exc:
             return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
 

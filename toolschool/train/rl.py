@@ -227,6 +227,8 @@ def tool_callable(tool: Any) -> Callable[..., str]:
     passes the arguments on unchanged, so the tool's own validation answers bad or unknown arguments with an
     error observation the model reads, as at evaluation time.
     """
+    from toolschool.tools.registry import execute_with_timeout
+
     properties: dict[str, Any] = (tool.parameters or {}).get("properties") or {}
     required = set((tool.parameters or {}).get("required") or [])
     parameters, annotations, arg_docs = [], {}, []
@@ -247,7 +249,7 @@ def tool_callable(tool: Any) -> Callable[..., str]:
 
     def call(**kwargs: Any) -> str:
         arguments = {k: v for k, v in kwargs.items() if v is not None or k in required}
-        return tool.execute(arguments).text
+        return execute_with_timeout(tool, arguments).text  # a hung tool must not hang training
 
     description = _one_line(tool.description or tool.name)
     args_section = "\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else ""
