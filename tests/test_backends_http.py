@@ -63,6 +63,7 @@ async def test_http_greedy_equals_local_greedy(url: str, local: LocalBackend) ->
     assert remote.text == direct.text and remote.finish_reason == direct.finish_reason
     assert remote.prompt_tokens == direct.prompt_tokens  # dict arguments survived the JSON-string round trip
     assert remote.logprobs == pytest.approx(direct.logprobs, abs=1e-4)
+    assert remote.token_ids == [] and remote.num_tokens == direct.num_tokens == len(direct.token_ids) > 0
 
 
 async def test_http_n_samples_seeded_and_prefill(url: str, local: LocalBackend) -> None:
@@ -72,6 +73,9 @@ async def test_http_n_samples_seeded_and_prefill(url: str, local: LocalBackend) 
     )
     first, second = await asyncio.gather(http.generate(request), http.generate(request))
     assert len(first) == 3 and [c.text for c in first] == [c.text for c in second]
+    # no logprobs: the server's usage total is shared out over the choices (the local counts are exact)
+    direct = await local.generate(request)
+    assert sum(c.num_tokens for c in first) == sum(len(c.token_ids) for c in direct) > 0
     prefilled = GenerationRequest([{"role": "user", "content": "hi"}], None, SamplingParams(max_tokens=6), "Thought:")
     (remote,) = await http.generate(prefilled)
     (direct,) = await local.generate(prefilled)
@@ -166,7 +170,7 @@ async def test_retries_with_backoff_then_tool_calls_as_hermes_text() -> None:
     parsed = get_format("hermes").parse(completion.text)
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.calls] == expected
     assert parsed.content.strip() == "Let me compute."
-    assert completion.prompt_tokens == 9
+    assert completion.prompt_tokens == 9 and completion.num_tokens == 4  # the server's usage.completion_tokens
 
 
 async def test_retries_give_up_with_a_clear_error_and_concurrency_is_bounded() -> None:

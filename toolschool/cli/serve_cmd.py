@@ -86,7 +86,7 @@ def generate(
             {
                 "text": c.text,
                 "finish_reason": c.finish_reason,
-                "tokens": len(c.token_ids),
+                "tokens": c.num_tokens,
                 "calls": parsed.calls,
                 "final": parsed.final,
                 "parse_error": parsed.error,

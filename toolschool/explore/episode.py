@@ -240,7 +240,7 @@ class _Trial:
         if completion.finish_reason == "error":
             raise BackendFailure(f"backend error: {completion.text.strip()[:300]}")
         self.prompt_tokens += completion.prompt_tokens
-        self.completion_tokens += len(completion.token_ids)
+        self.completion_tokens += completion.num_tokens
         return completion
 
 
@@ -293,7 +293,7 @@ def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bo
         "error": parsed.error is not None,
         "executed": executed,
         "finish_reason": completion.finish_reason,
-        "completion_tokens": len(completion.token_ids),
+        "completion_tokens": completion.num_tokens,
     }
 
 

@@ -34,6 +34,13 @@ class Completion:
     # Set when an HTTP server already parsed tool calls out of the text (OpenAI `tool_calls`), canonical form.
     tool_calls: list[dict[str, Any]] | None = None
     prompt_tokens: int = 0
+    # An HTTP server returns no token ids, only its count (usage.completion_tokens, split over the choices).
+    reported_tokens: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """How many tokens were generated: the token ids, or the server's count when it sent none."""
+        return len(self.token_ids) if self.reported_tokens is None else self.reported_tokens
 
 
 @dataclass

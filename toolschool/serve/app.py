@@ -350,7 +350,7 @@ def to_response(
     """Backend completions -> an OpenAI chat.completion object."""
     choices = [_choice(i, c, offer_tools, body.logprobs, tokenizer) for i, c in enumerate(completions)]
     prompt_tokens = completions[0].prompt_tokens if completions else 0
-    completion_tokens = sum(len(c.token_ids) for c in completions)
+    completion_tokens = sum(c.num_tokens for c in completions)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",

@@ -151,7 +151,9 @@ class OpenAIBackend(Backend):
             )
         usage = getattr(response, "usage", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
-        return [_completion_from_choice(choice, prompt_tokens) for choice in response.choices]
+        completions = [_completion_from_choice(choice, prompt_tokens) for choice in response.choices]
+        _share_completion_tokens(completions, int(getattr(usage, "completion_tokens", 0) or 0))
+        return completions
 
     async def _with_retries(self, kwargs: dict[str, Any]) -> Any:
         import openai
@@ -249,6 +251,18 @@ def _message_to_wire(message: dict[str, Any]) -> dict[str, Any]:
             )
         out["tool_calls"] = wire_calls
     return out
+
+
+def _share_completion_tokens(completions: list[Completion], total: int) -> None:
+    """Give each completion its token count: its logprobs' length when sent (exact), else the server's total
+    over the choices, shared out so the counts still sum to it."""
+    if all(c.logprobs is not None for c in completions):
+        for completion in completions:
+            completion.reported_tokens = len(completion.logprobs or [])
+        return
+    share, extra = divmod(total, max(1, len(completions)))
+    for i, completion in enumerate(completions):
+        completion.reported_tokens = share + (1 if i < extra else 0)
 
 
 def _completion_from_choice(choice: Any, prompt_tokens: int) -> Completion:
