@@ -410,11 +410,14 @@ async def test_disconnect_is_noticed_with_an_api_key_too(backend: LocalBackend) 
             with pytest.raises(httpx.ReadTimeout):
                 await client.post(f"{url}/chat/completions", json=body, headers=headers)
             refused = await client.get(f"{url}/models")
+            lowercase = await client.get(f"{url}/models", headers={"authorization": "bearer k"})
+            other_key = await client.get(f"{url}/models", headers={"authorization": "Bearer kk"})
         deadline = time.monotonic() + 30
         while backend._rows and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         assert not backend._rows
     assert refused.status_code == 401 and "invalid API key" in refused.json()["error"]["message"]
+    assert lowercase.status_code == 200 and other_key.status_code == 401
 
 
 @pytest.mark.parametrize(

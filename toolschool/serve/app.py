@@ -107,12 +107,13 @@ class _RequireKey:
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
-            sent = dict(scope["headers"]).get(b"authorization", b"")
-            if not secrets.compare_digest(sent, self.expected):
+            scheme, _, token = dict(scope["headers"]).get(b"authorization", b"").strip().partition(b" ")
+            # the scheme is case-insensitive (RFC 9110 11.1): some clients send "bearer"
+            if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.expected):
                 response = _error(401, "invalid API key: send Authorization: Bearer KEY", kind="authentication_error")
                 await response(scope, receive, send)
                 return
