@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolschool.tools.registry import ToolRegistry
 
 CALC = {
     "type": "function",
@@ -37,3 +41,35 @@ def save_tiny_llama(out: Path, tokenizer_dir: Path, *, hidden: int = 64, layers:
     LlamaForCausalLM(config).save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+def hanging_and_doubling_tools(release: Any, started: list[Any]) -> ToolRegistry:
+    """`stall(text)`, which records its thread in `started` and waits for `release` (a threading.Event) up to
+    30 s, and `double(number)`, which answers at once: for tests of calls that hang."""
+    import threading
+
+    from toolschool.tools.functions import FunctionTool
+    from toolschool.tools.registry import ToolRegistry
+
+    def stall(text: str) -> str:
+        """Never answers while the test lasts.
+
+        Args:
+            text: anything.
+        """
+        started.append(threading.current_thread())
+        release.wait(30)
+        return "late"
+
+    def double(number: int) -> int:
+        """Twice the number.
+
+        Args:
+            number: a number.
+        """
+        return 2 * number
+
+    registry = ToolRegistry()
+    registry.add(FunctionTool(stall), "test")
+    registry.add(FunctionTool(double), "test")
+    return registry

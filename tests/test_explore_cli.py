@@ -6,6 +6,7 @@ import json
 import tomllib
 
 import pytest
+from helpers import hanging_and_doubling_tools
 from test_explore_episode import ScriptedBackend
 from typer.testing import CliRunner
 
@@ -144,6 +145,7 @@ SLOW_RUN = """
 import asyncio, sys
 sys.path.insert(0, {tests!r})
 from test_explore_cli import calculator_policy
+from helpers import hanging_and_doubling_tools
 from test_explore_episode import ScriptedBackend
 from toolschool.cli import app
 from toolschool.explore import stage
@@ -205,29 +207,9 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
 
     from toolschool.config import load_config
     from toolschool.tools import registry as registry_module
-    from toolschool.tools.functions import FunctionTool
-    from toolschool.tools.registry import ToolRegistry
 
     release = threading.Event()
     hung = []
-
-    def stall(text: str) -> str:
-        """Never answers while the run lasts.
-
-        Args:
-            text: anything.
-        """
-        hung.append(threading.current_thread())
-        release.wait(30)
-        return "late"
-
-    def double(number: int) -> int:
-        """Twice the number.
-
-        Args:
-            number: a number.
-        """
-        return 2 * number
 
     def policy(request, counter):
         last = request.messages[-1]
@@ -243,10 +225,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
         return f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
 
     def registry_factory(config):
-        registry = ToolRegistry()
-        registry.add(FunctionTool(stall), "test")
-        registry.add(FunctionTool(double), "test")
-        return registry
+        return hanging_and_doubling_tools(release, hung)
 
     monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.2)
     overrides = {"explore.episodes": 8, "explore.stm_slots": 1, "explore.max_turns": 1, "explore.concurrency": 16}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import hanging_and_doubling_tools
 
 from toolschool.errors import ToolschoolError
 from toolschool.tools.base import Observation, Tool
@@ -132,32 +133,11 @@ def test_hung_calls_time_out_without_starving_other_calls_or_the_end_of_the_run(
     import threading
 
     from toolschool.tools import registry as registry_module
-    from toolschool.tools.functions import FunctionTool
 
     release = threading.Event()
     hung: list[threading.Thread] = []
 
-    def stall(text: str) -> str:
-        """Never answers while the run lasts.
-
-        Args:
-            text: anything.
-        """
-        hung.append(threading.current_thread())
-        release.wait(30)
-        return "late"
-
-    def double(number: int) -> int:
-        """Twice the number.
-
-        Args:
-            number: a number.
-        """
-        return 2 * number
-
-    registry = ToolRegistry()
-    registry.add(FunctionTool(stall), "test")
-    registry.add(FunctionTool(double), "test")
+    registry = hanging_and_doubling_tools(release, hung)
     monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.3)
 
     async def run() -> tuple[list[Observation], Observation]:
@@ -185,15 +165,6 @@ def test_synchronous_callers_cut_off_a_hung_call_too(monkeypatch) -> None:
 
     release = threading.Event()
 
-    def stall(text: str) -> str:
-        """Never answers while the test lasts.
-
-        Args:
-            text: anything.
-        """
-        release.wait(30)
-        return "late"
-
     def broken(text: str) -> str:
         """Raises.
 
@@ -202,8 +173,7 @@ def test_synchronous_callers_cut_off_a_hung_call_too(monkeypatch) -> None:
         """
         raise RuntimeError("kaboom")
 
-    registry = ToolRegistry()
-    registry.add(FunctionTool(stall), "test")
+    registry = hanging_and_doubling_tools(release, [])
     registry.add(FunctionTool(broken), "test")
     monkeypatch.setattr(registry_module, "CALL_TIMEOUT_S", 0.3)
     try:
