@@ -142,10 +142,12 @@ def test_resume_with_another_format_is_refused(tmp_path, scripted) -> None:
 
 
 SLOW_RUN = """
-import asyncio, sys
+import asyncio, signal, sys
+# A job started in the background by a non-interactive shell inherits SIGINT as ignored, and Python then
+# installs no KeyboardInterrupt handler: undo that, so the test sees what a terminal's Ctrl-C does.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from test_explore_cli import calculator_policy
-from helpers import hanging_and_doubling_tools
 from test_explore_episode import ScriptedBackend
 from toolschool.cli import app
 from toolschool.explore import stage
