@@ -114,7 +114,10 @@ def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
     merged = load_model(str(out / "merged"), device="cpu", dtype="fp32")
     assert merged.adapter is None and merged.model.config.model_type == "llama"
 
-    # Resume: one more step continues from checkpoint-2 rather than starting over.
+    # Resume: one more step continues from checkpoint-2 rather than starting over. The interrupted run had
+    # logged a step 3 after its last checkpoint (and died mid-line): the resumed run's step 3 replaces it.
+    with (out / "train_log.jsonl").open("a") as log:
+        log.write(json.dumps({"step": 3, "reward": 0.0}) + "\n" + '{"step": 4, "rew')
     resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=3), out, resume=True, progress=False)
     assert resumed.steps == 3
     steps = [r["step"] for r in read_reward_curve(out / "train_log.jsonl")]

@@ -37,14 +37,45 @@ def lora_config(settings: Any, *, modules_to_save: list[str] | None = None) -> A
     )
 
 
+def checkpoint_step(checkpoint: Path) -> int:
+    """N of a `checkpoint-N` folder: the training step it saved."""
+    return int(checkpoint.name.split("-")[-1])
+
+
 def latest_checkpoint(out_dir: Path) -> Path | None:
     """The highest-step `checkpoints/checkpoint-N` folder of a stage, if any."""
     ckpt_root = out_dir / "checkpoints"
     found = sorted(
         (p for p in ckpt_root.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
-        key=lambda p: int(p.name.split("-")[-1]),
+        key=checkpoint_step,
     )
     return found[-1] if found else None
+
+
+def drop_log_records_after(log_path: Path, step: int) -> None:
+    """Remove the log records of steps after `step`, the checkpoint a run resumes from.
+
+    An interrupted run logged the steps it trained after its last checkpoint; the resumed run trains those steps
+    again and logs them again, so without this the log (and the report's curves) would hold two records for each.
+    Only the main process rewrites the file (under `accelerate launch` every process runs this code).
+    """
+    import os
+
+    if os.environ.get("RANK", "0") != "0" or not log_path.is_file():
+        return
+    lines = log_path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # the last line of a run killed while writing it
+            continue
+        if isinstance(record, dict) and record.get("step", 0) <= step:
+            kept.append(line)
+    if len(kept) != len(lines):
+        tmp = log_path.with_name(log_path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        tmp.replace(log_path)
 
 
 def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:

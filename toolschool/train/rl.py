@@ -35,6 +35,8 @@ from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
     JsonlLogger,
     base_identity,
+    checkpoint_step,
+    drop_log_records_after,
     latest_checkpoint,
     log_callbacks,
     lora_config,
@@ -366,6 +368,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     identity = base_identity(loaded, config.model.name)
     if resume:
         _check_resume(out_dir, identity, settings.mode)
+        if checkpoint is not None:
+            drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
 
     registry = None
     tools: list[Callable[..., str]] = []

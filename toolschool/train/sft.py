@@ -36,6 +36,8 @@ from toolschool.train.common import (
     IDENTITY_KEYS,
     JsonlLogger,
     base_identity,
+    checkpoint_step,
+    drop_log_records_after,
     latest_checkpoint,
     log_callbacks,
     lora_config,
@@ -377,32 +379,6 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def drop_log_records_after(log_path: Path, step: int) -> None:
-    """Remove the log records of steps after `step`, the checkpoint a run resumes from.
-
-    An interrupted run logged the steps it trained after its last checkpoint; the resumed run trains those steps
-    again and logs them again, so without this the log (and the report's curves) would hold two records for each.
-    Only the main process rewrites the file (under `accelerate launch` every process runs this code).
-    """
-    import os
-
-    if os.environ.get("RANK", "0") != "0" or not log_path.is_file():
-        return
-    lines = log_path.read_text(encoding="utf-8").splitlines()
-    kept = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the last line of a run killed while writing it
-            continue
-        if isinstance(record, dict) and record.get("step", 0) <= step:
-            kept.append(line)
-    if len(kept) != len(lines):
-        tmp = log_path.with_name(log_path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        tmp.replace(log_path)
-
-
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -444,7 +420,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if resume:
         _check_resume_base(out_dir, identity)
         if checkpoint is not None:
-            drop_log_records_after(out_dir / "train_log.jsonl", int(checkpoint.name.split("-")[-1]))
+            drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
     else:
         refuse_existing_checkpoints(out_dir)
 
@@ -536,7 +512,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         callbacks=_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
         **extra,
     )
-    if checkpoint is not None and int(checkpoint.name.split("-")[-1]) >= settings.num_steps:
+    if checkpoint is not None and checkpoint_step(checkpoint) >= settings.num_steps:
         # Nothing left to train (a finished run, or one stopped while saving its final model): the HF Trainer
         # would still run one more step when the checkpoint is not at an epoch end, so load it and only save.
         from transformers.trainer_callback import TrainerState
