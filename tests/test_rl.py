@@ -134,6 +134,16 @@ def test_rl_refuses_to_overwrite_checkpoints_without_resume(
     (out / "checkpoints" / "checkpoint-1").mkdir(parents=True)
     with pytest.raises(ToolschoolError, match="--resume"):
         run_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
+    # the command too, and it leaves the run's config.toml (what it was trained with) alone
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    (out / "config.toml").write_text("# the run's own settings\n")
+    args = ["rl", "--model", str(tiny_model_dir), "--train", str(train_file), "--out", str(out)]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 2 and "already holds checkpoints" in refused.output
+    assert (out / "config.toml").read_text() == "# the run's own settings\n"
 
 
 def test_unknown_reward_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:

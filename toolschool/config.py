@@ -372,9 +372,15 @@ def dump_toml(config: BaseModel) -> str:
     return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))
 
 
+def stage_path(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
+    """`runs/<name>/<stage>/` (or `out`), neither created nor written: for stages that save their config only once
+    their own checks pass (SFT and RL, so a refused command leaves an existing run's config.toml alone)."""
+    return Path(out) if out is not None else config.run_dir() / stage
+
+
 def stage_dir(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
     """Create `runs/<name>/<stage>/` (or `out`) and save the resolved config there."""
-    directory = Path(out) if out is not None else config.run_dir() / stage
+    directory = stage_path(config, stage, out)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.toml").write_text(dump_toml(config), encoding="utf-8")
     return directory

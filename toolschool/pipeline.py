@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.config import ToolschoolConfig, stage_dir
+from toolschool.config import ToolschoolConfig, stage_dir, stage_path
 from toolschool.errors import ConfigError, ToolschoolError
 
 STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
@@ -141,7 +141,7 @@ def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.train.common import latest_checkpoint
     from toolschool.train.sft import run_sft
 
-    out_dir = stage_dir(config, "sft")
+    out_dir = stage_path(config, "sft")  # run_sft saves the config
     result = run_sft(config, out_dir, resume=latest_checkpoint(out_dir) is not None)
     return {
         "steps": result.steps,
@@ -159,7 +159,7 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     if not start.is_dir():
         raise ToolschoolError(f"rl starts from the SFT model, but {start} does not exist", hint="run the sft stage")
     rl_config = _with(config, model={"name": str(start)})
-    out_dir = stage_dir(rl_config, "rl")
+    out_dir = stage_path(rl_config, "rl")  # run_rl saves the config
     result = run_rl(rl_config, out_dir, resume=latest_checkpoint(out_dir) is not None)
     return {"steps": result.steps, "model": str(result.merged_dir) if result.merged_dir else None}
 

@@ -40,7 +40,7 @@ def rl(
     seed: int = typer.Option(None),
 ) -> None:
     """Reinforce tool use with rewards; writes checkpoints, train_log.jsonl, adapter/ and merged/."""
-    from toolschool.config import load_config, stage_dir
+    from toolschool.config import load_config, stage_path
     from toolschool.train.rl import check_settings, run_rl
 
     overrides = {
@@ -67,7 +67,7 @@ def rl(
     }
     config = load_config(config_path, overrides)
     check_settings(config.rl)  # bad reward names etc. end here, before an output folder is made
-    out_dir = stage_dir(config, "rl", out)
+    out_dir = stage_path(config, "rl", out)  # run_rl writes config.toml once its checks have passed
     err_console.print(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
     )

@@ -40,7 +40,7 @@ def sft(
     seed: int = typer.Option(None),
 ) -> None:
     """Fine-tune a model on tool-use conversations; writes checkpoints, logs, adapter/ and merged/."""
-    from toolschool.config import load_config
+    from toolschool.config import load_config, stage_path
     from toolschool.train.sft import run_sft
 
     overrides = {
@@ -66,9 +66,7 @@ def sft(
         "run.seed": seed,
     }
     config = load_config(config_path, overrides)
-    # Not config.stage_dir: it writes config.toml at once, over an existing run's even when this command is then
-    # refused (checkpoints without --resume, a bad data line); run_sft writes it once its checks have passed.
-    out_dir = Path(out) if out is not None else config.run_dir() / "sft"
+    out_dir = stage_path(config, "sft", out)  # run_sft writes config.toml once its checks have passed
     err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
     if resume:
         from rich.markup import escape

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.config import RLSection, ToolschoolConfig
+from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
     JsonlLogger,
@@ -399,6 +399,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     suite = RewardSuite(fmt, rewards, mode=settings.mode)
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.toml").write_text(dump_toml(config), encoding="utf-8")  # the settings this run trains with
     start_info = {
         "examples": len(rows),
         "mode": settings.mode,
