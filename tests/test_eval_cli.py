@@ -112,8 +112,8 @@ def test_evaluate_shows_a_toolken_model_its_toolkens(tiny_model_dir: Path, tmp_p
 def test_toolken_replies_are_scored_with_plain_names(tmp_path: Path) -> None:
     """The toolken model's call `<tool_calculator>` is the gold call `calculator`: correct, and per-tool under
     its plain name."""
-    from toolschool.cli.eval_cmd import ToolkenBackend, toolken_items
     from toolschool.evaluate.items import items_from_file
+    from toolschool.evaluate.toolkens import ToolkenBackend, toolken_items
     from toolschool.models.backend import Backend, Completion
 
     class Replies(Backend):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -12,92 +11,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolschool.cli.console import console, err_console
-from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 MODEL_HELP = "Model or checkpoint (embedded name, HF id, folder, openai:URL#name); repeat to compare side by side."
-
-
-TOOLKEN = re.compile(r"<tool_([^<>\s]+)>")
-
-
-def model_toolkens(model: str) -> set[str]:
-    """Tool names a model folder was trained with as STE toolkens (`sft.toolkens`): its tokenizer's added
-    `<tool_NAME>` tokens. Empty for other models (embedded names, hub ids, HTTP endpoints)."""
-    tokenizer_file = Path(model) / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        return set()
-    added = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("added_tokens") or []
-    return {match.group(1) for token in added if (match := TOOLKEN.fullmatch(str(token.get("content", ""))))}
-
-
-def _toolken_name(name: str) -> str:
-    return name if TOOLKEN.fullmatch(name) else f"<tool_{name}>"
-
-
-def toolken_items(items: list[Any]) -> list[Any]:
-    """Copies of eval items whose prompt offers and shows each tool as its toolken `<tool_NAME>`, as SFT wrote
-    them for training (apply_toolkens); the gold calls keep the plain names that `ToolkenBackend` maps back to."""
-    import copy
-    import dataclasses
-
-    out = []
-    for item in items:
-        tools = copy.deepcopy(item.tools)
-        for tool in tools:
-            function = tool.get("function", tool)
-            function["name"] = _toolken_name(function["name"])
-        messages = copy.deepcopy(item.messages)
-        for message in messages:
-            for call in message.get("tool_calls") or []:
-                call["function"]["name"] = _toolken_name(call["function"]["name"])
-        out.append(dataclasses.replace(item, tools=tools, messages=messages))
-    return out
-
-
-class ToolkenBackend(Backend):
-    """A backend for a model trained with toolkens: the prompts it is sent already name tools `<tool_NAME>`
-    (toolken_items); this maps `<tool_NAME>` in its replies and in the calls of the conversations sent back to
-    it (--execute) so that parsing, scoring, per-tool tables and tool execution all see the plain names."""
-
-    def __init__(self, inner: Any, names: set[str]) -> None:
-        self.inner = inner
-        self.names = names
-        self.name = getattr(inner, "name", "model")
-
-    def _plain(self, text: str) -> str:
-        return TOOLKEN.sub(lambda m: m.group(1) if m.group(1) in self.names else m.group(0), text)
-
-    async def generate(self, request: GenerationRequest) -> list[Completion]:
-        import dataclasses
-
-        messages = []
-        for message in request.messages:
-            if message.get("tool_calls"):
-                calls = [
-                    {**c, "function": {**c["function"], "name": _toolken_name(c["function"]["name"])}}
-                    for c in message["tool_calls"]
-                ]
-                message = {**message, "tool_calls": calls}
-            messages.append(message)
-        completions = await self.inner.generate(dataclasses.replace(request, messages=messages))
-        out = []
-        for completion in completions:
-            calls = completion.tool_calls
-            if calls:
-                calls = [
-                    {**c, "function": {**c["function"], "name": self._plain(c["function"]["name"])}} for c in calls
-                ]
-            out.append(dataclasses.replace(completion, text=self._plain(completion.text), tool_calls=calls))
-        return out
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
 
 
 def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] | None, out: Path | None) -> None:
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens, toolken_items
     from toolschool.models.backends import make_backend
 
     config = load_config(config_path, overrides)

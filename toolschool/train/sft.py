@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolschool.chat.toolkens import plain_name, rename_tools_and_calls, toolken, with_renamed_calls
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
@@ -145,10 +146,6 @@ def _system_block(example: dict[str, Any], fmt: Any, finder: Any) -> list[int]:
     return finder.system_block(messages, tools)
 
 
-def _toolken(name: str) -> str:
-    return f"<tool_{name}>"
-
-
 def apply_toolkens(examples: Sequence[dict[str, Any]]) -> list[str]:
     """STE "toolkens": the tool names, each to be added as one new token `<tool_NAME>`.
 
@@ -164,16 +161,8 @@ def apply_toolkens(examples: Sequence[dict[str, Any]]) -> list[str]:
             for call in message.get("tool_calls") or []:
                 names.add(call["function"]["name"])
     for example in examples:
-        for tool in example.get("tools") or []:
-            tool["function"]["name"] = _toolken(tool["function"]["name"])
-        for message in example["messages"]:
-            for call in message.get("tool_calls") or []:
-                call["function"]["name"] = _toolken(call["function"]["name"])
+        rename_tools_and_calls(example.get("tools") or [], example["messages"], toolken)
     return sorted(names)
-
-
-def strip_toolken(name: str) -> str:
-    return name[len("<tool_") : -1] if name.startswith("<tool_") and name.endswith(">") else name
 
 
 @dataclass
@@ -269,12 +258,8 @@ def validate(
                 parsed = fmt.parse(fmt.prefill + text if fmt.prefill else text)
                 gold_calls = item.gold.get("tool_calls") or []
                 if toolkens:
-                    for call in parsed.calls:
-                        call["function"]["name"] = strip_toolken(call["function"]["name"])
-                    gold_calls = [
-                        {**c, "function": {**c["function"], "name": strip_toolken(c["function"]["name"])}}
-                        for c in gold_calls
-                    ]
+                    parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)
+                    gold_calls = with_renamed_calls(gold_calls, plain_name)
                 gold_final = None if gold_calls else (item.gold.get("content") or "")
                 scores.append(score_item(parsed, gold_calls, gold_final, format_name=fmt.name))
     finally:
@@ -428,7 +413,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if settings.toolkens:
         toolkens = apply_toolkens(train_examples)
         apply_toolkens(validation_examples)
-        added = tokenizer.add_tokens([_toolken(n) for n in toolkens], special_tokens=False)
+        added = tokenizer.add_tokens([toolken(n) for n in toolkens], special_tokens=False)
         if added:
             model.resize_token_embeddings(len(tokenizer))
 
@@ -589,6 +574,5 @@ __all__ = [
     "resolve_batching",
     "run_sft",
     "split_at_first_assistant",
-    "strip_toolken",
     "validate",
 ]

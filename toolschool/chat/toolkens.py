@@ -1,0 +1,47 @@
+"""STE "toolkens": with `sft.toolkens` a tool NAME is written as one added token `<tool_NAME>`.
+
+Training renames the offered tools and the gold calls to their toolkens (so choosing a tool is one token);
+evaluating such a model offers the tools by toolken and reads its calls back under the plain names.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+TOOLKEN = re.compile(r"<tool_([^<>\s]+)>")
+
+
+def toolken(name: str) -> str:
+    """`<tool_NAME>` for a plain tool name (a name already in that form is returned as it is)."""
+    return name if TOOLKEN.fullmatch(name) else f"<tool_{name}>"
+
+
+def plain_name(name: str) -> str:
+    """NAME for `<tool_NAME>`; any other name as it is."""
+    match = TOOLKEN.fullmatch(name)
+    return match.group(1) if match else name
+
+
+def plain_names_in_text(text: str, names: Iterable[str]) -> str:
+    """`text` with each `<tool_NAME>` of a known tool NAME written as NAME (a model's reply, before parsing)."""
+    known = set(names)
+    return TOOLKEN.sub(lambda m: m.group(1) if m.group(1) in known else m.group(0), text)
+
+
+def rename_tools_and_calls(
+    tools: Iterable[dict[str, Any]], messages: Iterable[dict[str, Any]], rename: Callable[[str], str]
+) -> None:
+    """Rename, in place, every tool schema's name and every assistant tool call's name."""
+    for tool in tools:
+        function = tool.get("function", tool)
+        function["name"] = rename(function["name"])
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            call["function"]["name"] = rename(call["function"]["name"])
+
+
+def with_renamed_calls(calls: list[dict[str, Any]], rename: Callable[[str], str]) -> list[dict[str, Any]]:
+    """Copies of `calls` with each function name renamed."""
+    return [{**c, "function": {**c["function"], "name": rename(c["function"]["name"])}} for c in calls]

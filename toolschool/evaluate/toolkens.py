@@ -1,0 +1,73 @@
+"""Evaluating a model trained with STE toolkens (`sft.toolkens`): it is shown the tools as `<tool_NAME>`, as it
+was trained, and its calls are read back under the plain names, so scoring, per-tool tables and `--execute`
+see the same names as for any other model."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+from toolschool.chat.toolkens import (
+    TOOLKEN,
+    plain_names_in_text,
+    rename_tools_and_calls,
+    toolken,
+    with_renamed_calls,
+)
+from toolschool.evaluate.items import EvalItem
+from toolschool.models.backend import Backend, Completion, GenerationRequest
+
+
+def model_toolkens(model: str) -> set[str]:
+    """Tool names a model folder was trained with as toolkens: its tokenizer's added `<tool_NAME>` tokens.
+    Empty for other models (embedded names, hub ids, HTTP endpoints)."""
+    tokenizer_file = Path(model) / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        return set()
+    added = json.loads(tokenizer_file.read_text(encoding="utf-8")).get("added_tokens") or []
+    return {match.group(1) for token in added if (match := TOOLKEN.fullmatch(str(token.get("content", ""))))}
+
+
+def toolken_items(items: list[EvalItem]) -> list[EvalItem]:
+    """Copies of eval items whose prompt offers and shows each tool as its toolken, as SFT wrote them for
+    training; the gold calls keep the plain names that `ToolkenBackend` maps the replies back to."""
+    out = []
+    for item in items:
+        tools, messages = copy.deepcopy(item.tools), copy.deepcopy(item.messages)
+        rename_tools_and_calls(tools, messages, toolken)
+        out.append(dataclasses.replace(item, tools=tools, messages=messages))
+    return out
+
+
+class ToolkenBackend(Backend):
+    """A backend for a toolken model: the prompts it is sent already name tools `<tool_NAME>` (toolken_items);
+    this writes the calls of the conversations sent back to it (--execute) as toolkens too, and maps
+    `<tool_NAME>` in its replies to the plain names."""
+
+    def __init__(self, inner: Backend, names: set[str]) -> None:
+        self.inner = inner
+        self.names = names
+        self.name = getattr(inner, "name", "model")
+
+    def _plain(self, name: str) -> str:
+        return plain_names_in_text(name, self.names)
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        messages = [
+            {**m, "tool_calls": with_renamed_calls(m["tool_calls"], toolken)} if m.get("tool_calls") else m
+            for m in request.messages
+        ]
+        completions = await self.inner.generate(dataclasses.replace(request, messages=messages))
+        return [
+            dataclasses.replace(
+                c,
+                text=self._plain(c.text),
+                tool_calls=with_renamed_calls(c.tool_calls, self._plain) if c.tool_calls else c.tool_calls,
+            )
+            for c in completions
+        ]
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
