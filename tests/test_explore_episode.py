@@ -336,6 +336,13 @@ def test_plan_is_episode_major_and_skips_finished_episodes() -> None:
         ("**Query:** What day was 2020-02-29?\nThought: I should", "What day was 2020-02-29?"),
         ("  How far is it? <tool_call>{}", "How far is it?"),
         ("", ""),
+        # chatter, then the model's own label: the query is what follows the last label
+        ("Sure, here is one.\n\nUser request: How warm is Oslo on 2024-01-03?", "How warm is Oslo on 2024-01-03?"),
+        # the long-term memory's list echoed back: cut at its marker
+        ("- Convert 5 miles to km. | solved: No\n- Convert 3 m | solved:", "Convert 5 miles to km."),
+        ("Add 2 and 3 | solved: not yet known", "Add 2 and 3"),
+        # a label inside a sentence is not a label line
+        ("Run this SQL query: SELECT 1", "Run this SQL query: SELECT 1"),
     ],
 )
 def test_clean_query(text: str, query: str) -> None:

@@ -36,6 +36,10 @@ from toolschool.tools.base import Observation
 # Imagination must end with the query: cut where a model starts solving it instead.
 IMAGINE_STOP = ["Thought:", "Action:", "<tool_call>", "Final Answer:"]
 _QUERY_PREFIX = re.compile(r"^\s*(?:\*\*)?(?:user\s+)?(?:request|query)(?:\*\*)?\s*:\s*(?:\*\*)?", re.IGNORECASE)
+# A line of its own that starts with the label the imagination prompt ends with.
+_QUERY_LABEL_LINE = re.compile(r"(?m)^[ \t]*(?:\*\*)?(?:user\s+)?(?:request|query)(?:\*\*)?\s*:", re.IGNORECASE)
+# How the long-term memory lists a query (prompts/*/memory.jinja); a query echoing the list is cut here.
+MEMORY_ECHO = "| solved:"
 
 
 class ChatFormat(Protocol):
@@ -140,10 +144,19 @@ class ExploreContext:
 
 
 def clean_query(text: str) -> str:
-    """The imagined query without a 'User request:' label, wrapping quotes, or the start of a solution."""
+    """The imagined query without a 'User request:' label, wrapping quotes, or the start of a solution.
+
+    Small explorers also wander: chatter before a 'User request:' line of their own (the query is what follows
+    the last such label), or an echo of the long-term memory's list ("- query | solved: No"), cut at its marker.
+    """
     for marker in IMAGINE_STOP:
         text = text.split(marker, 1)[0]
+    text = text.split(MEMORY_ECHO, 1)[0]
+    labelled = list(_QUERY_LABEL_LINE.finditer(text))
+    if labelled and labelled[-1].start() > 0:
+        text = text[labelled[-1].start() :]
     text = _QUERY_PREFIX.sub("", text.strip()).strip()
+    text = text.removeprefix("- ").strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'`":
         text = text[1:-1].strip()
     return text
