@@ -12,7 +12,7 @@ from helpers import CALC
 from toolschool.config import load_config
 from toolschool.errors import DataError, ToolschoolError
 from toolschool.train.common import latest_checkpoint
-from toolschool.train.sft import check_has_assistant, prepare_examples, run_sft
+from toolschool.train.sft import build_validation_items, check_has_assistant, prepare_examples, run_sft
 
 
 def _example(a: int, b: int) -> dict:
@@ -102,6 +102,17 @@ def test_truncation_is_counted(tokenizer) -> None:
     assert prepared.max_seen_length > limit
 
 
+def test_validation_prompts_cut_from_the_left_are_counted(tokenizer) -> None:
+    from toolschool.chat.formats import get_format
+
+    fmt = get_format("hermes")
+    long_example = _example(1, 2)
+    long_example["messages"][0]["content"] = "word " * 400
+    items = build_validation_items([_example(3, 4), long_example], fmt, tokenizer, limit=2, max_length=300)
+    assert [item.truncated for item in items] == [False, True]
+    assert len(items[1].prompt_ids) == 300  # the end of the prompt (where the reply starts) is kept
+
+
 def test_no_assistant_turn_is_refused_with_file_and_line() -> None:
     bad = {"messages": [{"role": "user", "content": "hi"}], "tools": [], "meta": {}}
     with pytest.raises(DataError, match=r"data.jsonl:2") as info:
@@ -162,6 +173,7 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
 
     tmp_path, train, validation, out, first = first_run
     assert first.steps == 2
+    assert first.stats["validation_prompts_truncated"] == 0
     assert latest_checkpoint(out).name == "checkpoint-2"
     # A run killed after its last checkpoint (step 2) had already logged step 3; the resumed run redoes step 3.
     with (out / "train_log.jsonl").open("a") as handle:

@@ -3,8 +3,8 @@
 What this module adds on top of TRL:
 - examples are rendered by our chat format (`fmt.render`), so the loss weights (assistant tokens only,
   including each assistant turn's end-of-turn token) are defined in one place for training and inference;
-- sequences longer than `max_length` are truncated and counted, examples without an assistant turn are
-  refused with the file and line;
+- sequences longer than `max_length` are truncated and counted (validation prompts too), examples without an
+  assistant turn are refused with the file and line;
 - validation during training generates on validation samples and logs the evaluation module's metrics;
 - logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
   `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
@@ -170,6 +170,7 @@ class ValidationItem:
     prompt_ids: list[int]
     gold: dict[str, Any]
     tools: list[dict[str, Any]] | None
+    truncated: bool = False  # the prompt was longer than max_length and lost its start (system prompt, tools)
 
 
 def build_validation_items(
@@ -185,8 +186,12 @@ def build_validation_items(
         else:
             messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"][-max_length:]
-        items.append(ValidationItem(prompt_ids=ids, gold=gold, tools=example.get("tools")))
+        ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"]
+        items.append(
+            ValidationItem(
+                prompt_ids=ids[-max_length:], gold=gold, tools=example.get("tools"), truncated=len(ids) > max_length
+            )
+        )
     return items
 
 
@@ -427,6 +432,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     items = build_validation_items(
         validation_examples, fmt, tokenizer, settings.validation_samples, settings.max_length
     )
+    # Cut from the left, such a prompt loses the system prompt with the tool schemas: counted, as training is.
+    stats["validation_prompts_truncated"] = sum(item.truncated for item in items)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.toml").write_text(dump_toml(config), encoding="utf-8")  # the settings this run trains with
