@@ -69,6 +69,61 @@ def test_container_enum_and_optional_types() -> None:
     assert from_function(f).parameters["required"] == ["xs", "table", "color"]
 
 
+def test_optional_without_default_is_passed_as_none_and_null_is_accepted() -> None:
+    seen: list[object] = []
+
+    def f(x: int, maybe: int | None, note: str | None = "n") -> str:
+        """Doc."""
+        seen.append((maybe, note))
+        return "ok"
+
+    t = from_function(f)
+    assert t.parameters["properties"]["maybe"] == {"type": "integer"}  # what the model reads stays plain
+    assert t.execute({"x": 1}).text == "ok"  # omitted: None, not "f() missing 1 required positional argument"
+    assert t.execute({"x": 1, "maybe": None, "note": None}).text == "ok"  # explicit null means None
+    assert seen == [(None, "n"), (None, None)]
+    assert "argument 'x'" in t.execute({"x": None}).text  # not nullable: still refused
+
+
+def test_tuple_and_set_parameters_get_their_own_types() -> None:
+    seen: list[object] = []
+
+    def f(
+        point: tuple[int, str], pair: tuple[float, float], tags: set[str], frozen: frozenset[int] | None = None
+    ) -> str:
+        """Doc."""
+        seen.extend([point, pair, tags, frozen])
+        return "ok"
+
+    t = from_function(f)
+    props = t.parameters["properties"]
+    assert props["point"] == {
+        "type": "array",
+        "minItems": 2,
+        "maxItems": 2,
+        "prefixItems": [{"type": "integer"}, {"type": "string"}],
+    }
+    assert props["pair"] == {"type": "array", "minItems": 2, "maxItems": 2, "items": {"type": "number"}}
+    assert props["tags"] == {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    assert t.execute({"point": [1, "a"], "pair": [1.5, 2], "tags": ["x", "y"], "frozen": [3]}).text == "ok"
+    assert seen == [(1, "a"), (1.5, 2), {"x", "y"}, frozenset({3})]
+    assert "argument 'point.0'" in t.execute({"point": ["a", 1], "pair": [1, 2], "tags": []}).text
+    assert "argument 'tags'" in t.execute({"point": [1, "a"], "pair": [1, 2], "tags": ["x", "x"]}).text
+
+
+def test_docstring_documenting_a_missing_argument_is_refused() -> None:
+    def g(x: int) -> int:
+        """Doc.
+
+        Args:
+            y: A typo for x.
+        """
+        return x
+
+    with pytest.raises(ToolschoolError, match=r"documents 'y', which .*g does not take \(its parameters: x\)"):
+        from_function(g)
+
+
 def test_execute_validates_and_wraps_errors() -> None:
     t = from_function(area)
     assert t.execute({"width": 2, "height": 4}).text == "8 m^2"

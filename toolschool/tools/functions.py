@@ -14,8 +14,11 @@ def area(width: float, height: float = 1.0, unit: Literal["m", "cm"] = "m") -> s
     '''
 ```
 
-Parameters with a default or typed `X | None` are optional; `Literal[...]` and `Enum` become `enum`;
-`list[X]`, `dict[str, X]`, `tuple`, `bool`, `int`, `float`, `str` map to their JSON types. `load_module_tools`
+Parameters with a default or typed `X | None` are optional (an omitted `X | None` without a default is passed as
+None, and an explicit null is accepted for it); `Literal[...]` and `Enum` become `enum`; `list[X]`,
+`dict[str, X]`, `tuple[...]`, `set[X]`, `bool`, `int`, `float`, `str` map to their JSON types, and a tuple or set
+parameter receives a tuple or set, not the JSON list. A docstring that documents an argument the function does
+not take is refused (a typo there would silently leave the real argument undescribed). `load_module_tools`
 collects the `@tool`-decorated functions (and module-level `Tool` instances) of a module; undecorated functions
 are ignored on purpose, so helpers in the same module never leak into the tool list.
 """
@@ -34,6 +37,7 @@ import sys
 import types
 import typing
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,17 +65,31 @@ class FunctionTool(Tool):
         self.name = name or fn.__name__
         self.description = description or doc_description or self.name.replace("_", " ")
         self.parameters = parameters if parameters is not None else schema_from_signature(fn, arg_docs)
+        # how JSON arguments become Python ones; the shown schema stays plain, validation also admits null
+        self._params = _call_params(fn) if parameters is None else {}
+        self._validation_schema = _admit_null(self.parameters, self._params)
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
             raise ToolschoolError(
                 f"tool name {self.name!r} is invalid", hint="use 1-64 letters, digits, '_', '.' or '-'"
             )
 
+    def _arguments(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Validated JSON arguments -> the call's keyword arguments (None filled in, tuples and sets built)."""
+        out = dict(args)
+        for name, param in self._params.items():
+            if name not in out:
+                if param.nullable and not param.has_default:
+                    out[name] = None
+            elif out[name] is not None and param.container is not None:
+                out[name] = param.container(out[name])
+        return out
+
     def execute(self, args: dict[str, Any]) -> Observation:
-        problem = validation_error(self.name, self.parameters, args)
+        problem = validation_error(self.name, self._validation_schema, args)
         if problem:
             return Observation(problem, is_error=True, error_kind="invalid_arguments")
         try:
-            result = self.fn(**args)
+            result = self.fn(**self._arguments(args))
             if inspect.isawaitable(result):
                 result = _run_coroutine(result)
         except Exception as exc:  # the function's own failure is an observation, never a crash
@@ -81,11 +99,11 @@ class FunctionTool(Tool):
     async def aexecute(self, args: dict[str, Any]) -> Observation:
         if not inspect.iscoroutinefunction(self.fn):
             return await super().aexecute(args)
-        problem = validation_error(self.name, self.parameters, args)
+        problem = validation_error(self.name, self._validation_schema, args)
         if problem:
             return Observation(problem, is_error=True, error_kind="invalid_arguments")
         try:
-            result = await self.fn(**args)
+            result = await self.fn(**self._arguments(args))
         except Exception as exc:
             return _failure(self.name, exc)
         return to_observation(result)
@@ -204,9 +222,17 @@ def schema_from_signature(fn: Callable[..., Any], arg_docs: dict[str, str] | Non
         hints = typing.get_type_hints(fn)
     except Exception as exc:
         raise ToolschoolError(f"cannot read the type hints of {where}: {exc}") from exc
+    signature = inspect.signature(fn)
+    undocumentable = sorted(set(arg_docs) - set(signature.parameters))
+    if undocumentable:
+        raise ToolschoolError(
+            f"{where}: the docstring documents {', '.join(map(repr, undocumentable))}, "
+            f"which {where} does not take (its parameters: {', '.join(signature.parameters) or 'none'})",
+            hint="fix the name in the docstring's Args: section",
+        )
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for param in inspect.signature(fn).parameters.values():
+    for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolschoolError(f"{where}: *args/**kwargs cannot be tool arguments", hint="name each parameter")
         if param.name not in hints:
@@ -268,10 +294,20 @@ def _json_type(annotation: Any, where: str) -> tuple[dict[str, Any], bool]:
     if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
         values = [m.value for m in annotation]
         return {"type": _SCALARS.get(type(values[0]), "string"), "enum": values}, False
-    if annotation in (list, tuple, set) or origin in (list, tuple, set, typing.Sequence):
+    if origin is tuple and args and Ellipsis not in args:  # fixed length: one schema per position
+        items = [_json_type(a, where)[0] for a in args]
+        schema = {"type": "array", "minItems": len(items), "maxItems": len(items)}
+        if all(item == items[0] for item in items):
+            schema["items"] = items[0]
+        else:
+            schema["prefixItems"] = items
+        return schema, False
+    if annotation in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset, typing.Sequence):
         schema = {"type": "array"}
         if args and args[0] is not Ellipsis:
             schema["items"] = _json_type(args[0], where)[0]
+        if annotation in (set, frozenset) or origin in (set, frozenset):
+            schema["uniqueItems"] = True
         return schema, False
     if annotation is dict or origin is dict:
         schema = {"type": "object"}
@@ -282,6 +318,46 @@ def _json_type(annotation: Any, where: str) -> tuple[dict[str, Any], bool]:
         f"{where}: type {annotation!r} cannot be a tool argument",
         hint="use str, int, float, bool, list[...], dict[str, ...], Literal[...], an Enum, or X | None",
     )
+
+
+@dataclass(frozen=True)
+class _CallParam:
+    nullable: bool  # the annotation admits None
+    has_default: bool
+    container: type | None  # tuple, set or frozenset: built from the JSON list
+
+
+def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
+    """Per keyword parameter, what turning JSON arguments into the call needs (see FunctionTool._arguments)."""
+    hints = typing.get_type_hints(fn)  # schema_from_signature has already checked that this works
+    params: dict[str, _CallParam] = {}
+    for param in inspect.signature(fn).parameters.values():
+        annotation = hints.get(param.name, Any)
+        members = (
+            typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
+        )
+        nullable = annotation is type(None) or type(None) in members
+        non_none = [m for m in members if m is not type(None)]
+        inner = non_none[0] if len(non_none) == 1 else annotation
+        container = typing.get_origin(inner) or inner
+        params[param.name] = _CallParam(
+            nullable=nullable,
+            has_default=param.default is not inspect.Parameter.empty,
+            container=container if container in (tuple, set, frozenset) else None,
+        )
+    return params
+
+
+def _admit_null(schema: dict[str, Any], params: dict[str, _CallParam]) -> dict[str, Any]:
+    """The schema arguments are validated against: a parameter typed `X | None` also takes null."""
+    properties = schema.get("properties") or {}
+    nullable = [name for name, param in params.items() if param.nullable and name in properties]
+    if not nullable:
+        return schema
+    widened = {**properties}
+    for name in nullable:
+        widened[name] = {"anyOf": [properties[name], {"type": "null"}]}
+    return {**schema, "properties": widened}
 
 
 _SECTION = re.compile(r"^(Args|Arguments|Parameters|Returns|Return|Raises|Yields|Examples?|Notes?)\s*:\s*$")
