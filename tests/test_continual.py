@@ -352,3 +352,39 @@ def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     # Other settings in the same folder are refused rather than mixed.
     with pytest.raises(ToolschoolError, match=r"holds a continual run with different settings \(replay_ratio"):
         run_continual(load_config(toml, {**flags, "continual.replay_ratio": 0.5}), out, progress=False)
+
+
+# ------------------------------------------------------------------------------------- refused runs write nothing
+
+
+def test_a_refused_run_leaves_the_folders_config_toml_as_it_was(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    """config.toml describes the run the folder holds: a rerun refused for other settings must not overwrite it."""
+    from toolschool.train.continual import load_inputs
+
+    out = tmp_path / "out"
+    flags = {"continual.batches": str(inputs["batches"]), "continual.data": str(inputs["data"])}
+    held = load_inputs(load_config(None, flags)).plan
+    out.mkdir()
+    (out / "plan.json").write_text(json.dumps(held))
+    (out / "config.toml").write_text("# the settings of the run in this folder\n")
+    argv = ["continual", "--batches", str(inputs["batches"]), "--data", str(inputs["data"]), "--out", str(out)]
+    result = CliRunner().invoke(app, [*argv, "--replay-ratio", "0.5"])
+    assert result.exit_code == 2 and "different settings (replay_ratio" in result.output.replace("\n", "")
+    assert (out / "config.toml").read_text() == "# the settings of the run in this folder\n"
+    assert json.loads((out / "plan.json").read_text()) == held
+
+    # --compare checks both folders before writing into either.
+    root = tmp_path / "cmp"
+    (root / "continual_no_replay").mkdir(parents=True)
+    (root / "continual_no_replay" / "plan.json").write_text(json.dumps({**held, "seed": 99}))
+    result = CliRunner().invoke(app, ["continual", *argv[1:5], "--compare", "--out", str(root)])
+    assert result.exit_code == 2 and "continual_no_replay holds a continual run" in result.output.replace("\n", "")
+    assert not (root / "continual").exists() and not (root / "continual_no_replay" / "config.toml").exists()
+
+
+def test_a_run_refused_for_its_inputs_creates_no_folder(tmp_path: Path, inputs: dict[str, Path]) -> None:
+    out = tmp_path / "out"
+    argv = ["continual", "--batches", str(tmp_path / "missing.json"), "--data", str(inputs["data"]), "--out", str(out)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2 and "does not exist" in result.output
+    assert not out.exists()

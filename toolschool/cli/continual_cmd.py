@@ -36,7 +36,16 @@ def continual(
     """Fine-tune on tool batches in rounds with replay; evaluate every seen batch after each round."""
     from toolschool.config import dump_toml, load_config
     from toolschool.errors import ConfigError
-    from toolschool.train.continual import compare_dirs, output_dir, run_continual, write_comparison
+    from toolschool.train.continual import (
+        PLAN_FILE,
+        ContinualInputs,
+        check_plan,
+        compare_dirs,
+        load_inputs,
+        output_dir,
+        run_continual,
+        write_comparison,
+    )
 
     if compare and replay is False:
         raise ConfigError("--compare runs both with and without replay", hint="drop --no-replay")
@@ -65,25 +74,35 @@ def continual(
     def say(text: str) -> None:
         err_console.print(f"[dim]continual: {text}[/dim]", highlight=False, soft_wrap=True)
 
-    def save_config(folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
+    def prepare(folder: Path, with_replay: bool) -> ContinualInputs:
+        """The inputs, loaded and checked, and the folder's plan checked — before anything is written anywhere,
+        so a refused run leaves no folder behind and a folder's config.toml always describes its run."""
+        inputs = load_inputs(config, replay=with_replay)
+        if (folder / PLAN_FILE).is_file():
+            check_plan(folder, inputs.plan)
+        return inputs
+
+    def start(folder: Path, inputs: ContinualInputs) -> None:
+        check_plan(folder, inputs.plan)
         (folder / "config.toml").write_text(dump_toml(config), encoding="utf-8")
 
     if not compare:
         folder = output_dir(config, replay=config.continual.replay)
-        save_config(folder)
+        inputs = prepare(folder, config.continual.replay)
+        start(folder, inputs)
         say(f"{config.model.name} -> {folder}")
-        result = run_continual(config, folder, log=say)
+        result = run_continual(config, folder, log=say, inputs=inputs)
         console.print(_summary(folder, result.matrix))
         return
 
     with_dir, without_dir, stem = compare_dirs(config)
-    save_config(with_dir)
-    save_config(without_dir)
+    with_inputs, without_inputs = prepare(with_dir, True), prepare(without_dir, False)
+    start(with_dir, with_inputs)
+    start(without_dir, without_inputs)
     say(f"{config.model.name}: with replay -> {with_dir}")
-    with_replay = run_continual(config, with_dir, replay=True, log=say)
+    with_replay = run_continual(config, with_dir, log=say, inputs=with_inputs)
     say(f"without replay -> {without_dir}")
-    without_replay = run_continual(config, without_dir, replay=False, reuse_from=with_dir, log=say)
+    without_replay = run_continual(config, without_dir, reuse_from=with_dir, log=say, inputs=without_inputs)
     comparison = write_comparison(stem, with_replay.matrix, without_replay.matrix)
     console.print(_summary(with_dir, with_replay.matrix))
     console.print(_summary(without_dir, without_replay.matrix))

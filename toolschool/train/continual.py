@@ -576,8 +576,11 @@ def steps_per_round(config: ToolschoolConfig) -> int:
     return config.continual.steps_per_round or config.sft.num_steps
 
 
-def _check_plan(out_dir: Path, plan: dict[str, Any]) -> None:
-    """A folder holds one plan: resuming with other settings would mix rounds that are not comparable."""
+def check_plan(out_dir: Path, plan: dict[str, Any]) -> None:
+    """A folder holds one plan: resuming with other settings would mix rounds that are not comparable.
+
+    Writes `plan.json` into a new folder; a caller that writes anything else there (the CLI's config.toml)
+    calls this first, so a refused rerun leaves the folder as it was."""
     path = out_dir / PLAN_FILE
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
@@ -669,7 +672,7 @@ def run_continual(
     """
     say = log or (lambda _text: None)
     inputs = inputs or load_inputs(config, replay=replay)
-    _check_plan(out_dir, inputs.plan)
+    check_plan(out_dir, inputs.plan)
     settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
     matrix = _empty_matrix(inputs)
     start_model = config.model.name
@@ -799,6 +802,7 @@ __all__ = [
     "ContinualInputs",
     "ContinualResult",
     "RoundData",
+    "check_plan",
     "compare_dirs",
     "compose_round",
     "example_tools",
