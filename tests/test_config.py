@@ -49,6 +49,16 @@ def test_wrong_type_names_key_and_expected(tmp_path: Path) -> None:
     assert "'run.seed' = 'abc' — expected an integer" in str(info.value)
 
 
+def test_out_of_range_values_say_the_bound_and_where_they_came_from(tmp_path: Path) -> None:
+    path = write(tmp_path, "[sft]\nlearning_rate = -1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path, {"eval.concurrency": 0, "sft.num_steps": None})
+    message = str(info.value)
+    assert f"{path}: 'sft.learning_rate' = -1 — expected greater than 0" in message
+    assert "command-line flag: 'eval.concurrency' = 0 — expected greater than or equal to 1" in message
+    assert "Input should" not in message
+
+
 def test_malformed_toml(tmp_path: Path) -> None:
     path = write(tmp_path, "[run\nname = 1\n")
     with pytest.raises(ConfigError, match="is not valid TOML"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,7 +288,10 @@ def _describe_expected(err: dict[str, Any]) -> str:
         "dict_type": "a table",
         "missing": "a value (the key is required)",
     }
-    return table.get(kind, err.get("msg", "a valid value"))
+    if kind in table:
+        return table[kind]
+    message = str(err.get("msg") or "a valid value")  # pydantic: "Input should be greater than or equal to 1"
+    return message.removeprefix("Input should be ").removeprefix("Value error, ")
 
 
 def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -300,20 +304,25 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(current.model_fields) if current is not None else []
 
 
-def format_validation_error(exc: ValidationError, source: str, model: type[BaseModel]) -> str:
+def format_validation_error(
+    exc: ValidationError, source: str, model: type[BaseModel], flag_keys: Sequence[str] = ()
+) -> str:
+    """One line per problem, naming where the value came from: the file, or a command-line flag (`flag_keys`)."""
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
+        from_flag = key in flag_keys or any(key.startswith(f"{flag}.") for flag in flag_keys)
+        source_of = "command-line flag" if from_flag else source
         if err["type"] == "extra_forbidden":
             known = _known_keys(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             section = ".".join(str(p) for p in loc[:-1]) or "top level"
             tip = f"did you mean '{close[0]}'? " if close else ""
-            lines.append(f"{source}: unknown key '{key}' — {tip}known keys in [{section}]: {', '.join(known)}")
+            lines.append(f"{source_of}: unknown key '{key}' — {tip}known keys in [{section}]: {', '.join(known)}")
         else:
             value = err.get("input")
-            lines.append(f"{source}: '{key}' = {value!r} — expected {_describe_expected(err)}")
+            lines.append(f"{source_of}: '{key}' = {value!r} — expected {_describe_expected(err)}")
     return "; ".join(lines)
 
 
@@ -362,8 +371,7 @@ def load_config(
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        where = source if not flag_keys else f"{source} (with flags {', '.join(flag_keys)})"
-        raise ConfigError(format_validation_error(exc, where, schema)) from None
+        raise ConfigError(format_validation_error(exc, source, schema, flag_keys)) from None
 
 
 def dump_toml(config: BaseModel) -> str:
