@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from toolschool.chat.formats import get_format
 from toolschool.cli import app
-from toolschool.models.backend import Completion
+from toolschool.models.backend import Backend, Completion, GenerationRequest
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.backends.openai_http import _completion_from_choice
@@ -365,11 +365,10 @@ async def test_null_means_default_and_defaults_are_accepted(base_url: str) -> No
     assert response.json()["usage"]["prompt_tokens"] == as_system.json()["usage"]["prompt_tokens"]
 
 
-async def test_named_tool_choice_and_largest_seed_are_served(base_url: str) -> None:
+async def test_the_largest_seed_is_served(base_url: str) -> None:
     body = {
         "messages": HI,
         "tools": [CALC],
-        "tool_choice": {"type": "function", "function": {"name": CALC_NAME}},
         "seed": 2**63 - 1,
         "n": 2,
         "temperature": 1,
@@ -430,3 +429,128 @@ async def test_disconnect_is_noticed_with_an_api_key_too(backend: LocalBackend) 
 def test_serve_options_are_checked_before_loading_the_model(args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["serve", "--model", "/nonexistent/model/folder", *args])
     assert result.exit_code == 2 and message in result.output, result.output
+
+
+# --- tool_choice "required" / a named function: enforced by prefilling the call opener ------------------------
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+
+
+class ScriptedBackend(Backend):
+    """Answers every request with the scripted (text, finish reason) replies and records the requests."""
+
+    name = "scripted"
+
+    def __init__(self, replies: list[tuple[str, str]]) -> None:
+        self.replies = replies
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        self.requests.append(request)
+        return [
+            Completion(text=text, token_ids=[1, 2, 3], finish_reason=reason, prompt_tokens=7)  # type: ignore[arg-type]
+            for text, reason in self.replies[: request.params.n]
+        ]
+
+
+def _post(backend: Backend, body: dict) -> httpx.Response:
+    with running_server(backend, "scripted") as url:
+        return httpx.post(f"{url}/chat/completions", json={"messages": HI, **body}, timeout=30)
+
+
+def _calls(response: httpx.Response) -> list[tuple[str, dict]]:
+    message = response.json()["choices"][0]["message"]
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]]
+
+
+def test_named_tool_choice_makes_the_model_write_a_call_to_that_tool() -> None:
+    backend = ScriptedBackend([(' {"expression": "12*7"}}\n', "stop")])
+    named = {"type": "function", "function": {"name": CALC_NAME}}
+    response = _post(backend, {"tools": [WEATHER, CALC], "tool_choice": named, "max_tokens": 40})
+    assert response.status_code == 200, response.text
+    (request,) = backend.requests
+    # the reply starts with the call opener, so the model only writes the arguments ...
+    assert request.prefill == get_format("hermes").call_prefix(CALC_NAME).rstrip()
+    assert "</tool_call>" in request.params.stop  # ... and exactly one call
+    choice = response.json()["choices"][0]
+    assert _calls(response) == [(CALC_NAME, {"expression": "12*7"})]
+    assert choice["message"]["content"] is None
+    assert choice["finish_reason"] == "stop"  # what OpenAI and vLLM answer for a named function
+
+
+def test_required_tool_choice_makes_the_model_call_some_tool() -> None:
+    backend = ScriptedBackend([('weather", "arguments": {"city": "Oslo"}}\n</tool_call>', "stop")] * 2)
+    response = _post(backend, {"tools": [CALC, WEATHER], "tool_choice": "required", "n": 2})
+    assert response.status_code == 200, response.text
+    (request,) = backend.requests
+    assert request.prefill == '<tool_call>\n{"name": "'
+    choices = response.json()["choices"]
+    assert [c["finish_reason"] for c in choices] == ["tool_calls", "tool_calls"]
+    assert _calls(response) == [("weather", {"city": "Oslo"})]
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "reply", "message", "param"),
+    [
+        (
+            "required",
+            ('weather", "arguments": {"city": "Os', "length"),
+            "tool_choice 'required': the model's tool call was cut off by max_tokens (20); raise max_tokens",
+            "max_tokens",
+        ),
+        (
+            {"type": "function", "function": {"name": "weather"}},
+            (" The weather is nice.", "stop"),
+            "tool_choice names function 'weather': the model's reply is not a valid tool call "
+            "(the text inside <tool_call> is not valid JSON",
+            "tool_choice",
+        ),
+        (
+            "required",
+            ('web_search", "arguments": {"q": "x"}}\n</tool_call>', "stop"),
+            "tool_choice 'required': the model called 'web_search', which is not in tools (calculator, weather)",
+            "tool_choice",
+        ),
+    ],
+)
+def test_a_forced_call_the_model_did_not_complete_is_an_error_not_text(
+    tool_choice: str | dict, reply: tuple[str, str], message: str, param: str
+) -> None:
+    """As vLLM answers when a forced call does not parse: HTTP 400, never plain text passed off as compliant."""
+    body = {"tools": [CALC, WEATHER], "tool_choice": tool_choice, "max_tokens": 20}
+    response = _post(ScriptedBackend([reply]), body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert message in error["message"] and error["param"] == param
+
+
+def test_a_forced_call_cannot_continue_a_partial_assistant_message() -> None:
+    body = {
+        "messages": [*HI, {"role": "assistant", "content": "Let me"}],
+        "continue_final_message": True,
+        "tools": [CALC],
+        "tool_choice": "required",
+    }
+    response = _post(ScriptedBackend([("x", "stop")]), body)
+    assert response.status_code == 400
+    message = response.json()["error"]["message"]
+    assert "continue_final_message cannot be combined with tool_choice 'required'" in message
+
+
+async def test_tool_choice_required_is_enforced_on_the_local_backend(base_url: str, backend: LocalBackend) -> None:
+    """The tiny random model writes no valid call: a forced call is refused, and the prompt ends with the opener."""
+    body = {"messages": HI, "tools": [CALC], "tool_choice": "required", "max_tokens": 4, "temperature": 0}
+    async with httpx.AsyncClient(timeout=60) as client:
+        forced = await client.post(f"{base_url}/chat/completions", json=body)
+        free = await client.post(f"{base_url}/chat/completions", json={**body, "tool_choice": "auto"})
+    assert forced.status_code == 400 and "tool_choice 'required'" in forced.json()["error"]["message"]
+    assert free.status_code == 200
+    prompt = backend.render_prompt(GenerationRequest(HI, [CALC], prefill='<tool_call>\n{"name": "'))
+    assert len(prompt) > free.json()["usage"]["prompt_tokens"]

@@ -11,8 +11,16 @@ Request handling, on purpose:
   client pointed at the wrong model learns it instead of silently getting this one.
 - `null` for an optional field means its default, as in the OpenAI API.
 - `tool_choice`: "none" means the tools are not offered to the model at all (and nothing is parsed as a call);
-  "auto", "required" and a named function are all treated as "auto" — the model decides, nothing is forced.
-  "required" without tools, or a named function that is not among the tools, is a 400.
+  "auto" lets the model decide. "required" and a named function are enforced, as vLLM enforces them (there by
+  guided decoding), by starting the assistant's reply with the hermes call opener: `<tool_call>\n{"name": "`
+  (the model names one of the tools and may add more calls) or the whole opener up to the named function's
+  arguments (the model writes only those; generation stops at `</tool_call>`, so it is exactly one call).
+  The opener ends at a token boundary of the template's own rendering. The calls come back in `tool_calls`
+  with finish reason "tool_calls" ("required") or "stop" (a named function), as OpenAI and vLLM answer. A
+  forced reply that is not a complete, valid call (cut off by `max_tokens`, bad JSON, a tool not offered) is
+  an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse — never text
+  passed off as a compliant reply. "required" without tools, or a named function that is not among the tools,
+  is a 400; so is a forced call with `continue_final_message`.
 - `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, as in the OpenAI API.
 - Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
   `logit_bias`, a JSON `response_format`) get a 400 naming them rather than being silently ignored; their
@@ -42,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from toolschool.chat.formats import get_format
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
@@ -181,7 +190,7 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
         except _ClientGone:
             return Response(status_code=499)
         except ToolschoolError as exc:
-            return _error(400, str(exc))
+            return _error(400, str(exc), param=getattr(exc, "param", None))
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             return _error(500, f"generation failed: {type(exc).__name__}: {exc}", kind="server_error")
         return to_response(body, completions, model_name, offer_tools, getattr(backend, "tokenizer", None))
@@ -232,6 +241,17 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
     _check_tool_choice(body.tool_choice, names)
     offer_tools = bool(body.tools) and body.tool_choice != "none"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    forced = forced_call_prefill(body)
+    if forced:
+        if body.continue_final_message:
+            raise BadRequest(
+                f"continue_final_message cannot be combined with tool_choice {_forced_name(body.tool_choice)}: "
+                "the forced call starts the reply; send one or the other",
+                "continue_final_message",
+            )
+        prefill = forced
+        if isinstance(body.tool_choice, dict):  # a named function: exactly one call
+            stop.append(_CALL_CLOSE)
     params = SamplingParams(
         n=body.n or 1,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -244,6 +264,32 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
     )
     tools = body.tools if offer_tools else None
     return GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill), offer_tools
+
+
+_CALL_CLOSE = "</tool_call>"
+
+
+def forced_call_prefill(body: ChatCompletionRequest) -> str:
+    """The start of the reply that enforces `tool_choice` "required" or a named function ("" otherwise).
+
+    Cut at a token boundary of the template's rendering of a call (`... "arguments":` then ` {"`, not a
+    trailing space), so the model continues as it was trained to.
+    """
+    hermes = get_format("hermes")
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        return hermes.call_prefix(str(choice["function"]["name"])).rstrip()
+    if choice == "required":
+        any_name = "x"
+        opener = hermes.call_prefix(any_name)
+        return opener[: opener.index(json.dumps(any_name)) + 1]  # up to the name's opening quote
+    return ""
+
+
+def _forced_name(choice: str | dict[str, Any] | None) -> str:
+    if isinstance(choice, dict):
+        return f"names function '{choice['function']['name']}'"
+    return f"'{choice}'"
 
 
 def _refuse_unsupported(body: ChatCompletionRequest) -> None:
@@ -349,7 +395,7 @@ def to_response(
     tokenizer: Any = None,
 ) -> dict[str, Any]:
     """Backend completions -> an OpenAI chat.completion object."""
-    choices = [_choice(i, c, offer_tools, body.logprobs, tokenizer) for i, c in enumerate(completions)]
+    choices = [_choice(i, c, offer_tools, body, tokenizer) for i, c in enumerate(completions)]
     prompt_tokens = completions[0].prompt_tokens if completions else 0
     completion_tokens = sum(c.num_tokens for c in completions)
     return {
@@ -366,30 +412,27 @@ def to_response(
     }
 
 
-def _choice(index: int, completion: Completion, offer_tools: bool, logprobs: bool, tokenizer: Any) -> dict[str, Any]:
-    from toolschool.chat.formats import get_format
-
+def _choice(
+    index: int, completion: Completion, offer_tools: bool, body: ChatCompletionRequest, tokenizer: Any
+) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": completion.text}
     finish_reason: str = completion.finish_reason
+    prefill = forced_call_prefill(body)
+    if prefill:
+        calls, content = _forced_calls(body, prefill, completion)
+        message["content"] = content or None
+        message["tool_calls"] = _wire_calls(calls)
+        # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function.
+        finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
     # A reply cut off by max_tokens is returned as text: its calls may be incomplete.
-    if offer_tools and completion.finish_reason == "stop":
+    elif offer_tools and completion.finish_reason == "stop":
         parsed = get_format("hermes").parse(completion.text)
         if parsed.calls:
             message["content"] = parsed.content or None
-            message["tool_calls"] = [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {
-                        "name": call["function"]["name"],
-                        "arguments": arguments_to_wire(call["function"]["arguments"]),
-                    },
-                }
-                for call in parsed.calls
-            ]
+            message["tool_calls"] = _wire_calls(parsed.calls)
             finish_reason = "tool_calls"
     choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
-    if logprobs and completion.logprobs is not None and tokenizer is not None:
+    if body.logprobs and completion.logprobs is not None and tokenizer is not None:
         # Each token as the text it decodes to (" Hello", not the vocabulary entry "ĠHello"), as OpenAI and vLLM
         # return it; a token holding part of a UTF-8 character decodes to U+FFFD.
         tokens = [tokenizer.decode([token_id]) for token_id in completion.token_ids]
@@ -400,6 +443,47 @@ def _choice(index: int, completion: Completion, offer_tools: bool, logprobs: boo
             ]
         }
     return choice
+
+
+def _forced_calls(
+    body: ChatCompletionRequest, prefill: str, completion: Completion
+) -> tuple[list[dict[str, Any]], str]:
+    """The calls (and any text beside them) of a reply that started with the forced opener, or BadRequest."""
+    what = _forced_name(body.tool_choice)
+    if completion.finish_reason == "length":
+        limit = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
+        raise BadRequest(
+            f"tool_choice {what}: the model's tool call was cut off by max_tokens ({limit}); raise max_tokens",
+            "max_tokens",
+        )
+    parsed = get_format("hermes").parse(prefill + completion.text)
+    if not parsed.calls:
+        reason = parsed.error or "no call"
+        raise BadRequest(f"tool_choice {what}: the model's reply is not a valid tool call ({reason})", "tool_choice")
+    names = _tool_names(body.tools or [])
+    for call in parsed.calls:
+        name = call["function"]["name"]
+        if name not in names:
+            raise BadRequest(
+                f"tool_choice {what}: the model called '{name}', which is not in tools ({', '.join(names)})",
+                "tool_choice",
+            )
+    return parsed.calls, parsed.content or ""
+
+
+def _wire_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Canonical calls (dict arguments) -> OpenAI `tool_calls` (JSON-string arguments, fresh `call_...` ids)."""
+    return [
+        {
+            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "type": "function",
+            "function": {
+                "name": call["function"]["name"],
+                "arguments": arguments_to_wire(call["function"]["arguments"]),
+            },
+        }
+        for call in calls
+    ]
 
 
 class _ClientGone(Exception):
