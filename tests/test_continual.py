@@ -141,6 +141,23 @@ def test_meta_split_is_kept_and_calls_name_the_tool_when_meta_tool_is_missing() 
     assert left_out == {"no_tool": 1, "other_tools": 1}
 
 
+@pytest.mark.parametrize("split", ["val", "VAL", "Eval"])
+def test_common_held_out_split_names_are_held_out(split: str) -> None:
+    rows = [_conversation("shout", k, split="train") for k in range(3)]
+    rows.append(_conversation("shout", 9, split=split))
+    batches, _ = split_into_batches(rows, [["shout"]], test_fraction=0.0, seed=0)
+    assert [e["meta"]["id"] for e in batches[0].test] == ["shout-9"]
+    assert "shout-9" not in {e["meta"]["id"] for e in batches[0].train}
+
+
+def test_an_unknown_split_is_refused_rather_than_maybe_trained_on() -> None:
+    rows = [_conversation("shout", k) for k in range(4)]
+    rows[2]["meta"]["split"] = "holdout-2024"
+    with pytest.raises(DataError, match=r"d.jsonl: line with meta.id='shout-2' has meta.split 'holdout-2024'") as info:
+        split_into_batches(rows, [["shout"]], test_fraction=0.2, seed=0, source="d.jsonl")
+    assert "train" in info.value.hint and "test" in info.value.hint
+
+
 def test_held_out_count_keeps_one_training_example() -> None:
     assert held_out_count(1, 0.2) == 0
     assert held_out_count(2, 0.2) == 1

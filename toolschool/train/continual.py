@@ -41,7 +41,7 @@ MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
 PLAN_FILE = "plan.json"
 MATRIX_STEM = "matrix"
-TEST_SPLITS = frozenset({"test", "validation", "valid", "dev", "heldout", "held_out"})
+TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
 TRAIN_SPLITS = frozenset({"train", "training"})
 
 Log = Callable[[str], None]
@@ -120,16 +120,25 @@ def example_tools(example: dict[str, Any]) -> list[str]:
     return names
 
 
-def _split_of(example: dict[str, Any]) -> str | None:
-    split = (example.get("meta") or {}).get("split")
-    if not isinstance(split, str):
+def _split_of(example: dict[str, Any], source: str = "data") -> str | None:
+    """ "test", "train", or None when the line has no `meta.split` (the seeded held-out draw decides).
+
+    A split name this does not know is refused: guessing "no split" could train on a line meant as held out."""
+    meta = example.get("meta") or {}
+    split = meta.get("split")
+    if split is None or (isinstance(split, str) and not split.strip()):
         return None
-    split = split.strip().lower()
-    if split in TEST_SPLITS:
+    name = split.strip().lower() if isinstance(split, str) else split
+    if name in TEST_SPLITS:
         return "test"
-    if split in TRAIN_SPLITS:
+    if name in TRAIN_SPLITS:
         return "train"
-    return None
+    raise DataError(
+        f"{source}: line with meta.id={meta.get('id')!r} has meta.split {split!r}, which is neither a training "
+        "nor a held-out split",
+        hint=f"use one of {', '.join(sorted(TRAIN_SPLITS))} or {', '.join(sorted(TEST_SPLITS))}, or remove it "
+        "(the line is then held out or trained on by the seeded --test-fraction draw)",
+    )
 
 
 def held_out_count(n: int, fraction: float) -> int:
@@ -189,12 +198,12 @@ def split_into_batches(
     result = [Batch(index=i, tools=list(batch)) for i, batch in enumerate(batches)]
     for tool, rows in per_tool.items():
         batch = result[batch_of[tool]]
-        unlabeled = [e for e in rows if _split_of(e) is None]
+        unlabeled = [e for e in rows if _split_of(e, source) is None]
         order = list(range(len(unlabeled)))
         random.Random(f"{seed}:test-split:{tool}").shuffle(order)
         held = set(order[: held_out_count(len(unlabeled), test_fraction)])
         for example in rows:
-            split = _split_of(example)
+            split = _split_of(example, source)
             if split == "test":
                 batch.test.append(example)
             elif split == "train":
