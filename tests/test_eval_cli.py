@@ -42,6 +42,22 @@ def test_evaluate_on_a_folder_that_is_no_model_writes_nothing_into_it(tmp_path: 
     assert list(folder.iterdir()) == []
 
 
+def test_eval_with_a_model_that_cannot_load_leaves_the_run_folder_alone(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "config.toml").write_text("# the earlier evaluation's settings\n")
+    data = tmp_path / "test.jsonl"
+    data.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]})
+    )
+    for model in (str(tmp_path / "missing"), str(tmp_path)):  # no such folder; a folder that is not a model
+        result = CliRunner().invoke(app, ["eval", "--model", model, "--data", str(data), "--out", str(out)])
+        assert result.exit_code == 2 and "Traceback" not in result.output
+    assert "holds no config.json" in result.output
+    assert (out / "config.toml").read_text() == "# the earlier evaluation's settings\n"
+    assert sorted(p.name for p in out.iterdir()) == ["config.toml"]
+
+
 def test_bfcl_through_a_real_local_backend(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A tiny random model writes garbage: every item is scored (malformed counted), nothing crashes."""
     from toolschool.models.backends import make_backend

@@ -34,6 +34,7 @@ def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] 
         tools = config.tools
         registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
     options = make_options(settings, registry)
+    _check_models(chosen)
     out_dir = stage_dir(config, "eval", out or config.eval.out)
     total = sum(len(b.items) for b in benchmarks)
     err_console.print(f"[dim]eval: {', '.join(chosen)} on {total} items -> {out_dir}[/dim]")
@@ -73,6 +74,17 @@ def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] 
                 registry.close()
     console.print(summary_markdown(summary), markup=False, highlight=False)
     err_console.print(f"[dim]wrote {out_dir / 'summary.json'}, summary.md and per-item JSONL[/dim]")
+
+
+def _check_models(models: list[str]) -> None:
+    """A model that cannot load is refused before the output folder (and its config.toml) is written."""
+    from toolschool.models.loading import resolve_source
+    from toolschool.models.spec import parse_model_spec
+
+    for model in models:
+        spec = parse_model_spec(model)
+        if spec.kind != "openai":  # an endpoint is checked when its backend starts (GET /models)
+            resolve_source(spec)
 
 
 def eval_command(
