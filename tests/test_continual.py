@@ -138,7 +138,7 @@ def test_meta_split_is_kept_and_calls_name_the_tool_when_meta_tool_is_missing() 
     batches, left_out = split_into_batches(rows, [["shout"]], test_fraction=0.5, seed=1)
     assert [e["meta"]["id"] for e in batches[0].test] == ["shout-9"]
     assert len(batches[0].train) == 3
-    assert left_out == {"no_tool": 1, "other_tools": 1}
+    assert left_out == {"no_tool": 1, "other_tools": 1, "other_tool_names": {"other": 1}}
 
 
 @pytest.mark.parametrize("split", ["val", "VAL", "Eval"])
@@ -405,3 +405,86 @@ def test_a_run_refused_for_its_inputs_creates_no_folder(tmp_path: Path, inputs: 
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2 and "does not exist" in result.output
     assert not out.exists()
+
+
+# ------------------------------------------------------------------- the rounds, scripted (no training)
+
+
+def _scripted_rounds(monkeypatch: pytest.MonkeyPatch, scores: list[list[float]], trained: list[tuple[int, str]]):
+    """Stand in for a round's SFT + evaluation: records which round trained from which model, scores from `scores`;
+    a round listed in `crash` raises before writing its marker, as a killed process would."""
+    import toolschool.train.continual as continual
+
+    crash: set[int] = set()
+
+    def fake_round(config, inputs, r, round_dir, start_model, data, fingerprint, progress, say):  # noqa: ANN001
+        if r + 1 in crash:
+            raise KeyboardInterrupt
+        trained.append((r + 1, start_model))
+        (round_dir / "sft" / "merged").mkdir(parents=True, exist_ok=True)
+        evals = {f"B{j + 1}": {"correct": scores[r][j], "n": len(inputs.batches[j].test)} for j in range(r + 1)}
+        marker = {
+            "fingerprint": fingerprint,
+            "round": r + 1,
+            "start_model": start_model,
+            "merged": "sft/merged",
+            "composition": data.composition,
+            "eval": evals,
+        }
+        (round_dir / "round.json").write_text(json.dumps(marker))
+        return marker
+
+    monkeypatch.setattr(continual, "_run_round", fake_round)
+    return crash
+
+
+def test_a_run_killed_mid_sequence_resumes_each_round_once_with_hand_computed_forgetting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [_conversation(t, k) for t in TOOLS for k in range(5)]
+    strays = [_conversation("typo_tool", 0), _conversation("other", 0)]
+    for row in strays:
+        row["tools"].append(_schema(row["meta"]["tool"]))
+    rows += [_no_tool(0), _no_tool(1), *strays]
+    flags = {
+        "model.name": "start-model",
+        "continual.batches": str(_write_json(tmp_path / "b.json", [["shout"], ["reverse"], ["double", "negate"]])),
+        "continual.data": str(_write_jsonl(tmp_path / "d.jsonl", rows)),
+        "continual.steps_per_round": 1,
+    }
+    config = load_config(None, flags)
+    out = tmp_path / "out"
+    scores = [[80.0, 0, 0], [60.0, 90.0, 0], [70.0, 40.0, 50.0]]
+    trained: list[tuple[int, str]] = []
+    crash = _scripted_rounds(monkeypatch, scores, trained)
+
+    crash.add(2)  # killed while training round 2
+    messages: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        run_continual(config, out, progress=False, log=messages.append)
+    assert "left out of every round: 2 lines without a tool call; 2 lines calling tools in no batch" in messages[0]
+    assert "(other 1, typo_tool 1)" in messages[0]
+    partial = json.loads((out / "matrix.json").read_text())
+    assert partial["matrix"] == [[80.0, None, None], [None, None, None], [None, None, None]]
+    assert partial["summary"] == {"rounds_done": 1, "average_final": 80.0, "forgetting": {}, "average_forgetting": None}
+
+    crash.clear()
+    result = run_continual(config, out, progress=False)
+    assert result.rounds_skipped == [1] and result.rounds_run == [2, 3]
+    merged = [str((out / f"round_{r}" / "sft" / "merged").resolve()) for r in (1, 2)]
+    assert trained == [(1, "start-model"), (2, merged[0]), (3, merged[1])]  # each round once, in order
+    assert result.matrix["matrix"] == [[80.0, None, None], [60.0, 90.0, None], [70.0, 40.0, 50.0]]
+    # forgetting = best earlier - final: B1 max(80, 60) - 70 = 10, B2 90 - 40 = 50; B3 was learned last
+    assert result.matrix["summary"] == {
+        "rounds_done": 3,
+        "average_final": 53.33,  # (70 + 40 + 50) / 3
+        "forgetting": {"B1": 10.0, "B2": 50.0},
+        "average_forgetting": 30.0,
+    }
+    table = (out / "matrix.md").read_text()
+    assert "| 1 | 80.0 | – | – | 80.0 |" in table and "| 3 | 70.0 | 40.0 | 50.0 | 53.3 |" in table
+    assert table.count("| 2 |") == 1 and "B1 10.0, B2 50.0; mean 30.0" in table
+
+    again = run_continual(config, out, progress=False)
+    assert again.rounds_run == [] and len(trained) == 3
+    assert json.loads((out / "matrix.json").read_text())["matrix"] == result.matrix["matrix"]

@@ -165,7 +165,7 @@ def split_into_batches(
     """
     batch_of = {tool: i for i, batch in enumerate(batches) for tool in batch}
     per_tool: dict[str, list[dict[str, Any]]] = {tool: [] for tool in batch_of}
-    left_out = {"no_tool": 0, "other_tools": 0}
+    left_out: dict[str, Any] = {"no_tool": 0, "other_tools": 0}
     other_names: dict[str, int] = {}
     for example in examples:
         meta = example.get("meta") or {}
@@ -223,7 +223,21 @@ def split_into_batches(
                 f"{source}: batch {batch.index + 1} ({tools}) has no held-out examples to evaluate",
                 hint="raise --test-fraction, mark some lines meta.split = test, or add conversations",
             )
+    left_out["other_tool_names"] = dict(sorted(other_names.items(), key=lambda kv: (-kv[1], kv[0])))
     return result, left_out
+
+
+def left_out_message(left_out: dict[str, Any]) -> str | None:
+    """What the split did not use, in words (None when it used every line): nothing is dropped silently."""
+    parts = []
+    if left_out.get("no_tool"):
+        parts.append(f"{left_out['no_tool']} lines without a tool call")
+    if left_out.get("other_tools"):
+        names = left_out.get("other_tool_names") or {}
+        shown = ", ".join(f"{name} {count}" for name, count in list(names.items())[:10])
+        more = f", {len(names) - 10} more tools" if len(names) > 10 else ""
+        parts.append(f"{left_out['other_tools']} lines calling tools in no batch ({shown}{more})")
+    return "left out of every round: " + "; ".join(parts) if parts else None
 
 
 # ----------------------------------------------------------------------------------------- round data
@@ -525,7 +539,7 @@ class ContinualInputs:
 
     batches: list[Batch]
     general: list[dict[str, Any]]
-    left_out: dict[str, int]
+    left_out: dict[str, Any]
     plan: dict[str, Any]
 
 
@@ -682,6 +696,8 @@ def run_continual(
     say = log or (lambda _text: None)
     inputs = inputs or load_inputs(config, replay=replay)
     check_plan(out_dir, inputs.plan)
+    if (unused := left_out_message(inputs.left_out)) is not None:
+        say(unused)
     settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
     matrix = _empty_matrix(inputs)
     start_model = config.model.name
@@ -817,6 +833,7 @@ __all__ = [
     "example_tools",
     "forgetting_summary",
     "held_out_count",
+    "left_out_message",
     "load_inputs",
     "matrix_markdown",
     "output_dir",
