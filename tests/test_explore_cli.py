@@ -78,6 +78,8 @@ def test_unknown_format_is_one_clear_line(tmp_path, scripted) -> None:
 
 def test_unreachable_endpoint_is_one_clear_line_before_any_work(tmp_path) -> None:
     out = tmp_path / "x"
+    out.mkdir()
+    (out / "config.toml").write_text("# the earlier exploration's settings\n")
     result = runner.invoke(
         app, ["explore", "--model", "openai:http://127.0.0.1:9/v1#explorer", "--tools", "calculator", "--out", str(out)]
     )
@@ -85,6 +87,12 @@ def test_unreachable_endpoint_is_one_clear_line_before_any_work(tmp_path) -> Non
     assert "127.0.0.1:9" in result.output
     assert "Traceback" not in result.output
     assert (out / TRIALS_FILE).read_text() == ""  # no trial was attempted
+    assert (out / "config.toml").read_text() == "# the earlier exploration's settings\n"  # nor its config replaced
+    missing = runner.invoke(
+        app, ["explore", "--model", str(tmp_path / "nope"), "--tools", "calculator", "--out", str(out)]
+    )
+    assert missing.exit_code == 2 and "is not an existing folder" in missing.output
+    assert (out / "config.toml").read_text() == "# the earlier exploration's settings\n"
 
 
 def test_explore_runs_saves_config_and_summary_and_refuses_to_mix_runs(tmp_path, scripted) -> None:

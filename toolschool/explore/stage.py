@@ -108,7 +108,6 @@ def run_explore_stage(
                 settings=settings.trial_shape(),
                 tools=registry.names(),
             )
-            stage_dir(config, STAGE, directory)
             backend = (backend_factory or default_backend_factory)(config)
             ctx = ExploreContext(
                 backend=backend,
@@ -121,18 +120,27 @@ def run_explore_stage(
                 tool_schemas=registry.schemas(),
                 model_name=config.model.name,
             )
-            return asyncio.run(_run(ctx, targets, section.concurrency, console))
+            # the config is saved only once the model loaded or the endpoint answered: a refused run keeps the old one
+            ready = lambda: stage_dir(config, STAGE, directory)  # noqa: E731
+            return asyncio.run(_run(ctx, targets, section.concurrency, console, ready))
         finally:
             log.close()
     finally:
         _close(registry)
 
 
-async def _run(ctx: ExploreContext, targets: list[str], concurrency: int, console: Console | None) -> ExploreResult:
+async def _run(
+    ctx: ExploreContext,
+    targets: list[str],
+    concurrency: int,
+    console: Console | None,
+    ready: Callable[[], Any],
+) -> ExploreResult:
     try:
         check = getattr(ctx.backend, "check", None)
         if check is not None:  # an HTTP endpoint: fail before any work when it cannot be reached
             await check()
+        ready()
         return await run_exploration(ctx, targets, concurrency=concurrency, console=console)
     finally:
         await ctx.backend.aclose()
