@@ -44,6 +44,15 @@ UNITS = {
     },
 }
 
+UNITS_TEXT = {
+    "type": "function",
+    "function": {
+        "name": "unit_convert",
+        "description": "units",
+        "parameters": {"type": "object", "properties": {"value": {"type": "string"}, "from_unit": {"type": "string"}}},
+    },
+}
+
 
 def call_example(name: str, args: dict, result: str, answer: str, tools: list | None = None) -> dict:
     return {
@@ -95,6 +104,62 @@ def test_invalid_examples_say_why(mutate, reason: str) -> None:
     assert problem is not None and reason in problem
 
 
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        # a call to a tool the line does not declare: with no tools at all, as with other tools
+        (lambda e: e.update(tools=[]), "messages[1]: calls 'calculator', but 'tools' declares no tool"),
+        # arguments the declared schema refuses: a missing required argument, a wrong type
+        (
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments={"expr": "2+2"}),
+            "messages[1]: invalid arguments for calculator: missing required argument 'expression'",
+        ),
+        (
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments={"expression": 4}),
+            "messages[1]: invalid arguments for calculator: argument 'expression': 4 is not of type 'string'",
+        ),
+        # no prompt before the first assistant turn: nothing to condition on (SFT's validation prompt is empty)
+        (lambda e: e["messages"].pop(0), "messages[0]: the first assistant turn needs a system or user message"),
+        # a format SFT cannot render the line in
+        (lambda e: e["meta"].update(format="xml"), "meta.format 'xml' is not one of hermes, json, react"),
+        (lambda e: e["meta"].update(format=3), "meta.format must be a string or null, got 3"),
+    ],
+)
+def test_validation_catches_what_training_would_choke_on_or_learn_wrong(mutate, reason: str) -> None:
+    example = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    mutate(example)
+    problem = validate_example(example)
+    assert problem is not None and reason in problem, problem
+
+
+def test_arguments_are_checked_only_against_schemas_json_schema_can_apply() -> None:
+    """BFCL-style schemas (`"type": "dict"`) are not JSON Schema: nothing to check against, the line is kept."""
+    bfcl = {"type": "function", "function": {"name": "f", "parameters": {"type": "dict", "properties": {}}}}
+    assert validate_example(call_example("f", {"a": 1}, "1", "1", tools=[bfcl])) is None
+    assert validate_example(call_example("unit_convert", {"value": 5, "from_unit": "m"}, "5 m", "5 m")) is None
+
+
+def test_validation_rejects_lines_sft_would_fail_on(tmp_path: Path, tokenizer) -> None:
+    """What `dataset validate` passes, SFT's preparation and validation prompts accept (and the reverse)."""
+    from toolschool.chat.formats import get_format
+    from toolschool.train.sft import build_validation_items, prepare_examples
+
+    no_prompt = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    no_prompt["messages"].pop(0)
+    bad_format = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    bad_format["meta"]["format"] = "xml"
+    fmt = get_format("hermes")
+    for example in (no_prompt, bad_format):
+        with pytest.raises(Exception):  # noqa: B017 - any failure: SFT chokes on the line
+            prepare_examples([example], fmt, tokenizer, 512)
+            build_validation_items([example], fmt, tokenizer, 1, 512)
+        assert validate_example(example) is not None
+    good = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    assert validate_example(good) is None
+    assert prepare_examples([good], fmt, tokenizer, 512).rows
+    assert build_validation_items([good], fmt, tokenizer, 1, 512)
+
+
 def write_lines(path: Path, lines: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -131,7 +196,8 @@ def test_writer_round_trip_and_hf_datasets_load_dict_arguments_exactly(tmp_path:
         call_example("calculator", {"expression": "2+2"}, "4", "4"),
         call_example("python", {"code": "print(1)"}, "1", "1"),
         call_example("unit_convert", {"value": 5, "from_unit": "m"}, "5 m", "5 m"),
-        call_example("unit_convert", {"value": "5", "from_unit": "km"}, "5 km", "5 km"),
+        # the same argument as text on another line (its schema says so): the column's type differs per line
+        call_example("unit_convert", {"value": "5", "from_unit": "km"}, "5 km", "5 km", tools=[UNITS_TEXT]),
         {
             "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
             "tools": [],

@@ -20,15 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema
+import referencing.exceptions
 from pydantic import ValidationError
 
+from toolschool.chat.formats import FORMAT_NAMES
 from toolschool.chat.types import Message, ToolSchema
 from toolschool.errors import DataError
+from toolschool.tools.validation import validation_error
 
 OnError = Literal["skip", "stop"]
 ON_ERROR_CHOICES = ("skip", "stop")
 EXAMPLE_KEYS = ("messages", "tools", "meta")
-META_STRING_KEYS = ("tool", "source", "category", "expected_answer", "split", "id", "original_id")
+META_STRING_KEYS = ("tool", "source", "category", "expected_answer", "split", "id", "original_id", "format")
 
 
 @dataclass
@@ -60,8 +64,10 @@ def validate_example(example: Any) -> str | None:
     """Return why `example` is not a valid dataset line, or None when it is.
 
     Checks the shape (messages/tools/meta), each message and tool schema against the canonical types, that
-    arguments are JSON objects, that calls name offered tools, that tool results answer a call, and that
-    the conversation ends with the assistant (what training learns from).
+    arguments are JSON objects that fit the declared tool's parameters, that calls name a tool the line
+    declares, that tool results answer a call, that a system or user message comes before the first assistant
+    turn (the prompt training and validation condition on), that `meta.format` is a format training can
+    render, and that the conversation ends with the assistant (what training learns from).
     """
     if not isinstance(example, dict):
         return f"a line must be a JSON object with keys {', '.join(EXAMPLE_KEYS)}, got {type(example).__name__}"
@@ -80,13 +86,19 @@ def validate_example(example: Any) -> str | None:
     for key in META_STRING_KEYS:
         if meta.get(key) is not None and not isinstance(meta[key], str):
             return f"meta.{key} must be a string or null, got {meta[key]!r}"
+    if meta.get("format") is not None and meta["format"] not in FORMAT_NAMES:
+        return (
+            f"meta.format {meta['format']!r} is not one of {', '.join(FORMAT_NAMES)} "
+            "(the format the line's assistant text is already written in; omit it for canonical tool_calls)"
+        )
 
-    tool_names: set[str] = set()
+    declared: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
         try:
-            tool_names.add(ToolSchema.model_validate(tool).function.name)
+            function = ToolSchema.model_validate(tool).function
         except ValidationError as exc:
             return f"tools[{i}]: {_pydantic_reason(exc)}"
+        declared[function.name] = function.parameters
 
     open_calls = 0
     for i, raw in enumerate(messages):
@@ -100,13 +112,13 @@ def validate_example(example: Any) -> str | None:
         except ValidationError as exc:
             return f"messages[{i}]: {_pydantic_reason(exc)}"
         if message.role == "assistant":
+            if not any(m.get("role") in ("system", "user") for m in messages[:i] if isinstance(m, dict)):
+                return f"messages[{i}]: the first assistant turn needs a system or user message before it"
             if message.tool_calls:
                 for call in message.tool_calls:
-                    if tool_names and call.function.name not in tool_names:
-                        return (
-                            f"messages[{i}]: calls '{call.function.name}', which is not in 'tools' "
-                            f"({', '.join(sorted(tool_names))})"
-                        )
+                    problem = _call_problem(call.function.name, call.function.arguments, declared)
+                    if problem is not None:
+                        return f"messages[{i}]: {problem}"
                 open_calls = len(message.tool_calls)
             elif message.content is None:
                 return f"messages[{i}]: an assistant message needs 'content' or 'tool_calls'"
@@ -119,6 +131,22 @@ def validate_example(example: Any) -> str | None:
     if messages[-1].get("role") != "assistant":
         return "the conversation must end with an assistant message (what training learns from)"
     return None
+
+
+def _call_problem(name: str, arguments: dict[str, Any], declared: dict[str, dict[str, Any]]) -> str | None:
+    """Why a call does not fit the line's tools: an undeclared tool, or arguments its parameters refuse.
+
+    A schema that JSON Schema cannot apply (BFCL's `"type": "dict"`, a dangling `$ref`) gives nothing to check
+    the arguments against, so the call is kept as it is.
+    """
+    if name not in declared:
+        if not declared:
+            return f"calls '{name}', but 'tools' declares no tool (add the schema of '{name}' to 'tools')"
+        return f"calls '{name}', which is not in 'tools' ({', '.join(sorted(declared))})"
+    try:
+        return validation_error(name, declared[name], arguments)
+    except (jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable):
+        return None
 
 
 def normalize_example(example: dict[str, Any]) -> dict[str, Any]:
