@@ -554,3 +554,37 @@ async def test_tool_choice_required_is_enforced_on_the_local_backend(base_url: s
     assert free.status_code == 200
     prompt = backend.render_prompt(GenerationRequest(HI, [CALC], prefill='<tool_call>\n{"name": "'))
     assert len(prompt) > free.json()["usage"]["prompt_tokens"]
+
+
+async def test_max_tokens_beyond_the_context_is_a_400_as_in_vllm(base_url: str) -> None:
+    """vLLM refuses a max_tokens that cannot fit after the prompt (it does not silently stop at "length")."""
+    long = [{"role": "user", "content": "word " * 1000}]  # leaves room for a few tokens of the 1024
+    url = f"{base_url}/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as client:
+        prompt_tokens = (await client.post(url, json={"messages": long, "max_tokens": 1})).json()["usage"][
+            "prompt_tokens"
+        ]
+        room = 1024 - prompt_tokens
+        too_many = await client.post(url, json={"messages": HI, "max_tokens": 2000})
+        one_more = await client.post(url, json={"messages": long, "max_completion_tokens": room + 1})
+        exact = await client.post(url, json={"messages": long, "max_tokens": room})
+    assert 0 < room < 30
+    assert too_many.status_code == 400 and one_more.status_code == 400
+    error = one_more.json()["error"]
+    assert error["message"] == (
+        f"'max_tokens' or 'max_completion_tokens' is too large: {room + 1}. This model's maximum context length is "
+        f"1024 tokens and your request has {prompt_tokens} input tokens ({room + 1} > 1024 - {prompt_tokens})."
+    )
+    assert error["param"] == "max_tokens"
+    assert "too large: 2000." in too_many.json()["error"]["message"]
+    assert exact.status_code == 200, exact.text  # the whole room is allowed
+
+
+async def test_the_default_max_tokens_is_lowered_to_fit_not_refused(base_url: str) -> None:
+    """Without max_tokens the default (512) is only an upper bound: a long prompt gets what room is left."""
+    long = [{"role": "user", "content": "word " * 1000}]
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(f"{base_url}/chat/completions", json={"messages": long, "temperature": 0})
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens"] + 512 > 1024 and usage["prompt_tokens"] + usage["completion_tokens"] <= 1024

@@ -11,7 +11,18 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolschool.errors import ToolschoolError
+
 FinishReason = Literal["stop", "length", "error"]
+
+
+class ContextLengthError(ToolschoolError):
+    """A request does not fit in the model's context; `param` names the request field at fault ("messages",
+    "max_tokens"), as an OpenAI-style error does."""
+
+    def __init__(self, message: str, *, param: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.param = param
 
 
 @dataclass
@@ -23,6 +34,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     logprobs: bool = False
+    # True: a max_tokens larger than the room the prompt leaves in the context is lowered to fit (every stage's
+    # budget is an upper bound). False: it is a ContextLengthError, as vLLM answers a request that sends one.
+    cap_max_tokens: bool = True
 
 
 @dataclass

@@ -21,7 +21,9 @@ Request handling, on purpose:
   an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse — never text
   passed off as a compliant reply. "required" without tools, or a named function that is not among the tools,
   is a 400; so is a forced call with `continue_final_message`.
-- `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, as in the OpenAI API.
+- `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, lowered to the room the
+  prompt leaves in the context. A `max_tokens` the client sends that does not fit after the prompt is a 400
+  with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
 - Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
   `logit_bias`, a JSON `response_format`) get a 400 naming them rather than being silently ignored; their
   neutral values (0, {}, "text") are accepted. Other unknown fields (`user`, `parallel_tool_calls`, ...) are
@@ -261,6 +263,8 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
         # The local backend seeds sample i with seed + i in an unsigned 64-bit generator: fold int64 into it.
         seed=None if body.seed is None else body.seed % 2**63,
         logprobs=bool(body.logprobs),
+        # A max_tokens the client sent must fit after the prompt (else 400, as vLLM); the default is a bound.
+        cap_max_tokens=body.max_completion_tokens is None and body.max_tokens is None,
     )
     tools = body.tools if offer_tools else None
     return GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill), offer_tools

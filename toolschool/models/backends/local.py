@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from toolschool.errors import ModelLoadError, ToolschoolError
-from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest
 from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
@@ -314,10 +314,18 @@ class LocalBackend(Backend):
         if self.max_positions is not None:
             room = self.max_positions - len(prompt)
             if room < 1:
-                raise ToolschoolError(
+                raise ContextLengthError(
                     f"the prompt has {len(prompt)} tokens, more than the {self.max_positions} positions "
                     f"'{self.name}' supports",
+                    param="messages",
                     hint="shorten the conversation or the tool list",
+                )
+            if max_tokens > room and not pending.request.params.cap_max_tokens:
+                raise ContextLengthError(  # vLLM's wording, which clients already recognise
+                    f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum "
+                    f"context length is {self.max_positions} tokens and your request has {len(prompt)} input "
+                    f"tokens ({max_tokens} > {self.max_positions} - {len(prompt)}).",
+                    param="max_tokens",
                 )
             max_tokens = min(max_tokens, room)
         return prompt, max_tokens
