@@ -106,6 +106,20 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
     assert {o.status for o in again.outcomes} == {"skipped"}
     assert again.table == result.table
 
+    # Changed settings of a finished stage are refused (not silently skipped), before anything is touched ...
+    changed = run_config.model_copy(deep=True)
+    changed.sft.learning_rate = 0.123
+    with pytest.raises(
+        ConfigError, match=r"stage 'sft' of .* finished with other settings: sft.learning_rate: "
+    ) as info:
+        run_pipeline(changed)
+    assert "--from sft" in info.value.hint and not (run_dir / ".previous").exists()
+    # ... and a rerun from that stage takes them.
+    changed.eval.max_tokens = 9
+    with pytest.raises(ConfigError, match=r"stage 'sft'"):
+        run_pipeline(changed, from_stage="eval")  # sft is still skipped, so its changed settings still count
+    assert not (run_dir / ".previous").exists()
+
     rerun = run_pipeline(run_config, from_stage="eval")
     status = {o.stage: o.status for o in rerun.outcomes}
     assert status["sft"] == "skipped" and status["eval"] == "done" and status["report"] == "done"

@@ -4,7 +4,8 @@ Every stage writes into `runs/<name>/<stage>/` and, when it finishes, a `DONE.js
 summary and duration. A finished stage is skipped on the next `toolschool run`; an interrupted one is
 resumed (exploration continues after its last logged trial, training from its last checkpoint). `--from
 STAGE` reruns from that stage: the earlier outputs of it and every later stage are moved aside to
-`runs/<name>/.previous/<time>/`, never deleted.
+`runs/<name>/.previous/<time>/`, never deleted. A finished stage whose settings (STAGE_SETTINGS) changed since it
+ran is not skipped silently: the run is refused with the changed keys and a pointer to `--from`.
 
 The eval stage compares the base model, the SFT model and the SFT+RL model on the held-out split of the
 distilled data (`distill/validation.jsonl`, never trained on), executing the predicted calls so that the
@@ -26,6 +27,25 @@ from toolschool.errors import ConfigError, ToolschoolError
 
 STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
 MARKER = "DONE.json"
+
+# The settings (dotted config paths) each stage's outputs depend on. A finished stage is skipped on the next
+# run only while they are unchanged: its marker keeps them, and a change is refused with a pointer to --from.
+STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "explore": ("run.seed", "model.name", "tools", "explore", "pipeline.explorer"),
+    "distill": ("run.seed", "distill"),
+    "sft": ("run.seed", "model.name", "sft"),
+    "rl": ("run.seed", "rl"),
+    "eval": (
+        "run.seed",
+        "model.name",
+        "tools",
+        "eval",
+        "pipeline.eval_data",
+        "pipeline.heldout_per_tool",
+        "pipeline.execute",
+    ),
+    "report": (),
+}
 
 # Columns of the final table: (label, summary key). Rates are in [0, 1].
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -86,10 +106,62 @@ def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
     return moved
 
 
+def stage_settings(config: ToolschoolConfig, stage: str) -> dict[str, Any]:
+    """The values of STAGE_SETTINGS[stage], flattened to dotted keys (JSON types, as a marker stores them)."""
+    data = config.model_dump(mode="json")
+    flat: dict[str, Any] = {}
+
+    def add(key: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for name, inner in value.items():
+                add(f"{key}.{name}", inner)
+        else:
+            flat[key] = value
+
+    for dotted in STAGE_SETTINGS[stage]:
+        value: Any = data
+        for part in dotted.split("."):
+            value = value[part]
+        add(dotted, value)
+    return flat
+
+
+def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None:
+    """Refuse to skip a finished stage whose settings changed since it ran (its outputs would not match them)."""
+    for stage in stages:
+        if not is_done(config, stage):
+            continue
+        try:
+            saved = json.loads(marker_path(config, stage).read_text(encoding="utf-8")).get("settings")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            saved = None
+        if not isinstance(saved, dict):
+            continue  # a marker from before settings were recorded: nothing to compare
+        current = stage_settings(config, stage)
+        changed = [
+            f"{key}: {json.dumps(saved[key])} -> {json.dumps(value)}"
+            for key, value in current.items()
+            if key in saved and saved[key] != value
+        ]
+        if changed:
+            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
+            raise ConfigError(
+                f"stage '{stage}' of {config.run_dir()} finished with other settings: {'; '.join(changed[:3])}{more}",
+                hint=f"rerun from it with --from {stage} (its outputs and the later stages' move to .previous/), "
+                "or put those settings back",
+            )
+
+
 def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary: dict[str, Any]) -> None:
     path = marker_path(config, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"stage": stage, "seconds": round(seconds, 1), "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), **summary}
+    record = {
+        "stage": stage,
+        "seconds": round(seconds, 1),
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **summary,
+        "settings": stage_settings(config, stage),
+    }
     path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
 
 
@@ -294,6 +366,10 @@ def run_pipeline(
     stages = enabled_stages(config)
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    kept = stages  # the finished stages this run may skip: their settings must not have changed
+    if from_stage in STAGES:
+        kept = [s for s in stages if STAGES.index(s) < STAGES.index(from_stage)]
+    check_finished_settings(config, kept)
     if from_stage is not None:
         move_aside(config, from_stage)
     (run_dir / "config.toml").write_text(_dump(config), encoding="utf-8")
