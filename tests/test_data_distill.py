@@ -11,8 +11,10 @@ from typer.testing import CliRunner
 from toolschool.cli import app
 from toolschool.data.dataset import load_dataset_jsonl
 from toolschool.data.distill import (
+    Candidate,
     DistillOptions,
     ReplyCache,
+    dedupe,
     distill,
     jaccard,
     paraphrase_plan,
@@ -162,6 +164,31 @@ def test_paraphrase_checks_what_the_call_needs() -> None:
     )
     assert jaccard("a b c", "a b d") == 0.5
     assert paraphrase_plan({"a": 2, "b": 10, "c": 0}, 7, 2) == {"a": 2, "b": 0, "c": 0}
+
+
+def _candidate(tool: str, index: int, query: str) -> Candidate:
+    return Candidate(f"{tool}/e{index}/s0", tool, query, [], [], [], "x")
+
+
+def test_dedupe_threshold_semantics() -> None:
+    """Duplicates: the same tool and token-set Jaccard >= threshold, after case, spacing and punctuation go."""
+    queries = [
+        "What is 1234 * 5678?",
+        "what is 1234*5678",  # same request: case, spacing, punctuation
+        "What is 1234 + 5678?",  # another operation: another call, not a duplicate at any threshold
+        "What is 1234 / 5678?",
+        "Please tell me what is 1234 * 5678",  # 5 of 8 tokens shared: 0.625
+    ]
+    candidates = [_candidate("calculator", i, q) for i, q in enumerate(queries)]
+    kept, removed = dedupe(candidates, 1.0)
+    assert [c.query for c in kept] == [queries[0], queries[2], queries[3], queries[4]]
+    assert [c.query for c in removed] == [queries[1]]
+    assert dedupe(candidates, 0.7)[0] == kept  # another operator: 4 of 6 tokens shared, 0.67
+    assert [c.query for c in dedupe(candidates, 0.6)[0]] == [queries[0]]
+    # per tool: the same query explored for another tool is not a duplicate of this one
+    kept, _ = dedupe([_candidate("calculator", 0, queries[0]), _candidate("python", 0, queries[0])], 0.9)
+    assert len(kept) == 2
+    assert jaccard("What is 2 + 2?", "what is 2+2") == 1.0 and jaccard("2 + 2", "2 * 2") == 1 / 3
 
 
 class ScriptedBackend(Backend):

@@ -8,7 +8,8 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
 2. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
    query informatively; it is faithful to the execution results; the tools were used appropriately). Every
    judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
-3. **dedupe** — near-identical queries per tool (normalised text, token-set Jaccard >= threshold).
+3. **dedupe** — near-identical queries per tool (normalised text: lower-case words and arithmetic operators;
+   token-set Jaccard >= threshold).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
    query, or repeats the original or another paraphrase.
@@ -233,12 +234,15 @@ def parse_judgment(text: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- dedupe
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+# Words, and the arithmetic operators as tokens of their own: "1234 * 5678" and "1234 + 5678" ask for different
+# calls, so they must not normalise to the same text; sentence punctuation ("?", ",", quotes) carries no request.
+_TOKEN = re.compile(r"\w+|[-+*/×÷^%=<>]", re.UNICODE)
 
 
 def normalize_text(text: str) -> str:
+    """Lower-cased words and arithmetic operators, single-spaced (NFKC: `１２` = `12`)."""
     text = unicodedata.normalize("NFKC", text).lower()
-    return " ".join(_WORD.findall(text))
+    return " ".join(_TOKEN.findall(text))
 
 
 def jaccard(a: str, b: str) -> float:
