@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from toolschool.cli import app
 from toolschool.errors import ToolschoolError
-from toolschool.evaluate.report import build_report, summary_markdown
+from toolschool.evaluate.report import build_report, curve_groups, summary_markdown
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -42,7 +42,7 @@ def run_dir(tmp_path: Path) -> Path:
     (run / "sft").mkdir(parents=True)
     (run / "rl").mkdir()
     sft_log = [{"step": s, "loss": 2.0 / s, "learning_rate": 1e-4} for s in range(1, 11)]
-    sft_log.append({"step": 10, "well_formed": 0.8, "correct_tool": 0.6})
+    sft_log.append({"step": 10, "validation": {"n": 5, "well_formed": 0.8, "correct_tool": 0.6}})
     (run / "sft" / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in sft_log) + "\n{torn")
     rl_log = [{"step": s, "reward": s / 10, "reward_std": 0.1, "loss": 0.01} for s in range(1, 6)]
     (run / "rl" / "train_log.jsonl").write_text("\n".join(json.dumps(r) for r in rl_log))
@@ -70,6 +70,43 @@ def test_report_writes_html_markdown_and_plots(run_dir: Path) -> None:
     markdown = (out / "report.md").read_text()
     assert "| data | all | smollm2-135m (eval_base) | 4 |" in markdown and "sft/merged (eval)" in markdown
     assert "<table>" in page.read_text()
+
+
+def _sft_log_as_sft_writes_it() -> list[dict]:
+    """The records `toolschool sft` writes: start, training steps, the trainer's summary, nested validation, end."""
+    log: list[dict] = [{"event": "start", "step": 0, "examples": 12, "tokens": 4608}]
+    for step in range(1, 5):
+        log.append({"step": step, "loss": 2.0 / step, "learning_rate": 1e-4, "mean_token_accuracy": 0.5 + step / 10})
+        if step % 2 == 0:
+            rates = {"n": 8.0, "well_formed": step / 8, "api_match": 1.0, "correct": step / 16, "no_call_rate": 0.0}
+            log.append({"step": step, "validation": rates})
+    log.append({"step": 4, "train_runtime": 37.3, "train_loss": 1.04})
+    log.append({"event": "end", "step": 4, "seconds": 52.3})
+    return log
+
+
+def test_sft_validation_records_are_plotted_and_the_last_values_are_the_training_ones(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "sft").mkdir(parents=True)
+    (run / "sft" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _sft_log_as_sft_writes_it()))
+    page = build_report(run)
+    images = re.findall(r'<img src="([^"]+)"', page.read_text())
+    assert "sft_validation.png" in images
+    markdown = (page.parent / "report.md").read_text()
+    # not 'last: seconds=52.3' (the end record): the final loss, and the final validation in percent with its n
+    assert "loss 0.5 (step 4)" in markdown
+    assert "validation at step 4 on 8 held-out items: well_formed 50.0 %, api_match 100.0 %, correct 25.0 %" in markdown
+    assert "seconds" not in markdown
+
+
+def test_validation_curves_come_from_the_validation_records_only() -> None:
+    groups = curve_groups(_sft_log_as_sft_writes_it())
+    assert groups["validation"]["well_formed"] == ([2, 4], [25.0, 50.0])  # percent of the held-out items
+    assert groups["validation"]["correct"] == ([2, 4], [12.5, 25.0])
+    assert set(groups["validation"]) == {"well_formed", "api_match", "correct", "no_call_rate"}
+    # the token accuracy on the training batches is a training metric, not a validation one
+    assert set(groups["train_metrics"]) == {"mean_token_accuracy"}
+    assert set(groups["loss"]) == {"loss", "train_loss"} and groups["loss"]["loss"][0] == [1, 2, 3, 4]
 
 
 def test_report_errors(tmp_path: Path) -> None:

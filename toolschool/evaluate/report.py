@@ -157,6 +157,69 @@ def _plot_bars(
     return True
 
 
+# Validation records (`{"step": N, "validation": {rates}}`, written by SFT on held-out items): the rates plotted.
+VALIDATION_METRICS = ("well_formed", "api_match", "correct_tool", "argument_accuracy", "correct", "no_call_rate")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def curve_groups(records: list[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """A training log's curves by plot: `loss`, `reward`, `train_metrics` (tool-use or token accuracy on the
+    training batches / sampled completions) and `validation` (the nested validation records, in percent)."""
+    keys = sorted({k for r in records for k, v in r.items() if _is_number(v) and k != "step"})
+    reward_keys = [k for k in keys if "reward" in k]
+    train_metric_keys = [
+        k
+        for k in keys
+        if k not in reward_keys and (k.endswith("accuracy") or k.endswith("format_rate") or k in TABLE_METRICS)
+    ]
+    validation: dict[str, tuple[list[float], list[float]]] = {}
+    checks = [(r["step"], r["validation"]) for r in records if isinstance(r.get("validation"), dict)]
+    for metric in VALIDATION_METRICS:
+        points = [(step, 100 * rates[metric]) for step, rates in checks if _is_number(rates.get(metric))]
+        if points:
+            validation[metric] = ([p[0] for p in points], [p[1] for p in points])
+    return {
+        "loss": {k: _series(records, k) for k in keys if "loss" in k},
+        "reward": {k: _series(records, k) for k in reward_keys},
+        "train_metrics": {k: _series(records, k) for k in train_metric_keys},
+        "validation": validation,
+    }
+
+
+def _last_values_text(records: list[dict[str, Any]]) -> str:
+    """The final figures of a log in words: last loss / reward (with their steps) and the last validation."""
+    parts = []
+    for key in ("loss", "reward"):
+        xs, ys = _series(records, key)
+        if xs:
+            parts.append(f"{key} {ys[-1]:.4g} (step {xs[-1]:g})")
+    checks = [r for r in records if isinstance(r.get("validation"), dict)]
+    if checks:
+        rates = checks[-1]["validation"]
+        shown = ", ".join(f"{m} {100 * rates[m]:.1f} %" for m in VALIDATION_METRICS if _is_number(rates.get(m)))
+        n = rates.get("n")
+        items = f" on {n:g} held-out items" if _is_number(n) else ""
+        parts.append(f"validation at step {checks[-1]['step']:g}{items}: {shown}")
+    return "Last values: " + "; ".join(parts) + "." if parts else "No loss, reward or validation values yet."
+
+
+def _training_section(run_dir: Path, out: Path, stage: str, log: Path) -> tuple[str, list[str], str]:
+    records = read_log(log)
+    groups = curve_groups(records)
+    plots = [
+        ("loss", f"{stage}_loss.png", f"{stage}: loss", "loss"),
+        ("reward", f"{stage}_reward.png", f"{stage}: reward", "reward"),
+        ("train_metrics", f"{stage}_train_metrics.png", f"{stage}: metrics on training batches", "rate"),
+        ("validation", f"{stage}_validation.png", f"{stage}: validation metrics (held-out items)", "% of items"),
+    ]
+    images = [name for group, name, title, ylabel in plots if _plot_lines(out / name, title, ylabel, groups[group])]
+    text = f"{len(records)} log records from `{log.relative_to(run_dir)}`. {_last_values_text(records)}"
+    return f"Training: {stage}", images, text
+
+
 def find_summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     found = []
     for path in sorted(run_dir.rglob("summary.json")):
@@ -188,34 +251,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     # Training curves.
     for stage in ("sft", "rl"):
         log = run_dir / stage / "train_log.jsonl"
-        if not log.is_file():
-            continue
-        records = read_log(log)
-        keys = sorted({k for r in records for k, v in r.items() if isinstance(v, int | float) and k != "step"})
-        images = []
-        loss_keys = [k for k in keys if "loss" in k]
-        reward_keys = [k for k in keys if "reward" in k]
-        metric_keys = [k for k in keys if any(m in k for m in TABLE_METRICS) and k not in reward_keys]
-        if _plot_lines(
-            out / f"{stage}_loss.png", f"{stage}: loss", "loss", {k: _series(records, k) for k in loss_keys}
-        ):
-            images.append(f"{stage}_loss.png")
-        if _plot_lines(
-            out / f"{stage}_reward.png", f"{stage}: reward", "reward", {k: _series(records, k) for k in reward_keys}
-        ):
-            images.append(f"{stage}_reward.png")
-        if _plot_lines(
-            out / f"{stage}_validation.png",
-            f"{stage}: validation metrics",
-            "rate",
-            {k: _series(records, k) for k in metric_keys},
-        ):
-            images.append(f"{stage}_validation.png")
-        last = records[-1] if records else {}
-        text = f"{len(records)} log records from `{log.relative_to(run_dir)}`; last: " + ", ".join(
-            f"{k}={last[k]:.4g}" for k in keys if isinstance(last.get(k), int | float)
-        )
-        sections.append((f"Training: {stage}", images, text))
+        if log.is_file():
+            sections.append(_training_section(run_dir, out, stage, log))
 
     # Eval summaries: metric bars with the models side by side, and per-tool accuracy.
     summaries = find_summaries(run_dir)
