@@ -97,10 +97,11 @@ async def test_http_errors_are_clear(url: str) -> None:
     sock = bind_socket("127.0.0.1", 0)  # a port that is ours and not listening
     port = sock.getsockname()[1]
     sock.close()
-    down = _http(f"http://127.0.0.1:{port}/v1")
+    down = _http(f"http://127.0.0.1:{port}/v1", max_retries=1)
     with pytest.raises(
         EndpointError,
-        match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable \\(APIConnectionError: Connection error\\. .+\\)",
+        match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable "
+        "\\(APIConnectionError: Connection error\\. .+\\) \\(2 attempts\\)",
     ):
         await down.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
     await down.aclose()
@@ -110,11 +111,18 @@ async def test_http_errors_are_clear(url: str) -> None:
 
 
 @contextlib.contextmanager
-def scripted_server(failures: list[int], state: dict[str, int]) -> Iterator[str]:
+def scripted_server(
+    failures: list[int], state: dict[str, Any], model_failures: list[int] | None = None
+) -> Iterator[str]:
+    """`failures`: status codes POST /chat/completions answers first; `model_failures`: the same for GET /models."""
     app = FastAPI()
 
     @app.get("/v1/models")
-    async def models() -> dict:
+    async def models() -> Any:
+        state["models_calls"] = state.get("models_calls", 0) + 1
+        if model_failures:
+            code = model_failures.pop(0)
+            return JSONResponse({"error": {"message": f"scripted {code}"}}, status_code=code)
         return {"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "test"}]}
 
     @app.post("/v1/chat/completions")
@@ -248,3 +256,30 @@ async def test_a_url_that_is_not_an_openai_api_is_one_clear_error() -> None:
             await http.generate(GenerationRequest(CONVERSATION[:1]))
         await http.aclose()
     assert paths == ["v1/models", "v1/chat/completions"]
+
+
+async def test_the_start_up_models_check_is_retried_like_generation() -> None:
+    """A server that is busy (429) or restarting (5xx) when the run starts is waited for, not given up on."""
+    state: dict[str, Any] = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state, model_failures=[503, 429]) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), backoff_base=0.01)
+        (completion,) = await http.generate(GenerationRequest(CONVERSATION[:1]))
+        await http.aclose()
+    assert state["models_calls"] == 3 and http.retries_done == 2
+    assert completion.tool_calls
+
+    state = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state, model_failures=[502, 502, 502]) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), max_retries=2, backoff_base=0.01)
+        with pytest.raises(EndpointError, match=r"answered GET /models with HTTP 502: scripted 502 \(3 attempts\)"):
+            await http.generate(GenerationRequest(CONVERSATION[:1]))
+        await http.aclose()
+    assert state["models_calls"] == 3 and "bodies" not in state
+
+    state = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state, model_failures=[401]) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), backoff_base=0.01)
+        with pytest.raises(EndpointError, match=r"refused the API key \(HTTP 401\)"):
+            await http.generate(GenerationRequest(CONVERSATION[:1]))
+        await http.aclose()
+    assert state["models_calls"] == 1  # a refused key is not retried

@@ -1,10 +1,11 @@
 """OpenAI-compatible HTTP backend (vLLM, llama.cpp server, Ollama, OpenAI, `toolschool serve`).
 
 Uses the official `openai` client with its own retries switched off (`max_retries=0`): this module retries
-explicitly, so the policy is visible and testable — 429, 5xx, timeouts and dropped connections are retried
-with exponential backoff (0.5 s, 1 s, 2 s, ... capped at 8 s, with jitter); authentication failures (401/403)
-and other 4xx are not retried. At most `concurrency` requests are in flight. On first use the endpoint is
-checked with `models.list()`, so a wrong URL or key fails at once with one clear line instead of after the
+explicitly, so the policy is visible and testable — 429, 5xx, 408/409, timeouts and dropped connections are
+retried with exponential backoff (0.5 s, 1 s, 2 s, ... capped at 8 s, with jitter); authentication failures
+(401/403) and other 4xx are not retried. At most `concurrency` requests are in flight. On first use the
+endpoint is checked with `models.list()` (retried by the same policy, so a server that is busy or restarting
+when the run starts is waited for), so a wrong URL or key fails with one clear line instead of after the
 first batch of work.
 
 Tool calls: arguments cross the wire as JSON strings and are converted at this boundary. When the server
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import os
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolschool.chat.types import arguments_from_wire, arguments_to_wire
@@ -68,17 +70,23 @@ class OpenAIBackend(Backend):
         """Reach the endpoint and list its models; raise EndpointError naming the URL and the fix."""
         import openai
 
+        async def send() -> Any:
+            return self._parse(await self.client.models.with_raw_response.list(), "GET /models")
+
         try:
-            raw = await self.client.models.with_raw_response.list()
-            page = self._parse(raw, "GET /models")
+            page = await self._with_retries(send)
         except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise self._refused_key(exc) from exc
+        except _GaveUp as gave_up:
+            exc, tries = gave_up.last, f"{gave_up.attempts} attempt{'s' if gave_up.attempts > 1 else ''}"
+            if isinstance(exc, openai.APIStatusError):
+                raise EndpointError(
+                    f"endpoint {self.base_url} answered GET /models with HTTP {exc.status_code}: "
+                    f"{_error_text(exc)} ({tries})",
+                    hint="the server is overloaded or still starting; retry later",
+                ) from exc
             raise EndpointError(
-                f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
-                hint="set OPENAI_API_KEY (or pass api_key) to a key this server accepts",
-            ) from exc
-        except (openai.APIConnectionError, openai.APITimeoutError) as exc:
-            raise EndpointError(
-                f"endpoint {self.base_url} is unreachable ({_connection_text(exc)})",
+                f"endpoint {self.base_url} is unreachable ({_connection_text(exc)}) ({tries})",
                 hint="start the server (e.g. toolschool serve --port 8000) or fix the URL in --model openai:URL#NAME",
             ) from exc
         except openai.APIStatusError as exc:
@@ -143,7 +151,7 @@ class OpenAIBackend(Backend):
             # vLLM's (and `toolschool serve`'s) extension: continue a partial assistant message.
             messages.append({"role": "assistant", "content": request.prefill})
             kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
-        response = await self._with_retries(kwargs)
+        response = await self._chat(kwargs)
         if not isinstance(getattr(response, "choices", None), list):
             raise EndpointError(
                 f"endpoint {self.base_url} did not answer POST /chat/completions like an OpenAI API (no 'choices')",
@@ -155,50 +163,63 @@ class OpenAIBackend(Backend):
         _share_completion_tokens(completions, int(getattr(usage, "completion_tokens", 0) or 0))
         return completions
 
-    async def _with_retries(self, kwargs: dict[str, Any]) -> Any:
+    async def _chat(self, kwargs: dict[str, Any]) -> Any:
+        """POST /chat/completions with retries; EndpointError naming the cause when it cannot succeed."""
         import openai
 
+        async def send() -> Any:
+            raw = await self.client.chat.completions.with_raw_response.create(**kwargs)
+            return self._parse(raw, "POST /chat/completions")
+
+        try:
+            return await self._with_retries(send)
+        except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
+            raise self._refused_key(exc) from exc
+        except _GaveUp as gave_up:
+            raise EndpointError(
+                f"endpoint {self.base_url} failed {gave_up.attempts} times "
+                f"(last: {type(gave_up.last).__name__}: {gave_up.last})",
+                hint="the server is overloaded or down; lower --concurrency or retry later",
+            ) from gave_up.last
+        except openai.NotFoundError as exc:
+            served = ", ".join(self.served_models) or "nothing in GET /models"
+            raise EndpointError(
+                f"endpoint {self.base_url} has no model '{self.served_name}' "
+                f"(HTTP 404: {_error_text(exc)}); it serves: {served}",
+                hint="fix the name after # in --model openai:URL#NAME",
+            ) from exc
+        except openai.APIStatusError as exc:
+            raise EndpointError(
+                f"endpoint {self.base_url} rejected the request (HTTP {exc.status_code}: {_error_text(exc)})",
+                hint="the server's message says what to change (prompt length, sampling parameters, tools)",
+            ) from exc
+
+    async def _with_retries(self, send: Callable[[], Awaitable[Any]]) -> Any:
+        """`send()` (holding a concurrency slot) until it succeeds; a retryable failure (429, 5xx, 408/409,
+        timeouts, dropped connections) is retried with backoff and, once retries run out, raised as _GaveUp;
+        any other error is raised as it is."""
         attempt = 0
         while True:
             try:
                 async with self._semaphore:
-                    raw = await self.client.chat.completions.with_raw_response.create(**kwargs)
-                    return self._parse(raw, "POST /chat/completions")
-            except (openai.AuthenticationError, openai.PermissionDeniedError) as exc:
-                raise EndpointError(
-                    f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
-                    hint="set OPENAI_API_KEY (or pass api_key) to a key this server accepts",
-                ) from exc
-            except (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError) as exc:
-                retry_error: Exception = exc
-            except openai.APIConnectionError as exc:
+                    return await send()
+            except Exception as exc:
+                if not _retryable(exc):
+                    raise
+                if attempt >= self.max_retries:
+                    raise _GaveUp(exc, attempt + 1) from exc
                 retry_error = exc
-            except openai.NotFoundError as exc:
-                served = ", ".join(self.served_models) or "nothing in GET /models"
-                raise EndpointError(
-                    f"endpoint {self.base_url} has no model '{self.served_name}' "
-                    f"(HTTP 404: {_error_text(exc)}); it serves: {served}",
-                    hint="fix the name after # in --model openai:URL#NAME",
-                ) from exc
-            except openai.APIStatusError as exc:
-                if exc.status_code in (408, 409) or exc.status_code >= 500:
-                    retry_error = exc
-                else:
-                    raise EndpointError(
-                        f"endpoint {self.base_url} rejected the request (HTTP {exc.status_code}: {_error_text(exc)})",
-                        hint="the server's message says what to change (prompt length, sampling parameters, tools)",
-                    ) from exc
-            if attempt >= self.max_retries:
-                raise EndpointError(
-                    f"endpoint {self.base_url} failed {attempt + 1} times "
-                    f"(last: {type(retry_error).__name__}: {retry_error})",
-                    hint="the server is overloaded or down; lower --concurrency or retry later",
-                ) from retry_error
             delay = min(self.backoff_max, self.backoff_base * 2**attempt) * (0.5 + random.random() / 2)
             log.info("retrying after %s (attempt %d, waiting %.2fs)", type(retry_error).__name__, attempt + 1, delay)
             attempt += 1
             self.retries_done += 1
             await asyncio.sleep(delay)
+
+    def _refused_key(self, exc: Any) -> EndpointError:
+        return EndpointError(
+            f"endpoint {self.base_url} refused the API key (HTTP {exc.status_code})",
+            hint="set OPENAI_API_KEY (or pass api_key) to a key this server accepts",
+        )
 
     def _parse(self, raw: Any, what: str) -> Any:
         """The parsed body of a 2xx answer, or EndpointError when it is not JSON (a web page, another service).
@@ -217,6 +238,26 @@ class OpenAIBackend(Backend):
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+class _GaveUp(Exception):
+    """A retryable failure that was retried `max_retries` times: the last error and how many attempts were made."""
+
+    def __init__(self, last: Exception, attempts: int) -> None:
+        super().__init__(str(last))
+        self.last = last
+        self.attempts = attempts
+
+
+def _retryable(exc: Exception) -> bool:
+    """429, 5xx, 408/409, timeouts and dropped connections are worth retrying; anything else is an answer."""
+    import openai
+
+    if isinstance(exc, openai.APIConnectionError):  # includes APITimeoutError
+        return True
+    if isinstance(exc, openai.APIStatusError):
+        return exc.status_code in (408, 409, 429) or exc.status_code >= 500
+    return False
 
 
 def _connection_text(exc: Exception) -> str:
