@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from toolschool.cli import app
 from toolschool.errors import ToolschoolError
-from toolschool.evaluate.report import build_report, curve_groups, summary_markdown
+from toolschool.evaluate.report import bar_groups, build_report, curve_groups, summary_markdown
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -169,3 +169,31 @@ def test_report_images_load_in_headless_chromium(run_dir: Path, tmp_path: Path) 
     assert len(results) == 6
     for src, complete, width in results:
         assert complete and width > 0, f"image {src} did not load"
+
+
+def test_what_a_model_was_not_measured_on_is_not_drawn_or_written_as_zero(tmp_path: Path) -> None:
+    """Two evals in one run, the second with --execute (answer_accuracy) and on a tool the first never saw."""
+    base = _summary(0.1, 0.2)
+    after = _summary(0.6, 0.7)
+    after["overall"]["answer_accuracy"] = 0.5
+    after["per_tool"]["weekday"] = {"n": 2.0, "accuracy": 0.5}
+    combined = {"base": {"data": base}, "after": {"data": after}}
+    labels, groups, tools, tool_groups = bar_groups(combined, "data")
+    assert labels[-1] == "answer_accuracy"
+    assert groups["base"][-1] is None and groups["after"][-1] == 0.5
+    assert tools == ["calculator", "weekday", "(no tool)"]  # most items first
+    assert tool_groups["base"] == [0.2, None, 1.0] and tool_groups["after"] == [0.7, 0.5, 1.0]
+
+    del base["overall"]["n"]
+    table = summary_markdown({"models": combined})
+    base_row = next(line for line in table.splitlines() if "| base |" in line)
+    assert base_row.startswith("| data | all | base | – | 75.0 | 10.0 |")
+    assert base_row.endswith("| – |")  # base has no answer_accuracy: a dash, not 0.0
+
+    run = tmp_path / "run"
+    for folder, model, summary in (("eval_base", "base", base), ("eval", "after", after)):
+        (run / folder).mkdir(parents=True)
+        (run / folder / "summary.json").write_text(json.dumps({"models": {model: {"data": summary}}}))
+    page = build_report(run)
+    assert {"metrics_data.png", "per_tool_data.png"} <= set(re.findall(r'<img src="([^"]+)"', page.read_text()))
+    assert "n = items scored" in (page.parent / "report.md").read_text()

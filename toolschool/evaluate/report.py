@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,10 @@ def _pct(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}"
 
 
+def _count(value: float | None) -> str:
+    return "–" if value is None else str(int(value))
+
+
 def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(header, rows): one row per (benchmark, category, model); rates in percent."""
     entries: list[tuple[str, str, str, dict[str, float]]] = []
@@ -54,7 +59,7 @@ def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     metrics = [m for m in TABLE_METRICS if any(m in rates for *_, rates in entries)]
     header = ["benchmark", "category", "model", "n", *metrics]
     rows = [
-        [bench, category, model, str(int(rates.get("n", 0))), *[_pct(rates.get(m)) for m in metrics]]
+        [bench, category, model, _count(rates.get("n")), *[_pct(rates.get(m)) for m in metrics]]
         for bench, category, model, rates in sorted(entries, key=lambda e: (e[0], e[1] != "all", e[1]))
     ]
     return header, rows
@@ -118,7 +123,7 @@ def _plot_lines(path: Path, title: str, ylabel: str, series: dict[str, tuple[lis
 
 
 def _plot_bars(
-    path: Path, title: str, labels: list[str], groups: dict[str, list[float]], *, horizontal: bool = False
+    path: Path, title: str, labels: list[str], groups: dict[str, list[float | None]], *, horizontal: bool = False
 ) -> bool:
     if not labels or not groups:
         return False
@@ -134,11 +139,22 @@ def _plot_bars(
     fig, ax = plt.subplots(figsize=size)
     for k, (name, values) in enumerate(groups.items()):
         offsets = positions + (k - (len(groups) - 1) / 2) * width
-        values_pct = [100 * v for v in values]
+        values_pct = [math.nan if v is None else 100 * v for v in values]
         if horizontal:
             ax.barh(offsets, values_pct, height=width, label=name)
         else:
             ax.bar(offsets, values_pct, width=width, label=name)
+        for offset, value in zip(offsets, values, strict=True):
+            if value is None:  # not measured: say so where the bar would be
+                xy = (1, offset) if horizontal else (offset, 1)
+                ax.annotate(
+                    "n/a",
+                    xy,
+                    ha="left" if horizontal else "center",
+                    va="center" if horizontal else "bottom",
+                    fontsize=8,
+                    color="dimgray",
+                )
     if horizontal:
         ax.set_yticks(positions, labels, fontsize=8)
         ax.set_xlim(0, 100)
@@ -146,6 +162,7 @@ def _plot_bars(
         ax.invert_yaxis()
     else:
         ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=8)
+        ax.set_xlim(-0.5, len(labels) - 0.5)  # a not-measured (NaN) last bar keeps its place and its "n/a"
         ax.set_ylim(0, 100)
         ax.set_ylabel("%")
     ax.set_title(title)
@@ -239,6 +256,27 @@ def _model_label(run_dir: Path, summary_path: Path, model: str, many: bool) -> s
     return f"{model} ({folder})" if many else model
 
 
+def bar_groups(
+    combined: dict[str, dict[str, Any]], bench: str
+) -> tuple[list[str], dict[str, list[float | None]], list[str], dict[str, list[float | None]]]:
+    """(metric labels, model -> rates, tools, model -> per-tool accuracy) for one benchmark's bar plots.
+
+    A rate a model's summary does not hold (a metric its eval did not measure, a tool absent from its items)
+    is None — drawn as "n/a", never as a 0 bar that would read as "measured, all wrong"."""
+    blocks = {model: benches[bench] for model, benches in combined.items() if bench in benches}
+    labels = [m for m in BAR_METRICS if any(m in b.get("overall", {}) for b in blocks.values())]
+    groups = {model: [b.get("overall", {}).get(m) for m in labels] for model, b in blocks.items()}
+    counts: dict[str, float] = {}
+    for b in blocks.values():
+        for tool, rates in (b.get("per_tool") or {}).items():
+            counts[tool] = max(counts.get(tool, 0.0), rates.get("n", 0.0))
+    tools = sorted(counts, key=lambda t: (-counts[t], t))[:MAX_TOOLS_PLOTTED]
+    tool_groups = {
+        model: [(b.get("per_tool") or {}).get(t, {}).get("accuracy") for t in tools] for model, b in blocks.items()
+    }
+    return labels, groups, tools, tool_groups
+
+
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
     """Write report.html, report.md and the PNG plots; returns the HTML path."""
     run_dir = Path(run_dir)
@@ -265,33 +303,16 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         benchmarks = sorted({b for benches in combined.values() for b in benches})
         images = []
         for bench in benchmarks:
-            labels = [
-                m for m in BAR_METRICS if any(m in b.get(bench, {}).get("overall", {}) for b in combined.values())
-            ]
-            groups = {
-                model: [benches.get(bench, {}).get("overall", {}).get(m, 0.0) for m in labels]
-                for model, benches in combined.items()
-                if bench in benches
-            }
+            labels, groups, tools, tool_groups = bar_groups(combined, bench)
             name = f"metrics_{bench}.png"
             if _plot_bars(out / name, f"{bench}: metrics by model", labels, groups):
                 images.append(name)
-            tools = sorted(
-                {t for b in combined.values() for t in b.get(bench, {}).get("per_tool", {})},
-                key=lambda t: (
-                    -max(b.get(bench, {}).get("per_tool", {}).get(t, {}).get("n", 0) for b in combined.values())
-                ),
-            )[:MAX_TOOLS_PLOTTED]
-            tool_groups = {
-                model: [benches[bench].get("per_tool", {}).get(t, {}).get("accuracy", 0.0) for t in tools]
-                for model, benches in combined.items()
-                if bench in benches
-            }
             name = f"per_tool_{bench}.png"
             if _plot_bars(out / name, f"{bench}: accuracy per tool", tools, tool_groups, horizontal=True):
                 images.append(name)
         sources = ", ".join(f"`{p.relative_to(run_dir)}`" for p, _ in summaries)
-        sections.append(("Evaluation", images, f"From {sources}. Rates in percent.\n\n" + markdown_table(header, rows)))
+        legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
+        sections.append(("Evaluation", images, f"From {sources}. {legend}\n\n" + markdown_table(header, rows)))
 
     if not sections:
         raise ToolschoolError(
