@@ -317,3 +317,52 @@ def test_paraphrase_with_the_tiny_model_through_make_backend(tmp_path: Path, tin
     judged_out = sum(sum(reasons.values()) for reasons in summary["dropped"]["judge"].values())
     assert summary["total"]["judge"] + judged_out == 4
     assert summary["total"]["final"] == summary["total"]["dedupe"] + summary["total"]["paraphrases"]
+
+
+def test_paraphrase_that_changes_the_call_is_rejected() -> None:
+    """The paraphrase is paired with the original's call: a number neither the query nor the call has changes it."""
+    calls = [{"name": "calculator", "arguments": {"expression": "1234*5678"}}]
+    original = "What is 1234 * 5678?"
+    assert paraphrase_problem("What is 1234 * 5678 * 2?", original, calls, [], 0.9) == (
+        "adds a number the call does not use"
+    )
+    assert paraphrase_problem("Multiply 1234 by 5678, then add 1", original, calls, [], 0.9) == (
+        "adds a number the call does not use"
+    )
+    assert paraphrase_problem("Multiply 1234 by 5678", original, calls, [], 0.9) is None
+    # a number the call has (written in words in the original) is not new
+    twelve = [{"name": "calculator", "arguments": {"expression": "12*7"}}]
+    assert paraphrase_problem("What is 12 times 7?", "What is twelve times 7?", twelve, [], 0.9) is None
+
+
+def calc_trial(episode: int, query: str, expression: str, result: str, tool: str = "calculator") -> dict:
+    return trial(tool, episode, 0, query, [{"calls": [call(tool, {"expression": expression}, result)]}], result)
+
+
+def test_paraphrases_of_different_originals_are_deduplicated_against_each_other(tmp_path: Path) -> None:
+    """Two originals whose paraphraser writes the same text: one copy, never one in each split."""
+    backend = ScriptedBackend(
+        {
+            "What is 1234 * 5678?": ["Multiply 1234 by 5678."],
+            "Find the product of 1234 and 5678": ["Multiply 1234 by 5678.", "1234 times 5678 equals what?"],
+        }
+    )
+    trials = [
+        calc_trial(0, "What is 1234 * 5678?", "1234*5678", "7006652"),
+        calc_trial(1, "Find the product of 1234 and 5678", "1234*5678", "7006652"),
+    ]
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=4, max_paraphrases=2,
+        validation_fraction=0.5, paraphrase_model="scripted",
+    )  # fmt: skip
+    summary = distill(trials, opts, paraphraser=backend)
+    queries = [
+        e["messages"][0]["content"]
+        for split in ("train", "validation")
+        for e in load_dataset_jsonl(opts.out / f"{split}.jsonl", on_error="stop")[0]
+    ]
+    assert sorted(queries) == sorted(
+        ["What is 1234 * 5678?", "Find the product of 1234 and 5678", "Multiply 1234 by 5678.",
+         "1234 times 5678 equals what?"]
+    )  # fmt: skip
+    assert summary["dropped"]["paraphrase"]["calculator"]["near-duplicate of another paraphrase"] == 1

@@ -12,7 +12,8 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    token-set Jaccard >= threshold).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
-   query, or repeats the original or another paraphrase.
+   query, adds a number neither the query nor the call has (it would ask for another call), or repeats a query
+   or paraphrase of the tool (of any original).
 5. **split** — train / validation by original query, so an original and its paraphrases stay together.
 
 Judge and paraphraser replies are cached append-only (`cache.jsonl`), so an interrupted run resumes
@@ -335,6 +336,20 @@ def required_atoms(query: str, calls: list[dict[str, Any]]) -> tuple[set[str], s
     return numbers, phrases
 
 
+def _call_numbers(calls: list[dict[str, Any]]) -> set[str]:
+    """Every number in the calls' arguments, compared by value like `_numbers`."""
+    out: set[str] = set()
+    for call in calls:
+        for value in _flatten(call.get("arguments") or {}):
+            if isinstance(value, bool) or value is None:
+                continue
+            if isinstance(value, int | float):
+                out.add(repr(float(value)))
+            else:
+                out |= _numbers(str(value))
+    return out
+
+
 def paraphrase_problem(
     paraphrase: str, original: str, calls: list[dict[str, Any]], others: list[str], threshold: float
 ) -> str | None:
@@ -344,9 +359,13 @@ def paraphrase_problem(
     if normalize_text(paraphrase) == normalize_text(original):
         return "same as the original"
     numbers, phrases = required_atoms(original, calls)
-    missing_numbers = numbers - _numbers(paraphrase)
-    if missing_numbers:
+    paraphrase_numbers = _numbers(paraphrase)
+    if numbers - paraphrase_numbers:
         return "loses a number the call needs"
+    # The paraphrase is paired with the original's call: a number that is neither in the original nor in the
+    # call's arguments ("... * 2", "then add 1") asks for something that call does not do.
+    if paraphrase_numbers - _numbers(original) - _call_numbers(calls):
+        return "adds a number the call does not use"
     lower = paraphrase.lower()
     if any(not re.search(rf"(?<!\w){re.escape(p)}(?!\w)", lower) for p in phrases):
         return "loses a date, unit or name the call needs"
@@ -581,21 +600,25 @@ async def adistill(
         plan = paraphrase_plan(Counter(c.tool for c in originals), opts.target_per_tool, opts.max_paraphrases)
         raw = await run_paraphrase(originals, plan, paraphraser, cache, opts, progress)
         per_tool_made: Counter[str] = Counter()
+        # every query of a tool so far, originals and accepted paraphrases of any original: two originals whose
+        # paraphrases coincide must not yield the same line twice (possibly one in each split)
+        tool_queries: dict[str, list[str]] = defaultdict(list)
+        for candidate in originals:
+            tool_queries[candidate.tool].append(candidate.query)
         for candidate in originals:
             need = opts.target_per_tool - counts[candidate.tool]["dedupe"] - per_tool_made[candidate.tool]
             accepted: list[str] = []
-            others = [c.query for c in originals if c.tool == candidate.tool]
+            others = tool_queries[candidate.tool]
             for text in raw.get(candidate.id, []):
                 if len(accepted) >= min(opts.max_paraphrases, plan.get(candidate.tool, 0), max(0, need)):
                     break
                 text = clean_paraphrase(text)
-                problem = paraphrase_problem(
-                    text, candidate.query, candidate.calls, others + accepted, opts.dedupe_threshold
-                )
+                problem = paraphrase_problem(text, candidate.query, candidate.calls, others, opts.dedupe_threshold)
                 if problem is not None:
                     drops["paraphrase"][candidate.tool][problem] += 1
                     continue
                 accepted.append(text)
+                others.append(text)
             for index, text in enumerate(accepted, start=1):
                 paraphrases.append((candidate, text, index))
             per_tool_made[candidate.tool] += len(accepted)
