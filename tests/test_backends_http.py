@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from helpers import CALC
 
 from toolschool.chat.formats import get_format
+from toolschool.errors import ToolschoolError
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
@@ -112,9 +113,14 @@ async def test_http_errors_are_clear(url: str) -> None:
 
 @contextlib.contextmanager
 def scripted_server(
-    failures: list[int], state: dict[str, Any], model_failures: list[int] | None = None
+    failures: list[int],
+    state: dict[str, Any],
+    model_failures: list[int] | None = None,
+    *,
+    reject_max_tokens: bool = False,
 ) -> Iterator[str]:
-    """`failures`: status codes POST /chat/completions answers first; `model_failures`: the same for GET /models."""
+    """`failures`: status codes POST /chat/completions answers first; `model_failures`: the same for GET /models;
+    `reject_max_tokens`: refuse `max_tokens` as the OpenAI API does for its reasoning models."""
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -127,7 +133,17 @@ def scripted_server(
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        state.setdefault("bodies", []).append(await request.json())
+        body = await request.json()
+        state.setdefault("bodies", []).append(body)
+        if reject_max_tokens and "max_tokens" in body:
+            error = {
+                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
+                "Use 'max_completion_tokens' instead.",
+                "type": "invalid_request_error",
+                "param": "max_tokens",
+                "code": "unsupported_parameter",
+            }
+            return JSONResponse({"error": error}, status_code=400)
         state["in_flight"] += 1
         state["peak"] = max(state["peak"], state["in_flight"])
         try:
@@ -283,3 +299,36 @@ async def test_the_start_up_models_check_is_retried_like_generation() -> None:
             await http.generate(GenerationRequest(CONVERSATION[:1]))
         await http.aclose()
     assert state["models_calls"] == 1  # a refused key is not retried
+
+
+async def test_a_server_that_wants_max_completion_tokens_gets_it() -> None:
+    """OpenAI's reasoning models refuse `max_tokens`: the budget is sent again as `max_completion_tokens`, and
+    from then on only that way."""
+    state: dict[str, Any] = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state, reject_max_tokens=True) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"))
+        assert http.max_tokens_field == "max_tokens"  # what every other OpenAI-compatible server reads
+        params = SamplingParams(max_tokens=33)
+        await http.generate(GenerationRequest(CONVERSATION[:1], params=params))
+        await http.generate(GenerationRequest(CONVERSATION[:1], params=params))
+        await http.aclose()
+    budgets = [(b.get("max_tokens"), b.get("max_completion_tokens")) for b in state["bodies"]]
+    assert budgets == [(33, None), (None, 33), (None, 33)]
+    assert http.retries_done == 0
+
+
+def test_the_official_openai_endpoint_gets_max_completion_tokens() -> None:
+    official = OpenAIBackend(parse_model_spec("openai:https://api.openai.com/v1#o4-mini"))
+    azure = OpenAIBackend(parse_model_spec("openai:https://me.openai.azure.com/openai/v1#o4-mini"))
+    local = OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:8000/v1#m"))
+    chosen = OpenAIBackend(
+        parse_model_spec("openai:http://127.0.0.1:8000/v1#m"), max_tokens_field="max_completion_tokens"
+    )
+    assert [b.max_tokens_field for b in (official, azure, local, chosen)] == [
+        "max_completion_tokens",
+        "max_completion_tokens",
+        "max_tokens",
+        "max_completion_tokens",
+    ]
+    with pytest.raises(ToolschoolError, match="max_tokens_field must be 'max_tokens' or 'max_completion_tokens'"):
+        OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:8000/v1#m"), max_tokens_field="max_new_tokens")

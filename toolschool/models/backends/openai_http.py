@@ -8,6 +8,11 @@ endpoint is checked with `models.list()` (retried by the same policy, so a serve
 when the run starts is waited for), so a wrong URL or key fails with one clear line instead of after the
 first batch of work.
 
+The token budget goes out as `max_tokens`, which every OpenAI-compatible server reads; the OpenAI API itself
+(api.openai.com, Azure OpenAI) gets `max_completion_tokens`, the only one its reasoning models accept, and a
+server that refuses `max_tokens` asking for `max_completion_tokens` is asked again that way (and from then on).
+Not `max_completion_tokens` everywhere: servers that do not know it ignore it, and generation would be unbounded.
+
 Tool calls: arguments cross the wire as JSON strings and are converted at this boundary. When the server
 returns parsed `tool_calls`, `Completion.tool_calls` holds them (canonical, dict arguments) and they are also
 re-rendered as hermes `<tool_call>` text after the content, so callers can always parse `Completion.text`.
@@ -45,11 +50,18 @@ class OpenAIBackend(Backend):
         max_retries: int = 4,
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
+        max_tokens_field: str | None = None,
     ) -> None:
+        """`max_tokens_field`: the request field the token budget is sent in; None picks it from the URL (see the
+        module docstring)."""
         from openai import AsyncOpenAI
 
         if concurrency < 1:
             raise ToolschoolError(f"concurrency must be at least 1, got {concurrency}")
+        if max_tokens_field not in (None, *_MAX_TOKENS_FIELDS):
+            raise ToolschoolError(
+                f"max_tokens_field must be 'max_tokens' or 'max_completion_tokens', got {max_tokens_field!r}"
+            )
         self.spec = spec
         self.name = spec.name
         self.served_name = spec.path_or_id
@@ -57,6 +69,7 @@ class OpenAIBackend(Backend):
         # Local servers accept any key; the client insists on one.
         key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
         self.client = AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0)
+        self.max_tokens_field = max_tokens_field or _default_max_tokens_field(self.base_url)
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -137,7 +150,7 @@ class OpenAIBackend(Backend):
             "n": n,
             "temperature": params.temperature,
             "top_p": params.top_p,
-            "max_tokens": params.max_tokens,
+            self.max_tokens_field: params.max_tokens,
         }
         if request.tools:
             kwargs["tools"] = request.tools
@@ -188,11 +201,21 @@ class OpenAIBackend(Backend):
                 f"(HTTP 404: {_error_text(exc)}); it serves: {served}",
                 hint="fix the name after # in --model openai:URL#NAME",
             ) from exc
+        except openai.BadRequestError as exc:
+            if "max_tokens" in kwargs and _asks_for_max_completion_tokens(exc):
+                log.warning("endpoint %s wants max_completion_tokens instead of max_tokens: resending", self.base_url)
+                self.max_tokens_field = "max_completion_tokens"
+                resend = {k: v for k, v in kwargs.items() if k != "max_tokens"}
+                return await self._chat({**resend, "max_completion_tokens": kwargs["max_tokens"]})
+            raise self._rejected(exc) from exc
         except openai.APIStatusError as exc:
-            raise EndpointError(
-                f"endpoint {self.base_url} rejected the request (HTTP {exc.status_code}: {_error_text(exc)})",
-                hint="the server's message says what to change (prompt length, sampling parameters, tools)",
-            ) from exc
+            raise self._rejected(exc) from exc
+
+    def _rejected(self, exc: Any) -> EndpointError:
+        return EndpointError(
+            f"endpoint {self.base_url} rejected the request (HTTP {exc.status_code}: {_error_text(exc)})",
+            hint="the server's message says what to change (prompt length, sampling parameters, tools)",
+        )
 
     async def _with_retries(self, send: Callable[[], Awaitable[Any]]) -> Any:
         """`send()` (holding a concurrency slot) until it succeeds; a retryable failure (429, 5xx, 408/409,
@@ -238,6 +261,29 @@ class OpenAIBackend(Backend):
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+_MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def _default_max_tokens_field(base_url: str) -> str:
+    """`max_completion_tokens` for the OpenAI API itself (its reasoning models refuse `max_tokens`), else
+    `max_tokens`, which vLLM, llama.cpp, Ollama and older servers all read."""
+    from urllib.parse import urlsplit
+
+    host = (urlsplit(base_url).hostname or "").lower()
+    official = host == "api.openai.com" or host.endswith(".openai.azure.com")
+    return "max_completion_tokens" if official else "max_tokens"
+
+
+def _asks_for_max_completion_tokens(exc: Any) -> bool:
+    """A 400 refusing `max_tokens` in favour of `max_completion_tokens` (OpenAI: code unsupported_parameter)."""
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and inner.get("code") == "unsupported_parameter" and inner.get("param") == "max_tokens":
+        return True
+    text = _error_text(exc)
+    return "max_completion_tokens" in text and "not supported" in text.lower()
 
 
 class _GaveUp(Exception):
