@@ -122,6 +122,10 @@ async def test_cancelled_request_does_not_stop_others(backend: LocalBackend) -> 
 async def test_user_errors_have_clear_messages(backend: LocalBackend) -> None:
     with pytest.raises(ToolschoolError, match="n must be at least 1"):
         await backend.generate(_request("hi", n=0))
+    with pytest.raises(ToolschoolError, match="temperature must be non-negative, got -1.0"):
+        await backend.generate(_request("hi", temperature=-1.0))
+    with pytest.raises(ToolschoolError, match=r"top_p must be in \(0, 1\], got 0.0"):
+        await backend.generate(_request("hi", top_p=0.0))
     with pytest.raises(ToolschoolError, match="could not be rendered with the chat template"):
         await backend.generate(GenerationRequest(messages=[{"role": "user"}]))
     with pytest.raises(ToolschoolError, match="more than the 1024 positions"):

@@ -38,6 +38,17 @@ class SamplingParams:
     # budget is an upper bound). False: it is a ContextLengthError, as vLLM answers a request that sends one.
     cap_max_tokens: bool = True
 
+    def check(self) -> None:
+        """Refuse values no sampler can honour (the bounds vLLM's SamplingParams checks), with one clear line."""
+        if self.n < 1:
+            raise ToolschoolError(f"n must be at least 1, got {self.n}")
+        if self.max_tokens < 1:
+            raise ToolschoolError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not self.temperature >= 0.0:  # also refuses NaN
+            raise ToolschoolError(f"temperature must be non-negative, got {self.temperature}", hint="0 is greedy")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ToolschoolError(f"top_p must be in (0, 1], got {self.top_p}")
+
 
 @dataclass
 class Completion:

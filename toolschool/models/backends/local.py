@@ -203,10 +203,7 @@ class LocalBackend(Backend):
     # ----------------------------------------------------------------------------------------------- callers
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
-        if request.params.n < 1:
-            raise ToolschoolError(f"n must be at least 1, got {request.params.n}")
-        if request.params.max_tokens < 1:
-            raise ToolschoolError(f"max_tokens must be at least 1, got {request.params.max_tokens}")
+        request.params.check()
         loop = asyncio.get_running_loop()
         pending = _Pending(request=request, loop=loop, future=loop.create_future())
         pending.future.add_done_callback(lambda fut: _mark_cancelled(pending, fut))
