@@ -488,3 +488,37 @@ def test_a_run_killed_mid_sequence_resumes_each_round_once_with_hand_computed_fo
     again = run_continual(config, out, progress=False)
     assert again.rounds_run == [] and len(trained) == 3
     assert json.loads((out / "matrix.json").read_text())["matrix"] == result.matrix["matrix"]
+
+
+# ------------------------------------------------------------------------------------------- evaluation
+
+
+def test_eval_limit_takes_held_out_items_of_every_tool_of_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--eval-limit 4 on a batch of two tools with 4 held-out items each scores 2 of each, not 4 of the first."""
+    import toolschool.models.backends as backends
+    from toolschool.models.backend import Backend, Completion, GenerationRequest
+    from toolschool.train.continual import evaluate_rounds_model
+
+    class ShoutsRight(Backend):
+        """Calls `shout` correctly; answers anything else without a call."""
+
+        name = "scripted"
+
+        async def generate(self, request: GenerationRequest) -> list[Completion]:
+            text = str(request.messages[-1]["content"])
+            if text.startswith("Please shout "):
+                call = {"name": "shout", "arguments": {"x": text.removeprefix("Please shout ").rstrip(".")}}
+                return [Completion(text="<tool_call>\n" + json.dumps(call) + "\n</tool_call>")]
+            return [Completion(text="I cannot.")]
+
+    monkeypatch.setattr(backends, "make_backend", lambda *args, **kwargs: ShoutsRight())
+    rows = [_conversation(t, k, split="train" if k < 2 else "test") for t in ("shout", "reverse") for k in range(6)]
+    batches, _ = split_into_batches(rows, [["shout", "reverse"]], test_fraction=0.2, seed=0)
+    config = load_config(None, {"continual.eval_limit": 4})
+    metrics = evaluate_rounds_model(tmp_path / "model", batches, config, tmp_path / "eval")
+    assert metrics["B1"]["n"] == 4
+    assert {tool: v["n"] for tool, v in metrics["B1"]["per_tool"].items()} == {"reverse": 2, "shout": 2}
+    assert metrics["B1"]["correct"] == 50.0
+    assert len((tmp_path / "eval" / "batch_1.items.jsonl").read_text().splitlines()) == 4

@@ -24,7 +24,9 @@ def continual(
     model: str = typer.Option(None, "--model", "-m", help="Starting model (embedded name, HF id, folder)."),
     steps_per_round: int = typer.Option(None, help="SFT steps per round (default: sft.num_steps)."),
     test_fraction: float = typer.Option(None, help="Held-out share per tool for lines without meta.split."),
-    eval_limit: int = typer.Option(None, help="Held-out items evaluated per batch (default: all)."),
+    eval_limit: int = typer.Option(
+        None, help="Held-out items evaluated per batch, taken in turn from each of its tools (default: all)."
+    ),
     eval_max_tokens: int = typer.Option(None, help="Tokens generated per evaluated reply."),
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     batch_size: int = typer.Option(None, help="SFT sequences per step."),

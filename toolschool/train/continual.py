@@ -323,6 +323,23 @@ def _toolken_copies(examples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return copies
 
 
+def eval_sample(batch: Batch, limit: int | None) -> list[dict[str, Any]]:
+    """The held-out items scored for a batch: all, or `limit` of them taken in turn from each of its tools.
+
+    The held-out list is grouped by tool, so its first `limit` items would leave the batch's later tools out
+    of the score entirely; taking them round-robin keeps every tool in it (as evenly as the counts allow)."""
+    if not limit or limit >= len(batch.test):
+        return list(batch.test)
+    by_tool: dict[str, list[dict[str, Any]]] = {tool: [] for tool in batch.tools}
+    for example in batch.test:
+        tool = next((t for t in example_tools(example) if t in by_tool), batch.tools[0])
+        by_tool[tool].append(example)
+    chosen: list[dict[str, Any]] = []
+    for k in range(max(len(rows) for rows in by_tool.values())):
+        chosen.extend(rows[k] for rows in by_tool.values() if k < len(rows))
+    return chosen[:limit]
+
+
 def evaluate_rounds_model(
     model_dir: Path,
     batches: Sequence[Batch],
@@ -340,7 +357,7 @@ def evaluate_rounds_model(
     items = []
     owners: list[int] = []
     for batch in batches:
-        test = batch.test[: settings.eval_limit] if settings.eval_limit else batch.test
+        test = eval_sample(batch, settings.eval_limit)
         if config.sft.toolkens:
             test = _toolken_copies(test)
         for k, example in enumerate(test):
@@ -589,6 +606,8 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
             "limit": settings.eval_limit,
             "max_tokens": settings.eval_max_tokens,
             "arguments": config.eval.arguments,
+            # which items a limit keeps (a folder evaluated with the earlier first-N rule is not mixed with this)
+            **({"sample": "round-robin over the batch's tools"} if settings.eval_limit else {}),
         },
         "sft": sft,
     }
@@ -830,6 +849,7 @@ __all__ = [
     "check_plan",
     "compare_dirs",
     "compose_round",
+    "eval_sample",
     "example_tools",
     "forgetting_summary",
     "held_out_count",
