@@ -588,3 +588,20 @@ async def test_the_default_max_tokens_is_lowered_to_fit_not_refused(base_url: st
     assert response.status_code == 200, response.text
     usage = response.json()["usage"]
     assert usage["prompt_tokens"] + 512 > 1024 and usage["prompt_tokens"] + usage["completion_tokens"] <= 1024
+
+
+def test_parallel_tool_calls_false_returns_only_the_first_call() -> None:
+    """As vLLM: with parallel_tool_calls false only the first call comes back (LangGraph and others send it)."""
+    two = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>\n'
+    two += '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    both = _post(ScriptedBackend([(two, "stop")]), {"tools": [CALC, WEATHER]})
+    backend = ScriptedBackend([(two, "stop")])
+    first = _post(backend, {"tools": [CALC, WEATHER], "parallel_tool_calls": False})
+    assert [name for name, _ in _calls(both)] == ["calculator", "weather"]
+    assert _calls(first) == [("calculator", {"expression": "1+1"})]
+    assert first.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+    required = ScriptedBackend([(two.removeprefix('<tool_call>\n{"name": "'), "stop")])
+    forced = _post(required, {"tools": [CALC, WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
+    assert _calls(forced) == [("calculator", {"expression": "1+1"})]
+    assert "</tool_call>" in required.requests[0].params.stop  # generation stops after the one call

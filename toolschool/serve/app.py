@@ -26,8 +26,10 @@ Request handling, on purpose:
   with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
 - Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
   `logit_bias`, a JSON `response_format`) get a 400 naming them rather than being silently ignored; their
-  neutral values (0, {}, "text") are accepted. Other unknown fields (`user`, `parallel_tool_calls`, ...) are
-  ignored. Role "developer" (the OpenAI API's newer name for the system role) is read as "system".
+  neutral values (0, {}, "text") are accepted. Other unknown fields (`user`, `metadata`, ...) are ignored.
+  Role "developer" (the OpenAI API's newer name for the system role) is read as "system".
+- `parallel_tool_calls: false` returns only the first of the calls the model wrote, as vLLM does (with a forced
+  call, generation also stops after it).
 - `continue_final_message: true` (a vLLM extension) continues a final partial assistant message: its content
   is appended to the prompt and the reply holds only the continuation.
 - A client that disconnects cancels its generation, so its rows leave the batch. The API-key check is a plain
@@ -88,6 +90,7 @@ class ChatCompletionRequest(BaseModel):
     logprobs: bool | None = None
     stream: bool | None = None
     continue_final_message: bool | None = None
+    parallel_tool_calls: bool | None = None
     # Accepted only at their neutral values (see the module docstring).
     top_logprobs: int | None = Field(None, ge=0, le=20)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
@@ -252,7 +255,7 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
                 "continue_final_message",
             )
         prefill = forced
-        if isinstance(body.tool_choice, dict):  # a named function: exactly one call
+        if isinstance(body.tool_choice, dict) or body.parallel_tool_calls is False:  # exactly one call
             stop.append(_CALL_CLOSE)
     params = SamplingParams(
         n=body.n or 1,
@@ -425,7 +428,7 @@ def _choice(
     if prefill:
         calls, content = _forced_calls(body, prefill, completion)
         message["content"] = content or None
-        message["tool_calls"] = _wire_calls(calls)
+        message["tool_calls"] = _wire_calls(calls[:1] if body.parallel_tool_calls is False else calls)
         # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function.
         finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
     # A reply cut off by max_tokens is returned as text: its calls may be incomplete.
@@ -433,7 +436,8 @@ def _choice(
         parsed = get_format("hermes").parse(completion.text)
         if parsed.calls:
             message["content"] = parsed.content or None
-            message["tool_calls"] = _wire_calls(parsed.calls)
+            # parallel_tool_calls false: only the first call, as vLLM answers (generation is not cut short).
+            message["tool_calls"] = _wire_calls(parsed.calls[:1] if body.parallel_tool_calls is False else parsed.calls)
             finish_reason = "tool_calls"
     choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
     if body.logprobs and completion.logprobs is not None and tokenizer is not None:
