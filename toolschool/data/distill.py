@@ -14,7 +14,8 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
    query, adds a number neither the query nor the call has (it would ask for another call), or repeats a query
    or paraphrase of the tool (of any original).
-5. **split** — train / validation by original query, so an original and its paraphrases stay together.
+5. **split** — train / validation by original query, so an original and its paraphrases stay together (and
+   originals sharing a query text across tools too: no query is in both splits).
 
 Judge and paraphraser replies are cached append-only (`cache.jsonl`), so an interrupted run resumes
 without asking the model again.
@@ -479,18 +480,44 @@ async def run_paraphrase(
     return dict(await asyncio.gather(*(one(c) for c in candidates)))
 
 
-def split_by_original(originals: list[Candidate], fraction: float, seed: int) -> set[str]:
-    """Original ids going to validation, per tool (seeded), so every tool is split the same way."""
+def split_by_original(
+    originals: list[Candidate], fraction: float, seed: int, paraphrases: dict[str, list[str]] | None = None
+) -> set[str]:
+    """Original ids going to validation, sampled per tool (seeded), so every tool is split the same way.
+
+    An original moves with its paraphrases, and originals whose queries or paraphrases share a normalised text
+    (the same request explored for two tools) move together: no query is ever in both splits.
+    """
     if not 0.0 <= fraction < 1.0:
         raise DataError(f"validation_fraction {fraction} must be in [0, 1)", hint="e.g. 0.1")
-    chosen: set[str] = set()
-    by_tool: dict[str, list[str]] = defaultdict(list)
+    paraphrases = paraphrases or {}
+    parent = {c.id: c.id for c in originals}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            parent[key] = parent[parent[key]]
+            key = parent[key]
+        return key
+
+    owner: dict[str, str] = {}
+    for c in sorted(originals, key=lambda c: c.id):
+        for text in [c.query, *paraphrases.get(c.id, [])]:
+            first = owner.setdefault(normalize_text(text), c.id)
+            a, b = root(first), root(c.id)
+            parent[max(a, b)] = min(a, b)  # a group is named by its smallest id
+    tool_of = {c.id: c.tool for c in originals}
+    members: dict[str, list[str]] = defaultdict(list)
     for c in originals:
-        by_tool[c.tool].append(c.id)
-    for tool, ids in sorted(by_tool.items()):
-        ids = sorted(ids)
-        random.Random(f"{seed}:{tool}").shuffle(ids)
-        chosen.update(ids[: round(len(ids) * fraction)])
+        members[root(c.id)].append(c.id)
+    by_tool: dict[str, list[str]] = defaultdict(list)
+    for group in members:
+        by_tool[tool_of[group]].append(group)
+    chosen: set[str] = set()
+    for tool, groups in sorted(by_tool.items()):
+        groups = sorted(groups)
+        random.Random(f"{seed}:{tool}").shuffle(groups)
+        for group in groups[: round(len(groups) * fraction)]:
+            chosen.update(members[group])
     return chosen
 
 
@@ -624,7 +651,10 @@ async def adistill(
             per_tool_made[candidate.tool] += len(accepted)
             counts[candidate.tool]["paraphrases"] += len(accepted)
 
-    validation_ids = split_by_original(originals, opts.validation_fraction, opts.seed)
+    texts: dict[str, list[str]] = defaultdict(list)
+    for candidate, text, _index in paraphrases:
+        texts[candidate.id].append(text)
+    validation_ids = split_by_original(originals, opts.validation_fraction, opts.seed, texts)
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "validation": []}
     for candidate in originals:
         split = "validation" if candidate.id in validation_ids else "train"
