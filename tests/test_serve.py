@@ -424,6 +424,7 @@ async def test_disconnect_is_noticed_with_an_api_key_too(backend: LocalBackend) 
     [
         (["--port", "70000"], "port 70000 is not a TCP port"),
         (["--log-level", "loud"], "unknown --log-level 'loud'"),
+        (["--max-batch-size", "0"], "--max-batch-size must be at least 1, got 0"),
     ],
 )
 def test_serve_options_are_checked_before_loading_the_model(args: list[str], message: str) -> None:

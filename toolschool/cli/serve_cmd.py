@@ -32,6 +32,8 @@ def serve(
 
     check_log_level(log_level)  # options first: loading the model can take minutes
     check_port(port)
+    if max_batch_size < 1:
+        raise ToolschoolError(f"--max-batch-size must be at least 1, got {max_batch_size}")
     if parse_model_spec(model).kind == "openai":
         raise ToolschoolError(f"model '{model}' is already an endpoint", hint="serve local weights or a folder")
     sock = bind_socket(host, port)  # fail on a bad or busy port before spending time loading the model
