@@ -300,3 +300,13 @@ def test_fewer_examples_than_prompts_per_step_still_train(tiny_model_dir: Path, 
     result = run_rl(rl_config(tiny_model_dir, train, num_steps=1, merge=False), tmp_path / "rl", progress=False)
     assert result.steps == 1
     assert [r["step"] for r in read_log(tmp_path / "rl") if "reward" in r] == [1]
+
+
+def test_unknown_loss_type_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:
+    """TRL accepts any loss_type string and only fails at the first loss, after loading and sampling."""
+    from toolschool.train.rl import run_rl
+
+    config = rl_config(tmp_path / "no-such-model", train_file, loss_type="ppo")
+    with pytest.raises(ConfigError, match=r"rl.loss_type = 'ppo' is not a TRL GRPO loss.*dapo"):
+        run_rl(config, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -48,6 +48,9 @@ from toolschool.train.sft import split_at_first_assistant
 
 META_FILE = "toolschool_rl.json"
 MODES = ("single_turn", "multi_turn")
+# The loss formulations TRL's GRPOTrainer implements; GRPOConfig accepts any string and the trainer only fails at
+# the first loss computation, after the model is loaded and a batch sampled.
+LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 
 
 @dataclass
@@ -72,6 +75,10 @@ def check_settings(settings: RLSection, *, device: str | None = None) -> None:
         raise ConfigError(f"rl.method = '{settings.method}' is not supported", hint="use lora or full")
     if settings.dtype not in ("fp32", "bf16"):
         raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    if settings.loss_type not in LOSS_TYPES:
+        raise ConfigError(
+            f"rl.loss_type = '{settings.loss_type}' is not a TRL GRPO loss", hint=f"use one of: {', '.join(LOSS_TYPES)}"
+        )
     if settings.scale_rewards not in ("group", "batch", "none"):
         raise ConfigError(
             f"rl.scale_rewards = '{settings.scale_rewards}' is not supported", hint="group | batch | none"
