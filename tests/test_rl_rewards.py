@@ -156,3 +156,31 @@ def test_answer_reward_needs_multi_turn_and_weights_must_match() -> None:
         check_reward_names(["format", "tool"], weights=[1.0])
     with pytest.raises(ConfigError, match="more than once"):
         check_reward_names(["format", "format"])
+
+
+def test_multi_turn_call_whose_arguments_are_no_object_is_malformed_as_at_evaluation() -> None:
+    """TRL's response parser keeps `"arguments": "1234*5678"` (or a list) as a tool call; our hermes parser, which
+    evaluation uses, calls that reply malformed. The format reward must agree with evaluation, not with TRL."""
+    suite = RewardSuite(get_format("hermes"), ["format", "tool", "arguments", "length", "answer"], mode="multi_turn")
+    assert not get_format("hermes").parse(call_text("calculator", "1234*5678")).well_formed  # type: ignore[arg-type]
+
+    def rollout(arguments: object) -> list[dict]:
+        call = {"type": "function", "function": {"name": "calculator", "arguments": arguments}}
+        return [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": "calculator", "content": "{'error': 'argument after ** must be a mapping'}"},
+            {"role": "assistant", "content": "It is 7006652."},
+        ]
+
+    completions = [rollout("1234*5678"), rollout([1234, 5678]), rollout('{"expression": "1234*5678"}')]
+    values = {
+        f.__name__: f(
+            prompts=[[]] * 3, completions=completions, gold=[json.dumps(CALC_GOLD)] * 3, expected_answer=["7006652"] * 3
+        )
+        for f in suite.functions()
+    }
+    assert values["format"] == [0.0, 0.0, 1.0]  # a JSON string of an object is accepted, as our parser accepts it
+    assert values["arguments"] == [0.0, 0.0, 1.0]
+    assert suite.judge(completions[0], CALC_GOLD, "7006652").details["error"] == (
+        'tool call \'calculator\': "arguments" must be a JSON object, got the string "1234*5678"'
+    )

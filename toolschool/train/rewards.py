@@ -154,6 +154,27 @@ def fine_grained_score(parsed: ParsedReply, gold_calls: list[dict[str, Any]]) ->
     return (names + keys + values) / (3.0 * denominator)
 
 
+def _parsed_tool_calls(tool_calls: Sequence[dict[str, Any]], content: str) -> ParsedReply:
+    """A turn TRL's response parser read as tool calls, held to our format parser's rules.
+
+    TRL keeps any JSON value as a call's arguments (a string such as "2+2", a list); our parser, which evaluation
+    uses, calls such a reply malformed, so it is an error here too. A JSON string of an object is accepted by both.
+    """
+    from toolschool.chat.formats.base import coerce_arguments
+
+    calls = []
+    for call in tool_calls:
+        function = call.get("function", call) if isinstance(call, dict) else {}
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            return ParsedReply(text=content, error=f"tool call without a function name: {call!r:.80}")
+        arguments, error = coerce_arguments(function.get("arguments"), "arguments")
+        if error is not None:
+            return ParsedReply(text=content, error=f"tool call {name!r}: {error}")
+        calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    return ParsedReply(text=content, calls=calls, content=content.strip())
+
+
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, str]:
     """(text before the first stop string, text from it on): what a stop-string-aware backend would return."""
     cut = min((text.index(s) for s in stop if s and s in text), default=len(text))
@@ -204,11 +225,7 @@ class RewardSuite:
             if not isinstance(content, str):
                 content = json.dumps(content)
             if message.get("tool_calls"):
-                calls = [
-                    {"type": "function", "function": dict(zip(("name", "arguments"), _name_args(c), strict=True))}
-                    for c in message["tool_calls"]
-                ]
-                parsed = ParsedReply(text=content, calls=calls, content=content.strip())
+                parsed = _parsed_tool_calls(message["tool_calls"], content)
                 outside = outside or bool(content.strip())
             else:
                 parsed, extra = self.parse_text(content)
