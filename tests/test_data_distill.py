@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,45 @@ def test_split_keeps_one_query_in_one_split_across_tools(tmp_path: Path) -> None
         again = tmp_path / f"again{seed}"
         distill(trials, DistillOptions(trials=opts.trials, out=again, validation_fraction=0.5, seed=seed))
         assert (again / "train.jsonl").read_text() == (out / "train.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda t: t.update(query=5), "query must be a string or null, got int"),
+        (lambda t: t.update(steps="abc"), "steps must be a list, got str"),
+        (lambda t: t.update(steps=["x"]), "steps[0] must be a JSON object, got str"),
+        (lambda t: t["steps"][0].update(calls="x"), "steps[0].calls must be a list, got str"),
+        (lambda t: t["steps"][0].update(calls=["x"]), "steps[0].calls[0] must be a JSON object, got str"),
+        (lambda t: t["steps"][0]["calls"][0].update(observation="7"), "steps[0].calls[0].observation must be"),
+        (lambda t: t.update(final_answer=["x"]), "final_answer must be a string or null, got list"),
+        (lambda t: t.update(tools="x"), "tools must be a list, got str"),
+    ],
+)
+def test_a_malformed_trial_line_is_named_by_file_and_line(tmp_path: Path, mutate, reason: str) -> None:
+    """A trial of the wrong shape stops distill with `file:line: what is wrong` (was an AttributeError)."""
+    trials = good_trials()
+    mutate(trials[2])
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in trials[:2]) + "\n" + json.dumps(trials[2]) + "\n")
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2, result.output
+    assert f"{log}:4: {reason}" in " ".join(result.output.split()), result.output
+    with pytest.raises(DataError, match=rf"trial 3 \(calculator/e1/s0\): {re.escape(reason)}"):
+        distill(trials, DistillOptions(trials=log, out=tmp_path / "api"))
+
+
+def test_trial_log_last_line_without_newline_is_kept_and_a_torn_one_reported(tmp_path: Path) -> None:
+    """A complete last trial without a newline (a log written by hand or by another tool) is not dropped."""
+    trials = good_trials()[:4]
+    log = tmp_path / "trials.jsonl"
+    log.write_text("\n".join(json.dumps(t) for t in trials), encoding="utf-8")
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["total"]["trials"] == 4
+    log.write_text("".join(json.dumps(t) + "\n" for t in trials) + json.dumps(trials[0])[:30], encoding="utf-8")
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "summary.json").read_text())["total"]["trials"] == 4
+    assert f"{log}:5: incomplete last line ignored" in " ".join(result.output.split())

@@ -112,6 +112,74 @@ def _call_ok(call: dict[str, Any]) -> bool:
     return call.get("executed", True) is not False and not observation.get("is_error", False)
 
 
+def _kind(value: Any) -> str:
+    return {dict: "JSON object", list: "list", str: "str"}.get(type(value), type(value).__name__)
+
+
+def trial_problem(trial: Any) -> str | None:
+    """Why a trial record does not have the trial log's shape (see `toolschool.explore.log`), or None.
+
+    This is the line being malformed, not the trial failing a rule: it stops distillation with the line named,
+    instead of an AttributeError deep in the rules.
+    """
+    if not isinstance(trial, dict):
+        return f"a trial must be a JSON object, got {_kind(trial)}"
+    for key in ("query", "final_answer", "status"):
+        if trial.get(key) is not None and not isinstance(trial[key], str):
+            return f"{key} must be a string or null, got {_kind(trial[key])}"
+    for key in ("steps", "tools"):
+        if trial.get(key) is not None and not isinstance(trial[key], list):
+            return f"{key} must be a list, got {_kind(trial[key])}"
+    for i, step in enumerate(trial.get("steps") or []):
+        if not isinstance(step, dict):
+            return f"steps[{i}] must be a JSON object, got {_kind(step)}"
+        calls = step.get("calls")
+        if calls is not None and not isinstance(calls, list):
+            return f"steps[{i}].calls must be a list, got {_kind(calls)}"
+        for j, call in enumerate(calls or []):
+            if not isinstance(call, dict):
+                return f"steps[{i}].calls[{j}] must be a JSON object, got {_kind(call)}"
+            observation = call.get("observation")
+            if observation is not None and not isinstance(observation, dict):
+                return f"steps[{i}].calls[{j}].observation must be a JSON object or null, got {_kind(observation)}"
+    return None
+
+
+def read_trial_log(path: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """The trials of a log, each with `_where` = `file:line`, and a note when a torn last line was ignored.
+
+    Unlike `toolschool.explore.log.read_trials` (which serves resuming, where a last line without its newline is
+    redone), a complete last trial without a newline is kept: a log written by hand or by another tool often
+    ends that way, and distilling must not drop its last trial silently. A last line that is not complete JSON
+    (an exploration still writing, or interrupted mid-line) is ignored and reported; a bad line elsewhere stops.
+    """
+    from toolschool.explore.log import TRIALS_FILE
+
+    if path.is_dir():
+        path = path / TRIALS_FILE
+    if not path.is_file():
+        raise DataError(f"trial log '{path}' does not exist", hint="run `toolschool explore` first")
+    lines = path.read_bytes().split(b"\n")
+    records: list[dict[str, Any]] = []
+    note = None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            if number == len(lines):
+                note = f"{path}:{number}: incomplete last line ignored (an exploration still writing, or interrupted)"
+                break
+            raise DataError(
+                f"{path}:{number}: not valid JSON ({exc})", hint="restore the trial log or move the bad line away"
+            ) from None
+        if not isinstance(record, dict) or not {"tool", "episode", "slot"} <= record.keys():
+            raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
+        records.append({**record, "_where": f"{path}:{number}"})
+    return records, note
+
+
 def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -> tuple[Candidate | None, str | None]:
     """The clean conversation of a trial, or the rule it fails."""
     tool = str(trial.get("tool"))
@@ -585,7 +653,15 @@ async def adistill(
 
     candidates: list[Candidate] = []
     seen_trials: set[str] = set()
-    for trial in trials:
+    for index, trial in enumerate(trials, start=1):
+        problem = trial_problem(trial)
+        if problem is not None:
+            where = trial.get("_where") if isinstance(trial, dict) else None
+            if where is None:
+                where = f"trial {index}"
+                if isinstance(trial, dict):
+                    where += f" ({trial.get('tool')}/e{trial.get('episode')}/s{trial.get('slot')})"
+            raise DataError(f"{where}: {problem}", hint="fix or remove that trial; every other trial is kept")
         tool = str(trial.get("tool"))
         counts[tool]["trials"] += 1
         candidate, reason = trial_to_candidate(trial, require_solved=opts.require_solved)
@@ -743,11 +819,10 @@ def run_distill_stage(
 ) -> tuple[Path, dict[str, Any]]:
     """The `distill` stage on a run config: read the run's trial log, write the stage folder, return its summary."""
     from toolschool.config import stage_dir
-    from toolschool.explore.log import read_trials
 
     d = config.distill
     trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
-    records = read_trials(trials_path)
+    records, note = read_trial_log(trials_path)
     out_dir = stage_dir(config, "distill", out)
     opts = DistillOptions(
         trials=trials_path,
@@ -766,5 +841,7 @@ def run_distill_stage(
     )
     if console is not None:
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
+        if note is not None:
+            console.print(f"[yellow]{note}[/yellow]", highlight=False)
     summary = asyncio.run(run_distill(records, opts))
     return out_dir, summary
