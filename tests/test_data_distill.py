@@ -435,3 +435,76 @@ def test_trial_log_last_line_without_newline_is_kept_and_a_torn_one_reported(tmp
     assert result.exit_code == 0, result.output
     assert json.loads((out / "summary.json").read_text())["total"]["trials"] == 4
     assert f"{log}:5: incomplete last line ignored" in " ".join(result.output.split())
+
+
+def _ok_trial(**changes) -> dict:
+    """A trial every rule keeps: one successful call to the explored tool, then a final answer."""
+    base = trial(
+        "calculator",
+        5,
+        0,
+        "What is 6 * 7?",
+        [{"calls": [call("calculator", {"expression": "6*7"}, "42")]}, {"calls": [], "final": "42"}],
+        "6 * 7 = 42",
+    )
+    return {**base, **changes}
+
+
+def _steps(*calls_per_step: list[dict], **step_fields) -> list[dict]:
+    return [{"calls": calls, **step_fields} for calls in calls_per_step]
+
+
+OK_CALL = call("calculator", {"expression": "6*7"}, "42")
+BAD_CALL = call("calculator", {"expression": "6x7"}, "calculator error", error=True)
+
+
+@pytest.mark.parametrize(
+    ("rule", "passing", "failing"),
+    [
+        ("status ", {"status": "ok"}, {"status": "empty_query"}),
+        ("empty query", {"query": " What is 6 * 7? "}, {"query": "  "}),
+        ("no final answer", {"final_answer": "42"}, {"final_answer": " "}),
+        ("no tool call", {"steps": _steps([OK_CALL])}, {"steps": _steps([])}),
+        (
+            "last call before the final answer failed",
+            {"steps": _steps([BAD_CALL]) + _steps([OK_CALL])},  # a failed attempt, then a good one: kept
+            {"steps": _steps([OK_CALL]) + _steps([BAD_CALL])},
+        ),
+        (
+            "last call before the final answer failed",
+            {"steps": _steps([OK_CALL], executed=True)},
+            {"steps": _steps([OK_CALL], executed=False)},  # written after the turn budget ran out
+        ),
+        (
+            "last call before the final answer failed",
+            {"steps": _steps([OK_CALL], parse_error=None)},
+            {"steps": _steps([OK_CALL], parse_error="unterminated JSON")},
+        ),
+        (
+            "call arguments are not a JSON object",
+            {"steps": _steps([call("calculator", {"expression": "6*7"}, "42")])},
+            {"steps": _steps([call("calculator", ["6*7"], "42")])},  # type: ignore[arg-type]
+        ),
+        (
+            "the explored tool was not called successfully",
+            {"steps": _steps([call("unit_convert", {"value": "1", "from_unit": "km"}, "0.62 mile")], [OK_CALL])},
+            {"steps": _steps([call("unit_convert", {"value": "1", "from_unit": "km"}, "0.62 mile")])},
+        ),
+        ("invalid conversation (messages[1]: calls 'calculator'", {"tools": TOOLS}, {"tools": TOOLS[1:]}),
+    ],
+)
+def test_each_rule_keeps_a_good_trial_and_drops_a_bad_one(rule: str, passing: dict, failing: dict) -> None:
+    kept, reason = trial_to_candidate(_ok_trial(**passing))
+    assert reason is None and kept is not None
+    dropped, reason = trial_to_candidate(_ok_trial(**failing))
+    assert dropped is None and reason is not None and reason.startswith(rule), reason
+
+
+def test_rules_require_solved_and_duplicate_trial_lines(tmp_path: Path) -> None:
+    assert trial_to_candidate(_ok_trial(solved=True), require_solved=True)[1] is None
+    assert trial_to_candidate(_ok_trial(solved=None), require_solved=True)[1] == "not self-reported as solved"
+    assert trial_to_candidate(_ok_trial(solved=None))[1] is None  # only when asked for
+    trials = [_ok_trial(), _ok_trial(slot=1), _ok_trial(query="What is 7 * 6?")]  # the last repeats slot 0
+    summary = distill(trials, DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", dedupe_threshold=1.0))
+    assert summary["dropped"]["rules"] == {"calculator": {"duplicate trial line": 1}}
+    assert summary["total"]["rules"] == 2
