@@ -606,3 +606,57 @@ def test_parallel_tool_calls_false_returns_only_the_first_call() -> None:
     forced = _post(required, {"tools": [CALC, WEATHER], "tool_choice": "required", "parallel_tool_calls": False})
     assert _calls(forced) == [("calculator", {"expression": "1+1"})]
     assert "</tool_call>" in required.requests[0].params.stop  # generation stops after the one call
+
+
+@pytest.mark.parametrize(
+    ("extra", "name"),
+    [
+        ({"top_k": 20}, "top_k"),
+        ({"repetition_penalty": 1.05}, "repetition_penalty"),
+        ({"min_p": 0.1}, "min_p"),
+        ({"min_tokens": 5}, "min_tokens"),
+        ({"ignore_eos": True}, "ignore_eos"),
+        ({"stop_token_ids": [2]}, "stop_token_ids"),
+        ({"guided_json": {"type": "object"}}, "guided_json"),
+        ({"structured_outputs": {"choice": ["a", "b"]}}, "structured_outputs"),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"add_generation_prompt": False}, "add_generation_prompt"),
+        ({"echo": True}, "echo"),
+    ],
+)
+async def test_vllm_sampling_extensions_that_would_change_the_output_are_refused(
+    base_url: str, extra: dict, name: str
+) -> None:
+    """vLLM users send vLLM's own fields (Qwen's recommended top_k and repetition_penalty, guided decoding):
+    silently ignoring them would return output the client did not ask for."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await client.post(f"{base_url}/chat/completions", json={"messages": HI, "max_tokens": 2, **extra})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["message"].startswith(f"{name} is not supported by toolschool serve") and error["param"] == name
+
+
+async def test_vllm_extensions_at_their_neutral_values_are_accepted(base_url: str) -> None:
+    neutral = {
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "min_tokens": 0,
+        "ignore_eos": False,
+        "stop_token_ids": [],
+        "guided_json": None,
+        "chat_template_kwargs": {},
+        "add_generation_prompt": True,
+        "skip_special_tokens": True,
+        "echo": False,
+    }
+    continuing = {
+        "messages": [*HI, {"role": "assistant", "content": "Hel"}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,  # what vLLM requires with continue_final_message (the HTTP backend sends it)
+    }
+    async with httpx.AsyncClient(timeout=60) as client:
+        plain = await client.post(f"{base_url}/chat/completions", json={"messages": HI, "max_tokens": 2, **neutral})
+        continued = await client.post(f"{base_url}/chat/completions", json={**continuing, "max_tokens": 2, "top_k": 0})
+    assert plain.status_code == 200, plain.text
+    assert continued.status_code == 200, continued.text

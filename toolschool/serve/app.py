@@ -25,8 +25,10 @@ Request handling, on purpose:
   prompt leaves in the context. A `max_tokens` the client sends that does not fit after the prompt is a 400
   with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
 - Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
-  `logit_bias`, a JSON `response_format`) get a 400 naming them rather than being silently ignored; their
-  neutral values (0, {}, "text") are accepted. Other unknown fields (`user`, `metadata`, ...) are ignored.
+  `logit_bias`, a JSON `response_format`, and vLLM's extensions such as `top_k`, `min_p`,
+  `repetition_penalty`, `min_tokens`, `ignore_eos`, guided decoding, `chat_template_kwargs`) get a 400 naming
+  them rather than being silently ignored; their neutral values (0, {}, "text", `top_k` -1, ...) are accepted.
+  Other unknown fields (`user`, `metadata`, ...) are ignored.
   Role "developer" (the OpenAI API's newer name for the system role) is read as "system".
 - `parallel_tool_calls: false` returns only the first of the calls the model wrote, as vLLM does (with a forced
   call, generation also stops after it).
@@ -70,12 +72,13 @@ _FIELD_MESSAGES = {
 
 
 class ChatCompletionRequest(BaseModel):
-    """The subset of the OpenAI chat completions request that toolschool serves (unknown fields ignored).
+    """The subset of the OpenAI chat completions request that toolschool serves (other fields ignored, except
+    vLLM's extensions that would change the output: see `_VLLM_NEUTRAL`).
 
     Every optional field accepts null (= its default), as the OpenAI API does.
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # unknown fields are kept in model_extra, to check vLLM's own
     model: str | None = None
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] | None = None
@@ -299,7 +302,60 @@ def _forced_name(choice: str | dict[str, Any] | None) -> str:
     return f"'{choice}'"
 
 
+# vLLM's request extensions that change the output, and the values that leave it unchanged (null always does).
+# vLLM users send them (Qwen's recommended top_k / repetition_penalty, guided decoding, enable_thinking), so
+# ignoring them would answer something the client did not ask for.
+_VLLM_NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "top_k": (0, -1),
+    "min_p": (0,),
+    "repetition_penalty": (1,),
+    "length_penalty": (1,),
+    "min_tokens": (0,),
+    "ignore_eos": (False,),
+    "use_beam_search": (False,),
+    "stop_token_ids": ([],),
+    "bad_words": ([],),
+    "allowed_token_ids": ([],),
+    "include_stop_str_in_output": (False,),
+    "skip_special_tokens": (True,),
+    "echo": (False,),
+    "prompt_logprobs": (),
+    "truncate_prompt_tokens": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "structural_tag": (),
+    "structured_outputs": (),
+    "chat_template": (),
+    "chat_template_kwargs": ({},),
+    "documents": ([],),
+}
+
+
+def _refuse_vllm_extensions(body: ChatCompletionRequest) -> None:
+    extra = body.model_extra or {}
+    for name, neutral in _VLLM_NEUTRAL.items():
+        value = extra.get(name)
+        if value is None or any(value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral):
+            continue
+        shown = json.dumps(value)[:60]
+        raise BadRequest(
+            f"{name} is not supported by toolschool serve (got {shown}); leave it out"
+            + (f" or send {json.dumps(neutral[0])}" if neutral else ""),
+            name,
+        )
+    # vLLM renders no assistant header without add_generation_prompt; here only continue_final_message does that.
+    if extra.get("add_generation_prompt") is False and not body.continue_final_message:
+        raise BadRequest(
+            "add_generation_prompt is not supported by toolschool serve (got false) without "
+            "continue_final_message; leave it out or send true",
+            "add_generation_prompt",
+        )
+
+
 def _refuse_unsupported(body: ChatCompletionRequest) -> None:
+    _refuse_vllm_extensions(body)
     if body.stream:
         raise BadRequest("stream=true is not supported by toolschool serve; send stream=false", "stream")
     if body.top_logprobs:
