@@ -508,3 +508,35 @@ def test_rules_require_solved_and_duplicate_trial_lines(tmp_path: Path) -> None:
     summary = distill(trials, DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", dedupe_threshold=1.0))
     assert summary["dropped"]["rules"] == {"calculator": {"duplicate trial line": 1}}
     assert summary["total"]["rules"] == 2
+
+
+def test_resume_reuses_cached_paraphrases_when_the_plan_changes(tmp_path: Path) -> None:
+    """More (or fewer) originals change how many paraphrases each asks for: cached ones are used, not asked again."""
+    texts = {
+        "What is 1234 * 5678?": ["Multiply 1234 by 5678", "1234 times 5678?", "Product of 1234, 5678", "1234x5678"],
+        "Add 17 and 25": ["Sum 17 and 25", "17 plus 25?", "What do 17 and 25 add up to", "Total of 17 and 25"],
+        "Divide 81 by 9": ["81 over 9?", "What is 81 / 9", "Split 81 into 9 parts", "Quotient of 81 and 9"],
+    }
+    backend = ScriptedBackend(texts)
+    trials = [
+        calc_trial(0, "What is 1234 * 5678?", "1234*5678", "7006652"),
+        calc_trial(1, "Add 17 and 25", "17+25", "42"),
+        calc_trial(2, "Divide 81 by 9", "81/9", "9"),
+    ]
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=5, max_paraphrases=3,
+        validation_fraction=0.0, paraphrase_model="scripted",
+    )  # fmt: skip
+    first = distill(trials[:2], opts, paraphraser=backend)  # 2 originals: 2 paraphrases each planned, 4 asked
+    assert first["total"]["paraphrases"] == 3
+    assert [r.params.n for r in backend.requests] == [4, 4]
+    backend.requests.clear()
+    second = distill(trials, opts, paraphraser=backend)  # 3 originals: 1 each planned, 3 asked
+    asked = [r.messages[-1]["content"].rsplit("Request: ", 1)[1] for r in backend.requests]
+    assert asked == ["Divide 81 by 9"], asked  # the first two come from the cache
+    assert second["total"]["paraphrases"] == 2
+    backend.requests.clear()
+    opts.max_paraphrases = 3
+    opts.target_per_tool = 12  # 3 each planned, 5 asked: only the missing samples are asked for
+    distill(trials, opts, paraphraser=backend)
+    assert sorted(r.params.n for r in backend.requests) == [1, 1, 2]

@@ -18,7 +18,8 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    originals sharing a query text across tools too: no query is in both splits).
 
 Judge and paraphraser replies are cached append-only (`cache.jsonl`), so an interrupted run resumes
-without asking the model again.
+without asking the model again; a rerun whose paraphrase plan changed (more trials, another target) reuses the
+cached paraphrases and asks only for the samples it lacks.
 """
 
 from __future__ import annotations
@@ -531,19 +532,25 @@ async def run_paraphrase(
         # ask for a few extra: some will be rejected
         n_ask = n + 2
         seed = int(hashlib.sha256(f"{opts.seed}:{candidate.id}".encode()).hexdigest()[:8], 16)
-        key = cache.key(
-            "paraphrase", getattr(backend, "name", ""), prompt, n_ask, opts.temperature, opts.max_tokens, seed
-        )
-        texts = cache.get(key)
-        if texts is None:
+        # The key leaves out how many samples were asked for: the plan changes with the number of originals (more
+        # trials, another target), and samples already paid for are reused; only the missing ones are asked for,
+        # with a seed moved on by the count already held.
+        key = cache.key("paraphrase", getattr(backend, "name", ""), prompt, opts.temperature, opts.max_tokens, seed)
+        texts = list(cache.get(key) or [])
+        if len(texts) < n_ask:
             async with semaphore:
-                texts = await _generate(
-                    backend, prompt, n=n_ask, temperature=opts.temperature, max_tokens=opts.max_tokens, seed=seed
+                texts += await _generate(
+                    backend,
+                    prompt,
+                    n=n_ask - len(texts),
+                    temperature=opts.temperature,
+                    max_tokens=opts.max_tokens,
+                    seed=seed + len(texts),
                 )
             cache.put(key, texts)
         if progress is not None:
             progress()
-        return candidate.id, list(texts)
+        return candidate.id, texts[:n_ask]
 
     return dict(await asyncio.gather(*(one(c) for c in candidates)))
 
