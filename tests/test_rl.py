@@ -310,3 +310,26 @@ def test_unknown_loss_type_is_refused_before_loading_anything(tmp_path: Path, tr
     with pytest.raises(ConfigError, match=r"rl.loss_type = 'ppo' is not a TRL GRPO loss.*dapo"):
         run_rl(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_another_method_is_refused_before_training(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """LoRA checkpoints hold an adapter, full ones the whole model: resuming one as the other ended in a
+    transformers traceback ("Can't find a checkpoint index") after loading, with the log already trimmed."""
+    from toolschool.errors import ToolschoolError
+    from toolschool.models.loading import load_model
+    from toolschool.train.common import base_identity
+    from toolschool.train.rl import META_FILE, run_rl
+
+    out = tmp_path / "rl"
+    (out / "checkpoints" / "checkpoint-1").mkdir(parents=True)
+    identity = base_identity(load_model(str(tiny_model_dir), device="cpu", dtype="fp32"), str(tiny_model_dir))
+    meta = {"base": identity, "mode": "single_turn", "format": "hermes", "method": "lora", "examples": 4}
+    (out / META_FILE).write_text(json.dumps(meta))
+    log = '{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5}\n'
+    (out / "train_log.jsonl").write_text(log)
+    with pytest.raises(ToolschoolError, match=r"trained with rl.method = 'lora'.*not 'full'"):
+        run_rl(rl_config(tiny_model_dir, train_file, method="full"), out, resume=True, progress=False)
+    assert json.loads((out / META_FILE).read_text())["method"] == "lora"
+    assert (out / "train_log.jsonl").read_text() == log

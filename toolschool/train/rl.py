@@ -320,7 +320,7 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
+def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str, method: str) -> None:
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
@@ -331,6 +331,12 @@ def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str) -> None:
             f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
             f"not '{identity['model']}' in {mode} mode",
             hint="resume with the same --model and --mode, or train into a new --out folder",
+        )
+    # A LoRA checkpoint holds an adapter, a full one the whole model: the trainer cannot load one as the other.
+    if saved.get("method", method) != method:
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained with rl.method = '{saved['method']}', not '{method}'",
+            hint=f"resume with --method {saved['method']}, or train into a new --out folder",
         )
 
 
@@ -374,7 +380,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
     if resume:
-        _check_resume(out_dir, identity, settings.mode)
+        _check_resume(out_dir, identity, settings.mode, settings.method)
         if checkpoint is not None:
             drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
 
