@@ -252,6 +252,26 @@ def test_forgetting_summary_and_markdown() -> None:
     assert "with replay (10% of each earlier batch)" in text
 
 
+def test_the_matrix_says_how_many_items_each_percentage_is_of() -> None:
+    """n per batch (from the cells' details) under the table and on the heatmap's axis; long batches say '+k more'."""
+    from toolschool.train.continual import batch_axis_labels
+
+    details = [[{"n": 5}, None], [{"n": 5}, {"n": 16}]]
+    data = {
+        "batches": [["a"], ["b", "c", "d", "e", "f", "g"]],
+        "matrix": [[80.0, None], [60.0, 93.75]],
+        "details": details,
+        "replay": False,
+        "replay_ratio": 0.0,
+        "summary": forgetting_summary([[80.0, None], [60.0, 93.75]]),
+    }
+    text = matrix_markdown(data)
+    assert "n (held-out items scored per batch): B1 5, B2 16" in text
+    assert batch_axis_labels(data) == ["B1, n=5\na", "B2, n=16\nb\nc\nd\ne\n+2 more"]
+    unseen = {**data, "details": [[{"n": 5}, None], [None, None]]}
+    assert "B1 5, B2 –" in matrix_markdown(unseen)
+
+
 # -------------------------------------------------------------------------------------------- CLI errors
 
 

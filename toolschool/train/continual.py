@@ -439,6 +439,26 @@ def _cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.1f}"
 
 
+def batch_item_counts(data: dict[str, Any]) -> list[int | None]:
+    """n per batch: the held-out items its cells score (from the latest round that evaluated it; None if none)."""
+    counts: list[int | None] = [None] * len(data["batches"])
+    for row in data.get("details") or []:
+        for j, cell in enumerate(row):
+            if isinstance(cell, dict) and isinstance(cell.get("n"), int | float):
+                counts[j] = int(cell["n"])
+    return counts
+
+
+def batch_axis_labels(data: dict[str, Any], max_tools: int = 4) -> list[str]:
+    """Heatmap column labels: batch, its n, and its first tools (the rest counted, not silently cut)."""
+    labels = []
+    for j, (tools, n) in enumerate(zip(data["batches"], batch_item_counts(data), strict=True)):
+        head = f"B{j + 1}" + ("" if n is None else f", n={n}")
+        more = [f"+{len(tools) - max_tools} more"] if len(tools) > max_tools else []
+        labels.append("\n".join([head, *tools[:max_tools], *more]))
+    return labels
+
+
 def matrix_markdown(data: dict[str, Any]) -> str:
     batches = data["batches"]
     header = ["after round"] + [f"B{j + 1} ({', '.join(tools)})" for j, tools in enumerate(batches)] + ["mean seen"]
@@ -450,7 +470,9 @@ def matrix_markdown(data: dict[str, Any]) -> str:
     summary = data["summary"]
     title = "with replay" if data["replay"] else "without replay"
     ratio = f" ({data['replay_ratio']:.0%} of each earlier batch)" if data["replay"] else ""
+    counts = ", ".join(f"B{j + 1} {'–' if n is None else n}" for j, n in enumerate(batch_item_counts(data)))
     text = [f"Forgetting matrix, {title}{ratio}: correct % on each batch's held-out items", "", *lines, ""]
+    text.append(f"n (held-out items scored per batch): {counts}")
     if summary["average_final"] is not None:
         text.append(f"Average correct % after round {summary['rounds_done']}: {summary['average_final']:.1f}")
     if summary["average_forgetting"] is not None:
@@ -470,7 +492,7 @@ def _draw_heatmap(ax: Any, data: dict[str, Any], title: str) -> Any:
                 color = "black" if values[r, j] > 60 else "white"
                 ax.text(j, r, f"{values[r, j]:.1f}", ha="center", va="center", color=color, fontsize=10)
     ax.set_xticks(range(values.shape[1]))
-    ax.set_xticklabels([f"B{j + 1}\n" + "\n".join(tools[:4]) for j, tools in enumerate(data["batches"])], fontsize=8)
+    ax.set_xticklabels(batch_axis_labels(data), fontsize=8)
     ax.set_yticks(range(values.shape[0]))
     ax.set_yticklabels([f"round {r + 1}" for r in range(values.shape[0])])
     ax.set_xlabel("evaluated batch")
@@ -846,6 +868,8 @@ __all__ = [
     "ContinualInputs",
     "ContinualResult",
     "RoundData",
+    "batch_axis_labels",
+    "batch_item_counts",
     "check_plan",
     "compare_dirs",
     "compose_round",
