@@ -542,3 +542,29 @@ def test_eval_limit_takes_held_out_items_of_every_tool_of_the_batch(
     assert {tool: v["n"] for tool, v in metrics["B1"]["per_tool"].items()} == {"reverse": 2, "shout": 2}
     assert metrics["B1"]["correct"] == 50.0
     assert len((tmp_path / "eval" / "batch_1.items.jsonl").read_text().splitlines()) == 4
+
+
+def test_round_one_is_trained_once_whichever_of_the_two_runs_comes_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inputs: dict[str, Path]
+) -> None:
+    """Round 1 is the same work with and without replay: a later run of the other kind reuses it."""
+    monkeypatch.chdir(tmp_path)
+    trained: list[tuple[int, str]] = []
+    _scripted_rounds(monkeypatch, [[50.0, 0], [40.0, 30.0]], trained)
+    argv = ["continual", "--batches", str(inputs["batches"]), "--data", str(inputs["data"]), "--model", "m"]
+
+    def run(*extra: str) -> None:
+        result = CliRunner().invoke(app, [*argv, *extra])
+        assert result.exit_code == 0, result.output
+
+    run("--run", "a", "--no-replay")
+    run("--run", "a", "--compare")  # the replay run's round 1 is the baseline's
+    assert [r for r, _ in trained] == [1, 2, 2]
+    marker = json.loads((tmp_path / "runs/a/continual/round_1/round.json").read_text())
+    assert marker["reused_from"].endswith("continual_no_replay/round_1")
+    assert (tmp_path / "runs/a/continual_compare.json").is_file()
+
+    trained.clear()
+    run("--run", "b")
+    run("--run", "b", "--no-replay")  # on its own too, beside a finished replay run of the same name
+    assert [r for r, _ in trained] == [1, 2, 2]

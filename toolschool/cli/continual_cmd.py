@@ -88,21 +88,23 @@ def continual(
         check_plan(folder, inputs.plan)
         (folder / "config.toml").write_text(dump_toml(config), encoding="utf-8")
 
+    with_dir, without_dir, stem = compare_dirs(config)
     if not compare:
         folder = output_dir(config, replay=config.continual.replay)
         inputs = prepare(folder, config.continual.replay)
         start(folder, inputs)
         say(f"{config.model.name} -> {folder}")
-        result = run_continual(config, folder, log=say, inputs=inputs)
+        # Beside a run of the other kind (same run name), its identical round 1 is reused, not trained again.
+        sibling = None if config.continual.out else (without_dir if config.continual.replay else with_dir)
+        result = run_continual(config, folder, log=say, inputs=inputs, reuse_from=sibling)
         console.print(_summary(folder, result.matrix))
         return
 
-    with_dir, without_dir, stem = compare_dirs(config)
     with_inputs, without_inputs = prepare(with_dir, True), prepare(without_dir, False)
     start(with_dir, with_inputs)
     start(without_dir, without_inputs)
     say(f"{config.model.name}: with replay -> {with_dir}")
-    with_replay = run_continual(config, with_dir, log=say, inputs=with_inputs)
+    with_replay = run_continual(config, with_dir, log=say, inputs=with_inputs, reuse_from=without_dir)
     say(f"without replay -> {without_dir}")
     without_replay = run_continual(config, without_dir, reuse_from=with_dir, log=say, inputs=without_inputs)
     comparison = write_comparison(stem, with_replay.matrix, without_replay.matrix)
