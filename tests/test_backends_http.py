@@ -332,3 +332,25 @@ def test_the_official_openai_endpoint_gets_max_completion_tokens() -> None:
     ]
     with pytest.raises(ToolschoolError, match="max_tokens_field must be 'max_tokens' or 'max_completion_tokens'"):
         OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:8000/v1#m"), max_tokens_field="max_new_tokens")
+
+
+async def test_an_answer_without_choices_is_an_error_not_fewer_completions() -> None:
+    """A server that answers with no choices (a filter, a broken proxy) must not silently yield fewer samples."""
+    app = FastAPI()
+    asked: list[int] = []
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": "m", "object": "model", "created": 0, "owned_by": "test"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> dict:
+        asked.append((await request.json())["n"])
+        return {"id": "x", "object": "chat.completion", "created": 0, "model": "m", "choices": []}
+
+    with running_app(app) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#m"))
+        with pytest.raises(EndpointError, match=r"answered POST /chat/completions with no choices \(asked for 2\)"):
+            await http.generate(GenerationRequest(CONVERSATION[:1], params=SamplingParams(n=2)))
+        await http.aclose()
+    assert asked == [2]

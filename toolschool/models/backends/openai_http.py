@@ -170,6 +170,11 @@ class OpenAIBackend(Backend):
                 f"endpoint {self.base_url} did not answer POST /chat/completions like an OpenAI API (no 'choices')",
                 hint="point --model openai:URL#NAME at the API root of an OpenAI-compatible server",
             )
+        if not response.choices:  # asking again would get the same; fewer samples than asked is lost work
+            raise EndpointError(
+                f"endpoint {self.base_url} answered POST /chat/completions with no choices (asked for {n})",
+                hint="the server (or a proxy or content filter in front of it) dropped the reply; check its logs",
+            )
         usage = getattr(response, "usage", None)
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         completions = [_completion_from_choice(choice, prompt_tokens) for choice in response.choices]
