@@ -15,7 +15,11 @@ forget and makes the matrix say nothing about replay.
     .venv/bin/python bench/continual.py --steps 150 --batch-size 8 --lr 2e-4 --per-tool 80 --eval-limit 0 \
         --eval-max-tokens 160                           # a fuller run (hours on this CPU; minutes on a GPU)
 
-Writes bench/results/continual.json (both matrices, settings, timings) and the run folders under --work.
+    .venv/bin/python bench/continual.py --reevaluate --work runs/bench-continual2 ...   # the same flags as the run
+                                                        # re-score its finished rounds' models, no training
+
+Writes bench/results/continual.json (both matrices, settings, timings) and the run folders under --work
+(`--reevaluate`: under --work/reevaluated/, each round's merged model scored again by the current evaluation).
 """
 
 from __future__ import annotations
@@ -159,6 +163,63 @@ def calc_python_data(out: Path, size: int, seed: int) -> tuple[list[dict], list[
     return tools, general
 
 
+def trim(matrix: dict[str, Any]) -> dict[str, Any]:
+    keep = ("replay", "replay_ratio", "batches", "data", "matrix", "details", "composition", "summary")
+    return {k: matrix[k] for k in keep}
+
+
+def reevaluate(args: argparse.Namespace, config: Any, work: Path, say: Any, started: float) -> None:
+    """Score every finished round's merged model of `work` again with the current evaluation, into
+    work/reevaluated/ (the run's own folders stay as they are), and write the bench JSON from those scores."""
+    from toolschool.train.continual import evaluate_rounds_model, forgetting_summary, load_inputs, write_comparison
+
+    matrices: dict[str, dict[str, Any]] = {}
+    scored: dict[Path, dict[str, Any]] = {}  # merged model -> its scores (round 1 is one model in both runs)
+    for name, replay in (("continual", True), ("continual_no_replay", False)):
+        folder = work / name
+        held = json.loads((folder / "plan.json").read_text())
+        inputs = load_inputs(config, replay=replay)
+        plan = {**inputs.plan, "eval": {k: v for k, v in inputs.plan["eval"].items() if k != "sample"}}
+        # what decides the held-out items and how they are scored (training settings may have other defaults now)
+        keys = ("model", "seed", "batches", "data", "test_fraction", "eval")
+        differ = [k for k in keys if json.loads(json.dumps(plan[k])) != held.get(k)]
+        if differ:
+            raise SystemExit(f"{folder}: {', '.join(differ)} differ from that run's plan.json; pass its flags")
+        matrix = json.loads((folder / "matrix.json").read_text())
+        for r in range(len(inputs.batches)):
+            marker = json.loads((folder / f"round_{r + 1}" / "round.json").read_text())
+            merged = (folder / f"round_{r + 1}" / marker["merged"]).resolve()
+            if merged not in scored:
+                say(f"{name} round {r + 1}: scoring {merged}")
+                out = work / "reevaluated" / name / f"round_{r + 1}"
+                scored[merged] = evaluate_rounds_model(merged, inputs.batches[: r + 1], config, out)
+            for label, metrics in scored[merged].items():
+                j = int(label[1:]) - 1
+                matrix["matrix"][r][j] = metrics["correct"]
+                matrix["details"][r][j] = metrics
+        matrix["summary"] = forgetting_summary(matrix["matrix"])
+        matrices[name] = matrix
+    previous = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    stem = work / "reevaluated" / "continual_compare"
+    comparison = write_comparison(stem, matrices["continual"], matrices["continual_no_replay"])
+    result = {
+        "what": "forgetting matrix (rounds x batches, correct % on held-out items), built-in toolbox in two batches",
+        "evaluation": "the finished rounds' models of --work scored again (--reevaluate); eval_limit items are "
+        "taken in turn from each tool of a batch",
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), no GPU",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "with_replay": trim(matrices["continual"]),
+        "without_replay": trim(matrices["continual_no_replay"]),
+        "average_final_gain_from_replay": comparison["average_final_gain_from_replay"],
+        "seconds": {"reevaluate": round(time.perf_counter() - started, 1)},
+        "training_run": {k: previous[k] for k in ("seconds", "rounds_trained", "torch_threads") if k in previous},
+        "outputs": str(stem) + ".{json,md,png}",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(stem.with_suffix(".md").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -174,6 +235,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench-continual")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "continual.json")
+    parser.add_argument(
+        "--reevaluate",
+        action="store_true",
+        help="score the finished rounds of --work again with the current evaluation (same flags; no training)",
+    )
     args = parser.parse_args()
 
     os.environ.setdefault("TOOLSCHOOL_HOME", str(REPO / ".cache" / "toolschool"))
@@ -187,14 +253,15 @@ def main() -> None:
     started = time.perf_counter()
     work: Path = args.work
     work.mkdir(parents=True, exist_ok=True)
-    tool_rows, general = calc_python_data(work / "calc_python", args.calc_python_size, args.seed)
-    tool_rows += synthetic_tool_data(args.per_tool, args.seed)
     data_path = work / "data.jsonl"
     general_path = work / "general.jsonl"
-    write_jsonl(data_path, tool_rows)
-    write_jsonl(general_path, general)
     batches_path = work / "batches.json"
-    batches_path.write_text(json.dumps([BATCH_1, ["calculator", "python"]]))
+    if not args.reevaluate:  # the data of the run being re-scored stays as it was
+        tool_rows, general = calc_python_data(work / "calc_python", args.calc_python_size, args.seed)
+        tool_rows += synthetic_tool_data(args.per_tool, args.seed)
+        write_jsonl(data_path, tool_rows)
+        write_jsonl(general_path, general)
+        batches_path.write_text(json.dumps([BATCH_1, ["calculator", "python"]]))
     data_seconds = time.perf_counter() - started
 
     overrides = {
@@ -223,6 +290,10 @@ def main() -> None:
     def say(text: str) -> None:
         print(f"[{time.perf_counter() - started:7.1f}s] {text}", file=sys.stderr, flush=True)
 
+    if args.reevaluate:
+        reevaluate(args, config, work, say, started)
+        return
+
     timings: dict[str, float] = {"data": round(data_seconds, 1)}
     t0 = time.perf_counter()
     with_replay = run_continual(config, work / "continual", replay=True, progress=False, log=say)
@@ -234,10 +305,6 @@ def main() -> None:
     timings["without_replay"] = round(time.perf_counter() - t0, 1)
     comparison = write_comparison(work / "continual_compare", with_replay.matrix, without.matrix)
     timings["total"] = round(time.perf_counter() - started, 1)
-
-    def trim(matrix: dict[str, Any]) -> dict[str, Any]:
-        keep = ("replay", "replay_ratio", "batches", "data", "matrix", "details", "composition", "summary")
-        return {k: matrix[k] for k in keep}
 
     result = {
         "what": "forgetting matrix (rounds x batches, correct % on held-out items), built-in toolbox in two batches",
