@@ -120,6 +120,8 @@ def test_invalid_examples_say_why(mutate, reason: str) -> None:
         ),
         # no prompt before the first assistant turn: nothing to condition on (SFT's validation prompt is empty)
         (lambda e: e["messages"].pop(0), "messages[0]: the first assistant turn needs a system or user message"),
+        # a tool result without content: the json/react formats would train on "Observation: null"
+        (lambda e: e["messages"][2].update(content=None), "messages[2]: a tool message needs 'content'"),
         # a format SFT cannot render the line in
         (lambda e: e["meta"].update(format="xml"), "meta.format 'xml' is not one of hermes, json, react"),
         (lambda e: e["meta"].update(format=3), "meta.format must be a string or null, got 3"),

@@ -126,6 +126,8 @@ def validate_example(example: Any) -> str | None:
             if open_calls == 0:
                 return f"messages[{i}]: a tool result must follow an assistant message with tool_calls"
             open_calls -= 1
+            if message.content is None:  # OpenAI requires it; the json/react formats would show "Observation: null"
+                return f"messages[{i}]: a tool message needs 'content' (the tool's result text)"
         elif message.content is None:
             return f"messages[{i}]: a {message.role} message needs 'content'"
     if messages[-1].get("role") != "assistant":
