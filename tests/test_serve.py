@@ -660,3 +660,9 @@ async def test_vllm_extensions_at_their_neutral_values_are_accepted(base_url: st
         continued = await client.post(f"{base_url}/chat/completions", json={**continuing, "max_tokens": 2, "top_k": 0})
     assert plain.status_code == 200, plain.text
     assert continued.status_code == 200, continued.text
+
+
+def test_an_ipv6_host_gives_a_usable_url() -> None:
+    with running_server(ScriptedBackend([]), "scripted", host="::1") as url:
+        assert url.startswith("http://[::1]:")
+        assert httpx.get(f"{url}/models", timeout=10).json()["data"][0]["id"] == "scripted"

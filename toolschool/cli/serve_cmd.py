@@ -28,7 +28,7 @@ def serve(
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
     from toolschool.models.backends import make_backend
     from toolschool.models.spec import parse_model_spec
-    from toolschool.serve.server import bind_socket, check_log_level, check_port, run_server
+    from toolschool.serve.server import base_url, bind_socket, check_log_level, check_port, run_server
 
     check_log_level(log_level)  # options first: loading the model can take minutes
     check_port(port)
@@ -39,7 +39,7 @@ def serve(
     sock = bind_socket(host, port)  # fail on a bad or busy port before spending time loading the model
     backend = make_backend(model, dtype=dtype, device=device, max_batch_size=max_batch_size)
     name = served_name or model
-    err_console.print(f"serving [bold]{name}[/bold] at http://{host}:{port}/v1 (stop with Ctrl+C or SIGTERM)")
+    err_console.print(f"serving [bold]{name}[/bold] at {base_url(host, port)} (stop with Ctrl+C or SIGTERM)")
     run_server(backend, name, host=host, port=port, log_level=log_level, api_key=api_key, sock=sock)
 
 

@@ -47,6 +47,11 @@ def check_port(port: int) -> None:
         raise ToolschoolError(f"port {port} is not a TCP port", hint="pick a --port from 1 to 65535")
 
 
+def base_url(host: str, port: int) -> str:
+    """`http://HOST:PORT/v1`, with an IPv6 address in brackets (`http://[::1]:8000/v1`) as URLs need."""
+    return f"http://[{host}]:{port}/v1" if ":" in host else f"http://{host}:{port}/v1"
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening socket on host:port, or one ToolschoolError line (bad port, port in use, unknown host)."""
     check_port(port)
@@ -124,7 +129,7 @@ def running_app(app: Any, *, host: str = "127.0.0.1", port: int = 0, log_level: 
             raise ToolschoolError(f"the server on {host}:{actual_port} did not start")
         time.sleep(0.01)
     try:
-        yield f"http://{host}:{actual_port}/v1"
+        yield base_url(host, actual_port)
     finally:
         server.should_exit = True
         thread.join(timeout=15.0)
