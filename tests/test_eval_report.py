@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from toolschool.cli import app
 from toolschool.errors import ToolschoolError
 from toolschool.evaluate.report import bar_groups, build_report, curve_groups, summary_markdown
+from toolschool.train.continual import forgetting_summary
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -107,6 +108,39 @@ def test_validation_curves_come_from_the_validation_records_only() -> None:
     # the token accuracy on the training batches is a training metric, not a validation one
     assert set(groups["train_metrics"]) == {"mean_token_accuracy"}
     assert set(groups["loss"]) == {"loss", "train_loss"} and groups["loss"]["loss"][0] == [1, 2, 3, 4]
+
+
+def test_a_continual_run_is_reported_with_its_forgetting_matrix(tmp_path: Path) -> None:
+    """`toolschool continual --run NAME` then `toolschool report runs/NAME`: the matrix, not 'nothing to report'."""
+    from toolschool.train.continual import write_comparison, write_matrix
+
+    run = tmp_path / "run"
+    matrices = []
+    for name, replay, final in (("continual", True, 50.0), ("continual_no_replay", False, 37.5)):
+        data = {
+            "batches": [["date_add"], ["calculator"]],
+            "matrix": [[87.5, None], [final, 0.0]],
+            "details": [[{"n": 16}, None], [{"n": 16}, {"n": 8}]],
+            "replay": replay,
+            "replay_ratio": 0.1 if replay else 0.0,
+            "summary": forgetting_summary([[87.5, None], [final, 0.0]]),
+        }
+        (run / name).mkdir(parents=True)
+        write_matrix(run / name, data)
+        matrices.append(data)
+    page = build_report(run)
+    markdown = (page.parent / "report.md").read_text()
+    assert "## Continual learning" in markdown
+    assert "| 2 | 50.0 | 0.0 | 25.0 |" in markdown and "| 2 | 37.5 | 0.0 | 18.8 |" in markdown
+    assert "n (held-out items scored per batch): B1 16, B2 8" in markdown
+    images = re.findall(r'<img src="([^"]+)"', page.read_text())
+    assert images == ["continual.png", "continual_no_replay.png"]
+    assert all((page.parent / name).read_bytes()[:4] == b"\x89PNG" for name in images)
+
+    write_comparison(run / "continual_compare", *matrices)  # --compare: the side-by-side figure and the gain
+    page = build_report(run)
+    assert re.findall(r'<img src="([^"]+)"', page.read_text()) == ["continual_compare.png"]
+    assert "Replay changes the final average correct % by +6.2 points." in (page.parent / "report.md").read_text()
 
 
 def test_report_errors(tmp_path: Path) -> None:

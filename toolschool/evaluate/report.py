@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -314,13 +315,41 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
         sections.append(("Evaluation", images, f"From {sources}. {legend}\n\n" + markdown_table(header, rows)))
 
+    continual = _continual_section(run_dir, out)
+    if continual is not None:
+        sections.append(continual)
+
     if not sections:
         raise ToolschoolError(
-            f"nothing to report in '{run_dir}': no sft/ or rl/ train_log.jsonl and no eval summary.json",
-            hint="run `toolschool sft`/`rl`/`eval` into this run directory first",
+            f"nothing to report in '{run_dir}': no sft/ or rl/ train_log.jsonl, no eval summary.json and no "
+            "continual/ matrix",
+            hint="run `toolschool sft`/`rl`/`eval`/`continual` into this run directory first",
         )
     _write_markdown(out / "report.md", run_dir, sections)
     return _write_html(out / "report.html", run_dir, sections)
+
+
+def _continual_section(run_dir: Path, out: Path) -> tuple[str, list[str], str] | None:
+    """`toolschool continual`'s forgetting matrices as it wrote them (markdown and heatmap): the --compare
+    figure when there is one (both runs side by side and the gain), else each run folder's own."""
+    compare = run_dir / "continual_compare.md"
+    if compare.is_file():
+        sources = [(compare, compare.with_suffix(".png"), "continual_compare.png")]
+    else:
+        sources = [
+            (run_dir / name / "matrix.md", run_dir / name / "matrix.png", f"{name}.png")
+            for name in ("continual", "continual_no_replay")
+            if (run_dir / name / "matrix.md").is_file()
+        ]
+    if not sources:
+        return None
+    images, texts = [], []
+    for markdown, png, name in sources:
+        if png.is_file():
+            shutil.copyfile(png, out / name)
+            images.append(name)
+        texts.append(f"From `{markdown.relative_to(run_dir)}`.\n\n{markdown.read_text(encoding='utf-8').strip()}")
+    return "Continual learning", images, "\n\n".join(texts)
 
 
 def _write_markdown(path: Path, run_dir: Path, sections: list[tuple[str, list[str], str]]) -> None:
