@@ -344,3 +344,33 @@ def test_cli_build_validate_stats(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 2 and "nope.jsonl' does not exist" in result.output
+
+
+def test_repeated_source_rows_become_one_record(tmp_path: Path) -> None:
+    """A question, program or prompt that the source repeats (the FLAN 2k sample repeats 30) is used once:
+    record ids stay unique, no example is trained on twice, and the repeat is counted as dropped."""
+    gsm = [json.loads(line) for line in GSM8K.read_text().splitlines()][:2]
+    crux = [json.loads(line) for line in CRUX.read_text().splitlines()][:2]
+    chat = [
+        {"instruction": "Name a colour.", "output": "Blue"},
+        {"instruction": "Name a colour.", "output": "Red"},
+        {"instruction": "Name a fruit.", "output": "Apple"},
+    ]
+    sources = {"gsm.jsonl": gsm + gsm[:1], "crux.jsonl": crux + crux[:1], "chat.json": None}
+    for name, rows in sources.items():
+        if rows is not None:
+            (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "chat.json").write_text(json.dumps(chat))
+    summary = build_calc_python(
+        BuildOptions(
+            gsm8k=str(tmp_path / "gsm.jsonl"), cruxeval=str(tmp_path / "crux.jsonl"),
+            instructions=str(tmp_path / "chat.json"), out=tmp_path / "o", size=9,
+            ratios={"calculator": 1, "python_exec": 1, "no_tool": 1}, validation_fraction=0.0, formats=["hermes"],
+        )
+    )  # fmt: skip
+    records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids)) == 6
+    for category, what in (("calculator", "question"), ("python_exec", "code and input"), ("no_tool", "prompt")):
+        stats = summary["categories"][category]
+        assert stats["used"] == 2 and stats["dropped_by_reason"] == {f"same {what} as an earlier row": 1}, stats

@@ -253,6 +253,7 @@ def _shuffled(rows: list[dict[str, Any]], seed: int, salt: str) -> list[dict[str
 def build_calculator(rows: list[dict[str, Any]], target: int, opts: BuildOptions, stats: CategoryStats) -> list[Record]:
     """Examine every problem (cheap), so the summary covers the whole source; keep the first `target` valid."""
     records: list[Record] = []
+    seen: set[str] = set()  # a repeated question is one record (ids stay unique; nothing is trained on twice)
     for row in _shuffled(rows, opts.seed, "calculator"):
         stats.examined += 1
         where = row.get("_where", "?")
@@ -260,15 +261,20 @@ def build_calculator(rows: list[dict[str, Any]], target: int, opts: BuildOptions
         if not isinstance(question, str) or not isinstance(answer, str):
             stats.drop("missing 'question' or 'answer' text", where)
             continue
+        record_id = _stable_id("calc", question.strip())
+        if record_id in seen:
+            stats.drop("same question as an earlier row", where)
+            continue
         result = gsm8k_expression(question, answer, max_chars=opts.max_expression_chars)
         if result.reason is not None:
             stats.drop(result.reason, where)
             continue
+        seen.add(record_id)
         stats.valid += 1
         if len(records) < target:
             records.append(
                 Record(
-                    id=_stable_id("calc", question),
+                    id=record_id,
                     source=stats.source,
                     category="calculator",
                     tool_needed=True,
@@ -302,6 +308,7 @@ def _run_python_row(row: dict[str, Any]) -> tuple[dict[str, Any], str | None, st
 def build_python(rows: list[dict[str, Any]], target: int, opts: BuildOptions, stats: CategoryStats) -> list[Record]:
     """Run candidates in the sandbox (in parallel batches) until `target` are valid; the rest are not run."""
     records: list[Record] = []
+    seen: set[str] = set()
     order = _shuffled(rows, opts.seed, "python")
     rng = random.Random(f"{opts.seed}:python-prompts")
     batch = max(1, opts.workers) * 4
@@ -316,12 +323,17 @@ def build_python(rows: list[dict[str, Any]], target: int, opts: BuildOptions, st
                 if reason is not None:
                     stats.drop(reason, row.get("_where", "?"))
                     continue
+                code = python_call_code(row["code"], row["input"])
+                record_id = _stable_id("py", code)
+                if record_id in seen:
+                    stats.drop("same code and input as an earlier row", row.get("_where", "?"))
+                    continue
+                seen.add(record_id)
                 stats.valid += 1
                 template = PYTHON_PROMPTS[rng.randrange(len(PYTHON_PROMPTS))]
-                code = python_call_code(row["code"], row["input"])
                 records.append(
                     Record(
-                        id=_stable_id("py", code),
+                        id=record_id,
                         source=stats.source,
                         category="python_exec",
                         tool_needed=True,
@@ -361,19 +373,24 @@ def instruction_prompt(row: dict[str, Any]) -> tuple[str | None, str | None, str
 
 def build_no_tool(rows: list[dict[str, Any]], target: int, opts: BuildOptions, stats: CategoryStats) -> list[Record]:
     records: list[Record] = []
+    seen: set[str] = set()
     for row in _shuffled(rows, opts.seed, "no_tool"):
         stats.examined += 1
         prompt, response, reason = instruction_prompt(row)
         if reason is None and len(prompt or "") + len(response or "") > opts.max_prompt_chars:
             reason = f"prompt + response longer than {opts.max_prompt_chars} characters"
+        record_id = _stable_id("chat", str(prompt))
+        if reason is None and record_id in seen:
+            reason = "same prompt as an earlier row"
         if reason is not None:
             stats.drop(reason, row.get("_where", "?"))
             continue
+        seen.add(record_id)
         stats.valid += 1
         if len(records) < target:
             records.append(
                 Record(
-                    id=_stable_id("chat", str(prompt)),
+                    id=record_id,
                     source=stats.source,
                     category="no_tool",
                     tool_needed=False,
