@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -139,6 +140,22 @@ def test_record_checks_its_fields() -> None:
         )
     with pytest.raises(DataError, match="lacks field"):
         Record.from_dict({"id": "x"})
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"prompt": 5}, "prompt must be a string, got int"),  # was an AttributeError
+        ({"expected_answer": 2}, "expected_answer must be a string, got int"),  # was accepted, broke the line later
+        ({"id": 3}, "id must be a string, got int"),
+        ({"observation": 2}, "observation must be a string or null, got int"),
+        ({"tool_needed": "yes"}, "tool_needed must be true or false, got str"),
+    ],
+)
+def test_record_from_a_records_line_checks_field_types(change: dict, reason: str) -> None:
+    line = {**calc_record().to_dict(), "split": "train", **change}
+    with pytest.raises(DataError, match=re.escape(reason)):
+        Record.from_dict(line)
 
 
 def test_record_round_trips_through_chat_and_both_formats() -> None:

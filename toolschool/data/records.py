@@ -56,7 +56,15 @@ class Record:
 
 
 def record_problem(record: Record) -> str | None:
-    """Why the record's fields disagree with each other, or None."""
+    """Why the record's fields disagree with each other (or have the wrong type), or None."""
+    for name in ("id", "source", "prompt", "expected_answer"):
+        value = getattr(record, name)
+        if not isinstance(value, str):
+            return f"{name} must be a string, got {type(value).__name__}"
+    if record.observation is not None and not isinstance(record.observation, str):
+        return f"observation must be a string or null, got {type(record.observation).__name__}"
+    if not isinstance(record.tool_needed, bool):
+        return f"tool_needed must be true or false, got {type(record.tool_needed).__name__}"
     if record.category not in CATEGORIES:
         return f"category {record.category!r} is not one of {', '.join(CATEGORIES)}"
     expected_tool = TOOL_OF_CATEGORY[record.category]
