@@ -568,3 +568,24 @@ def test_round_one_is_trained_once_whichever_of_the_two_runs_comes_first(
     run("--run", "b")
     run("--run", "b", "--no-replay")  # on its own too, beside a finished replay run of the same name
     assert [r for r, _ in trained] == [1, 2, 2]
+
+
+def test_a_second_run_in_the_same_folder_at_the_same_time_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inputs: dict[str, Path]
+) -> None:
+    """Two runs of one folder at once would train the same round into the same sft/ folder."""
+    import fcntl
+
+    trained: list[tuple[int, str]] = []
+    _scripted_rounds(monkeypatch, [[50.0, 0], [40.0, 30.0]], trained)
+    flags = {"continual.batches": str(inputs["batches"]), "continual.data": str(inputs["data"])}
+    config = load_config(None, {**flags, "model.name": "m", "continual.steps_per_round": 1})
+    out = tmp_path / "out"
+    out.mkdir()
+    with (out / ".lock").open("a") as held:  # what a running `toolschool continual` holds
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(ToolschoolError, match=r"another toolschool continual is running in .*out") as info:
+            run_continual(config, out, progress=False)
+        assert "wait for it to finish" in str(info.value)
+    assert trained == []
+    assert run_continual(config, out, progress=False).rounds_run == [1, 2]  # released: it runs

@@ -23,13 +23,15 @@ an interrupted SFT continues from its last checkpoint (run_sft resume=True).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import fcntl
 import hashlib
 import json
 import math
 import os
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,7 @@ from toolschool.errors import ConfigError, DataError, ToolschoolError
 MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
 PLAN_FILE = "plan.json"
+LOCK_FILE = ".lock"
 MATRIX_STEM = "matrix"
 TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
 TRAIN_SPLITS = frozenset({"train", "training"})
@@ -734,9 +737,35 @@ def run_continual(
     the same work (same start model chain, training data and settings) — the no-replay baseline's round 1 is
     exactly the replay run's round 1, so `--compare` trains it once.
     """
-    say = log or (lambda _text: None)
     inputs = inputs or load_inputs(config, replay=replay)
     check_plan(out_dir, inputs.plan)
+    with _folder_lock(out_dir):
+        return _run_rounds(config, out_dir, inputs, reuse_from, progress, log or (lambda _text: None))
+
+
+@contextlib.contextmanager
+def _folder_lock(out_dir: Path) -> Iterator[None]:
+    """Held while a run works in `out_dir` (flock, released when the process ends however it ends): a second
+    run of the same folder at the same time would train the same round into the same sft/ folder."""
+    with (out_dir / LOCK_FILE).open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ToolschoolError(
+                f"another toolschool continual is running in {out_dir}",
+                hint="wait for it to finish (or stop it), or use another --run / --out",
+            ) from None
+        yield
+
+
+def _run_rounds(
+    config: ToolschoolConfig,
+    out_dir: Path,
+    inputs: ContinualInputs,
+    reuse_from: Path | None,
+    progress: bool,
+    say: Log,
+) -> ContinualResult:
     if (unused := left_out_message(inputs.left_out)) is not None:
         say(unused)
     settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
