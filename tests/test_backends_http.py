@@ -117,10 +117,10 @@ def scripted_server(
     state: dict[str, Any],
     model_failures: list[int] | None = None,
     *,
-    reject_max_tokens: bool = False,
+    unsupported: tuple[str, ...] = (),
 ) -> Iterator[str]:
     """`failures`: status codes POST /chat/completions answers first; `model_failures`: the same for GET /models;
-    `reject_max_tokens`: refuse `max_tokens` as the OpenAI API does for its reasoning models."""
+    `unsupported`: request fields refused as the OpenAI API refuses them for its reasoning models."""
     app = FastAPI()
 
     @app.get("/v1/models")
@@ -135,15 +135,16 @@ def scripted_server(
     async def chat(request: Request) -> Any:
         body = await request.json()
         state.setdefault("bodies", []).append(body)
-        if reject_max_tokens and "max_tokens" in body:
-            error = {
-                "message": "Unsupported parameter: 'max_tokens' is not supported with this model. "
-                "Use 'max_completion_tokens' instead.",
-                "type": "invalid_request_error",
-                "param": "max_tokens",
-                "code": "unsupported_parameter",
-            }
-            return JSONResponse({"error": error}, status_code=400)
+        for name in unsupported:
+            if name in body:
+                advice = " Use 'max_completion_tokens' instead." if name == "max_tokens" else ""
+                error = {
+                    "message": f"Unsupported parameter: '{name}' is not supported with this model.{advice}",
+                    "type": "invalid_request_error",
+                    "param": name,
+                    "code": "unsupported_parameter",
+                }
+                return JSONResponse({"error": error}, status_code=400)
         state["in_flight"] += 1
         state["peak"] = max(state["peak"], state["in_flight"])
         try:
@@ -305,7 +306,7 @@ async def test_a_server_that_wants_max_completion_tokens_gets_it() -> None:
     """OpenAI's reasoning models refuse `max_tokens`: the budget is sent again as `max_completion_tokens`, and
     from then on only that way."""
     state: dict[str, Any] = {"in_flight": 0, "peak": 0}
-    with scripted_server([], state, reject_max_tokens=True) as base_url:
+    with scripted_server([], state, unsupported=("max_tokens",)) as base_url:
         http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"))
         assert http.max_tokens_field == "max_tokens"  # what every other OpenAI-compatible server reads
         params = SamplingParams(max_tokens=33)
@@ -315,6 +316,22 @@ async def test_a_server_that_wants_max_completion_tokens_gets_it() -> None:
     budgets = [(b.get("max_tokens"), b.get("max_completion_tokens")) for b in state["bodies"]]
     assert budgets == [(33, None), (None, 33), (None, 33)]
     assert http.retries_done == 0
+
+
+async def test_a_server_that_refuses_top_p_gets_none_when_it_is_the_default() -> None:
+    """OpenAI's reasoning models refuse `top_p` even at 1 (the default, which changes nothing): it is left out
+    from then on; a top_p that would change the sampling is not dropped but refused with the server's reason."""
+    state: dict[str, Any] = {"in_flight": 0, "peak": 0}
+    with scripted_server([], state, unsupported=("max_tokens", "top_p")) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"))
+        await http.generate(GenerationRequest(CONVERSATION[:1], params=SamplingParams(temperature=1.0)))
+        await http.generate(GenerationRequest(CONVERSATION[:1], params=SamplingParams(temperature=1.0)))
+        with pytest.raises(EndpointError, match=r"rejected the request \(HTTP 400: Unsupported parameter: 'top_p'"):
+            await http.generate(GenerationRequest(CONVERSATION[:1], params=SamplingParams(top_p=0.9)))
+        await http.aclose()
+    sent = [("max_tokens" in b, "max_completion_tokens" in b, b.get("top_p")) for b in state["bodies"]]
+    assert sent[:4] == [(True, False, 1.0), (False, True, 1.0), (False, True, None), (False, True, None)]
+    assert sent[4:] == [(False, True, 0.9)]
 
 
 def test_the_official_openai_endpoint_gets_max_completion_tokens() -> None:
@@ -330,6 +347,7 @@ def test_the_official_openai_endpoint_gets_max_completion_tokens() -> None:
         "max_tokens",
         "max_completion_tokens",
     ]
+    assert [b.send_default_top_p for b in (official, azure, local)] == [False, False, True]
     with pytest.raises(ToolschoolError, match="max_tokens_field must be 'max_tokens' or 'max_completion_tokens'"):
         OpenAIBackend(parse_model_spec("openai:http://127.0.0.1:8000/v1#m"), max_tokens_field="max_new_tokens")
 

@@ -12,6 +12,9 @@ The token budget goes out as `max_tokens`, which every OpenAI-compatible server 
 (api.openai.com, Azure OpenAI) gets `max_completion_tokens`, the only one its reasoning models accept, and a
 server that refuses `max_tokens` asking for `max_completion_tokens` is asked again that way (and from then on).
 Not `max_completion_tokens` everywhere: servers that do not know it ignore it, and generation would be unbounded.
+Those reasoning models also refuse `top_p`, even at its default 1: the OpenAI API is not sent a top_p of 1, and
+a server that refuses one is asked again without it. (A top_p other than 1 is always sent: dropping it would
+change the sampling; llama.cpp and Ollama default to 0.95 and 0.9, so 1 is sent to them too.)
 
 Tool calls: arguments cross the wire as JSON strings and are converted at this boundary. When the server
 returns parsed `tool_calls`, `Completion.tool_calls` holds them (canonical, dict arguments) and they are also
@@ -70,6 +73,7 @@ class OpenAIBackend(Backend):
         key = api_key or os.environ.get("OPENAI_API_KEY") or "not-needed"
         self.client = AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=timeout, max_retries=0)
         self.max_tokens_field = max_tokens_field or _default_max_tokens_field(self.base_url)
+        self.send_default_top_p = not _is_openai_api(self.base_url)
         self.max_retries = max_retries
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
@@ -149,9 +153,10 @@ class OpenAIBackend(Backend):
             "messages": messages,
             "n": n,
             "temperature": params.temperature,
-            "top_p": params.top_p,
             self.max_tokens_field: params.max_tokens,
         }
+        if params.top_p != 1.0 or self.send_default_top_p:
+            kwargs["top_p"] = params.top_p
         if request.tools:
             kwargs["tools"] = request.tools
         if params.stop:
@@ -212,6 +217,10 @@ class OpenAIBackend(Backend):
                 self.max_tokens_field = "max_completion_tokens"
                 resend = {k: v for k, v in kwargs.items() if k != "max_tokens"}
                 return await self._chat({**resend, "max_completion_tokens": kwargs["max_tokens"]})
+            if kwargs.get("top_p") == 1.0 and _unsupported_param(exc) == "top_p":
+                log.warning("endpoint %s refuses top_p: resending without it (1 is the default)", self.base_url)
+                self.send_default_top_p = False
+                return await self._chat({k: v for k, v in kwargs.items() if k != "top_p"})
             raise self._rejected(exc) from exc
         except openai.APIStatusError as exc:
             raise self._rejected(exc) from exc
@@ -271,21 +280,32 @@ class OpenAIBackend(Backend):
 _MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
-def _default_max_tokens_field(base_url: str) -> str:
-    """`max_completion_tokens` for the OpenAI API itself (its reasoning models refuse `max_tokens`), else
-    `max_tokens`, which vLLM, llama.cpp, Ollama and older servers all read."""
+def _is_openai_api(base_url: str) -> bool:
+    """The OpenAI API itself (api.openai.com, Azure OpenAI), whose reasoning models refuse some fields."""
     from urllib.parse import urlsplit
 
     host = (urlsplit(base_url).hostname or "").lower()
-    official = host == "api.openai.com" or host.endswith(".openai.azure.com")
-    return "max_completion_tokens" if official else "max_tokens"
+    return host == "api.openai.com" or host.endswith(".openai.azure.com")
+
+
+def _default_max_tokens_field(base_url: str) -> str:
+    """`max_completion_tokens` for the OpenAI API itself (its reasoning models refuse `max_tokens`), else
+    `max_tokens`, which vLLM, llama.cpp, Ollama and older servers all read."""
+    return "max_completion_tokens" if _is_openai_api(base_url) else "max_tokens"
+
+
+def _unsupported_param(exc: Any) -> str | None:
+    """The field a 400 refuses as unsupported (OpenAI: code "unsupported_parameter", param NAME), if any."""
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    if isinstance(inner, dict) and inner.get("code") == "unsupported_parameter" and inner.get("param"):
+        return str(inner["param"])
+    return None
 
 
 def _asks_for_max_completion_tokens(exc: Any) -> bool:
-    """A 400 refusing `max_tokens` in favour of `max_completion_tokens` (OpenAI: code unsupported_parameter)."""
-    body = getattr(exc, "body", None)
-    inner = body.get("error", body) if isinstance(body, dict) else None
-    if isinstance(inner, dict) and inner.get("code") == "unsupported_parameter" and inner.get("param") == "max_tokens":
+    """A 400 refusing `max_tokens` in favour of `max_completion_tokens`."""
+    if _unsupported_param(exc) == "max_tokens":
         return True
     text = _error_text(exc)
     return "max_completion_tokens" in text and "not supported" in text.lower()
