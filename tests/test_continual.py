@@ -111,6 +111,8 @@ def test_bad_batches_files_are_refused_with_the_reason(tmp_path: Path, content: 
 def test_missing_batches_file_names_the_path(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"batches file '.*nope.json' does not exist"):
         read_batches(tmp_path / "nope.json")
+    with pytest.raises(ConfigError, match=r"batches file '.*' is a folder, not a file"):
+        read_batches(tmp_path)
 
 
 # ------------------------------------------------------------------------------------------- data split

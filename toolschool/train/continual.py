@@ -73,6 +73,11 @@ class Batch:
 def read_batches(path: str | Path) -> list[list[str]]:
     """The batches file: a non-empty JSON list of non-empty lists of tool names, each tool in one batch."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(
+            f"batches file '{path}' is a folder, not a file",
+            hint='pass --batches FILE, a JSON list of lists of tool names, e.g. [["calculator"], ["weekday"]]',
+        )
     if not path.is_file():
         raise ConfigError(
             f"batches file '{path}' does not exist",
