@@ -33,3 +33,11 @@ def test_dense_retrieval_ranks_by_meaning() -> None:
     pool = DemoPool(examples, retriever="dense")
     assert pool.retriever.top_k("multiply 8 by 9", 1) == [1]
     assert pool.demonstrations("how many miles is 10 kilometres", 1)[0]["messages"][0]["content"] == docs[0]
+
+
+def test_copies_of_the_item_in_the_pool_do_not_cost_demonstrations() -> None:
+    """Every copy of the evaluated query is skipped, and K other demonstrations still come back."""
+    queries = ["What is 2 + 2?", "What is 2 + 2?", "What is 2 + 2? ", "What is 3 + 3?", "What is 4 + 4?", "Hello"]
+    examples = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "x"}]} for q in queries]
+    picked = DemoPool(examples).demonstrations("What is 2 + 2?", 2)
+    assert [ex["messages"][0]["content"] for ex in picked] == ["What is 3 + 3?", "What is 4 + 4?"]

@@ -123,10 +123,11 @@ class DemoPool:
         self.retriever = make_retriever(retriever, self.queries)
 
     def demonstrations(self, query: str, k: int) -> list[dict[str, Any]]:
-        """The `k` most similar examples; an identical query (the item itself leaking in) is skipped."""
+        """The `k` most similar examples; identical queries (the item itself leaking in) are skipped, every copy."""
         wanted = query.strip()
+        copies = sum(q.strip() == wanted for q in self.queries)  # each copy of the item would take a place
         picked = []
-        for index in self.retriever.top_k(query, k + 1):
+        for index in self.retriever.top_k(query, k + copies):
             if self.queries[index].strip() == wanted:
                 continue
             picked.append(self.examples[index])
