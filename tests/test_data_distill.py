@@ -147,6 +147,10 @@ def test_judgment_parsing_keeps_reasons() -> None:
     assert judgment["keep"] is False and judgment["error"] is None
     assert judgment["faithful"] == {"verdict": False, "reason": "the result said 7006652"}
     assert parse_judgment("Yes")["error"] == "no verdict for addresses, faithful, appropriate"
+    # judges often number the three lines as the questions are numbered; the verdicts are still read
+    numbered = parse_judgment("1. Addresses: Yes - ok\n2) Faithful: No - made up\n3. **Appropriate:** Yes")
+    assert numbered["error"] is None and numbered["faithful"] == {"verdict": False, "reason": "made up"}
+    assert numbered["addresses"]["verdict"] and numbered["appropriate"]["verdict"]
 
 
 def test_paraphrase_checks_what_the_call_needs() -> None:

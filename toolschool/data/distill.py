@@ -272,7 +272,8 @@ Reply with exactly three lines:
 Addresses: Yes|No - reason
 Faithful: Yes|No - reason
 Appropriate: Yes|No - reason"""
-_JUDGE_LINE = re.compile(r"^\W*(addresses|faithful|appropriate)\W*\s*(yes|no)\b\W*(.*)$", re.IGNORECASE)
+# "Faithful: No - reason", also numbered ("2. ", "2) ") like the questions, bulleted or in bold
+_JUDGE_LINE = re.compile(r"^\W*(?:\d+[.)]\W*)?(addresses|faithful|appropriate)\W*\s*(yes|no)\b\W*(.*)$", re.IGNORECASE)
 
 
 def judge_prompt(candidate: Candidate) -> str:
