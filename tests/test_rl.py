@@ -333,3 +333,43 @@ def test_resume_with_another_method_is_refused_before_training(
         run_rl(rl_config(tiny_model_dir, train_file, method="full"), out, resume=True, progress=False)
     assert json.loads((out / META_FILE).read_text())["method"] == "lora"
     assert (out / "train_log.jsonl").read_text() == log
+
+
+def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_it(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """Started from an adapter folder, RL trains a LoRA on the base with that adapter merged in. Saved as adapter/,
+    it named the bare base model, so loading it (evaluate, serve) silently dropped the SFT adapter. Now merged/ is
+    the result, and `merge = false` (which would keep only that adapter) is refused before training."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from toolschool.models.loading import load_model
+    from toolschool.train.rl import run_rl
+
+    sft = tmp_path / "sft-adapter"
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"),
+    )
+    torch.manual_seed(0)
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.5)  # an adapter that changes the model, as a trained one does
+    peft_model.save_pretrained(sft)
+
+    with pytest.raises(ConfigError, match=r"rl.merge = false.*is itself a LoRA adapter"):
+        run_rl(rl_config(sft, train_file, merge=False), tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused" / "checkpoints").exists()
+
+    out = tmp_path / "rl"
+    result = run_rl(rl_config(sft, train_file, num_steps=1, learning_rate=1e-9), out, progress=False)
+    assert result.adapter_dir is None and not (out / "adapter").exists()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        start = load_model(str(sft), device="cpu", dtype="fp32").model(ids).logits
+        base = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model(ids).logits
+        merged = load_model(str(result.merged_dir), device="cpu", dtype="fp32").model(ids).logits
+    assert (start - base).abs().max() > 0.1  # the SFT adapter matters ...
+    assert torch.allclose(merged, start, atol=1e-4)  # ... and the result keeps it (RL moved it by ~nothing)

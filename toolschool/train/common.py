@@ -139,20 +139,25 @@ def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
 
 
 def save_final(
-    trainer: Any, tokenizer: Any, out_dir: Path, *, method: str, merge: bool, model_name: str
+    trainer: Any, tokenizer: Any, out_dir: Path, *, method: str, merge: bool, model_name: str, adapter: bool = True
 ) -> tuple[Path | None, Path | None]:
-    """Write `adapter/` (LoRA) and `merged/` (Hugging Face format) on the main process; returns both paths."""
+    """Write `adapter/` (LoRA) and `merged/` (Hugging Face format) on the main process; returns both paths.
+
+    `adapter=False`: a LoRA run writes only `merged/`, for an adapter that would not load on its own (one trained
+    on a start model that is itself an adapter, merged in before training).
+    """
     adapter_dir: Path | None = None
     merged_dir: Path | None = None
     if not trainer.is_world_process_zero():
         return None, None
     final = trainer.model
     if method == "lora":
-        adapter_dir = out_dir / "adapter"
-        final.save_pretrained(adapter_dir)
-        tokenizer.save_pretrained(adapter_dir)
-        fix_adapter_base(adapter_dir, model_name)
-        if merge:
+        if adapter:
+            adapter_dir = out_dir / "adapter"
+            final.save_pretrained(adapter_dir)
+            tokenizer.save_pretrained(adapter_dir)
+            fix_adapter_base(adapter_dir, model_name)
+        if merge or not adapter:
             merged_dir = out_dir / "merged"
             final.merge_and_unload().save_pretrained(merged_dir, safe_serialization=True)
             tokenizer.save_pretrained(merged_dir)

@@ -373,6 +373,15 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             hint="pass --resume to continue it, or choose another --out / run name",
         )
 
+    start_adapter = _start_adapter(config.model.name)
+    if start_adapter and settings.method == "lora" and not settings.merge:
+        raise ConfigError(
+            f"rl.merge = false keeps only RL's LoRA adapter, but the start model '{config.model.name}' is itself a "
+            "LoRA adapter: RL trains on the base with it merged in, so RL's adapter would not load on its own "
+            "(the base it names lacks the start adapter)",
+            hint="set merge = true in [rl] (merged/ is then the result), or start from the SFT run's merged/ folder",
+        )
+
     started = time.perf_counter()
     loaded = load_model(config.model.name, device=device, dtype=settings.dtype, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -489,12 +498,32 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             registry.close()
 
     adapter_dir, merged_dir = save_final(
-        trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
+        trainer,
+        tokenizer,
+        out_dir,
+        method=settings.method,
+        merge=settings.merge,
+        model_name=config.model.name,
+        adapter=start_adapter is None,  # see _start_adapter
     )
     seconds = time.perf_counter() - started
     last = last_train_log(out_dir / "train_log.jsonl")
     logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
     return RLResult(out_dir, adapter_dir, merged_dir, trainer.state.global_step, seconds, last)
+
+
+def _start_adapter(model_name: str) -> str | None:
+    """The LoRA adapter folder the start model is, if it is one.
+
+    The model is loaded with that adapter merged in, and RL's LoRA is trained on top; saved as `adapter/`, RL's
+    adapter would name the bare base model (the loader follows one adapter level only), so loading it would
+    silently drop the start adapter. Such a run writes `merged/` only.
+    """
+    from toolschool.models.loading import resolve_source
+    from toolschool.models.spec import parse_model_spec
+
+    spec = parse_model_spec(model_name)
+    return resolve_source(spec)[1] if spec.kind == "local" else None
 
 
 def _distributed() -> bool:
