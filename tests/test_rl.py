@@ -373,3 +373,17 @@ def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_i
         merged = load_model(str(result.merged_dir), device="cpu", dtype="fp32").model(ids).logits
     assert (start - base).abs().max() > 0.1  # the SFT adapter matters ...
     assert torch.allclose(merged, start, atol=1e-4)  # ... and the result keeps it (RL moved it by ~nothing)
+
+
+def test_reference_model_works_on_trls_own_log_prob_path(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """--ref-model with --no-share-prompts: TRL's log-prob pass calls the reference with its fused LM head, which
+    TRL only adds to the models it builds itself; the reference we load after it must get it too."""
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    train = write_jsonl(tmp_path / "train.jsonl", [calc_example(2, 3), calc_example(4, 5)])
+    config = rl_config(
+        tiny_model_dir, train, num_steps=1, merge=False, ref_model=str(tiny_model_dir), share_prompts=False
+    )
+    result = run_rl(config, tmp_path / "rl", progress=False)
+    assert result.steps == 1
+    assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-6)

@@ -534,14 +534,19 @@ def _distributed() -> bool:
 
 
 def _install_reference(trainer: Any, ref_name: str, device: str, dtype: str) -> None:
-    """A reference other than the starting model: TRL builds its own only from the policy, so we set it after."""
-    from trl.trainer.utils import disable_dropout_in_model
+    """A reference other than the starting model: TRL builds its own only from the policy, so we set it after.
+
+    It gets what TRL gives the references it builds: no dropout, and the fused LM head through which TRL's own
+    log-prob pass (`--no-share-prompts`, or a batch the shared-prompt path leaves to TRL) reads `log_probs`.
+    """
+    from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
 
     from toolschool.models.loading import load_model
 
     ref = load_model(ref_name, device=device, dtype=dtype, merge_adapter=True).model
     ref.requires_grad_(False)
     disable_dropout_in_model(ref)
+    add_fused_lm_head(ref, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)
     trainer.ref_model = trainer.accelerator.prepare_model(ref, evaluation_mode=True)
 
 
