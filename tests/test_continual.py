@@ -293,6 +293,7 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
         (["--data", "{data}"], "no batches file given — pass --batches FILE"),
         (["--batches", "{batches}"], "no dataset given — pass --data FILE"),
         (["--batches", "{batches}", "--data", "{data}", "--general-count", "2"], "no general data was given"),
+        (["--batches", "{batches}", "--data", "{data}", "--general-ratio", "0.5"], "general_ratio = 0.5 but no"),
         (["--batches", "{batches}", "--data", "{data}", "--compare", "--no-replay"], "drop --no-replay"),
         (["--batches", "{batches}", "--data", "{data}", "--format", "xml"], "xml"),
         (["--batches", "{root}/missing.json", "--data", "{data}"], "missing.json' does not exist"),
@@ -304,6 +305,7 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
 def test_cli_errors_are_one_line(tmp_path: Path, inputs: dict[str, Path], args: list[str], message: str) -> None:
     paths = {**{k: str(v) for k, v in inputs.items()}, "root": str(tmp_path)}
     argv = ["continual", *[a.format(**paths) for a in args], "--out", str(tmp_path / "out")]
+    argv += ["--model", str(tmp_path / "no-model")]  # should a check regress, fail at once instead of training
     result = CliRunner().invoke(app, argv)
     assert result.exit_code == 2, result.output
     assert "error:" in result.output and message in result.output.replace("\n", "")

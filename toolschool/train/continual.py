@@ -619,6 +619,11 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
             f"general_count = {settings.general_count} but no general data was given",
             hint="pass --general FILE (a JSONL of no-tool conversations) or drop --general-count",
         )
+    elif settings.general_ratio:  # else it would silently mix in nothing
+        raise ConfigError(
+            f"general_ratio = {settings.general_ratio} but no general data was given",
+            hint="pass --general FILE (a JSONL of no-tool conversations) or drop --general-ratio",
+        )
     sft = config.sft.model_dump(exclude={"train", "validation", "num_steps"})
     plan = {
         "model": config.model.name,
