@@ -165,6 +165,17 @@ def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tin
     assert saved["model"] == str(tiny_model_dir)  # the refused resume did not overwrite the run's base
 
 
+def test_resume_on_another_training_file_is_refused(first_run, tiny_model_dir: Path) -> None:
+    """The resumed trainer skips the batches it had seen: with other data those would be other batches."""
+    tmp_path, train, validation, out, _ = first_run
+    changed = tmp_path / "changed-train.jsonl"
+    changed.write_text(train.read_text() + json.dumps(_example(7, 8)) + "\n")
+    meta_before = (out / "toolschool_sft.json").read_text()
+    with pytest.raises(ToolschoolError, match=r"were trained on other data: the training file .*changed-train.jsonl"):
+        run_sft(_config(tmp_path, tiny_model_dir, changed, validation), out, resume=True, progress=False)
+    assert (out / "toolschool_sft.json").read_text() == meta_before
+
+
 def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
     import torch
     from safetensors.torch import load_file

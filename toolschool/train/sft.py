@@ -9,7 +9,8 @@ What this module adds on top of TRL:
 - logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
   `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
   RNG and skips the batches already seen; we drop the log records written after that checkpoint, restore the
-  token totals, refuse another base model, and only save the final model when the checkpoint is at num_steps);
+  token totals, refuse another base model or another training file, and only save the final model when the
+  checkpoint is at num_steps);
 - at the end a LoRA adapter (`adapter/`) and a merged model (`merged/`) in Hugging Face format.
 
 Batching (`sft.batching`, see bench/sft.py for the measured figures):
@@ -23,6 +24,7 @@ Batching (`sft.batching`, see bench/sft.py for the measured figures):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -369,6 +371,20 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
+def _check_resume_data(out_dir: Path, train_path: Path, train_sha256: str) -> None:
+    """Resuming replays the data order and skips the batches already seen: that only holds for the same data."""
+    meta_path = out_dir / META_FILE
+    if not meta_path.is_file():
+        return
+    saved = json.loads(meta_path.read_text()).get("train_sha256")
+    if saved is not None and saved != train_sha256:
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained on other data: the training file {train_path} is not the "
+            f"one they saw (sha256 {train_sha256[:12]}, not {saved[:12]})",
+            hint="resume with the same training file, or train on the new data into a new --out folder",
+        )
+
+
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -407,8 +423,11 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     identity = base_identity(loaded)
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
+    train_sha256 = hashlib.sha256(train_path.read_bytes()).hexdigest()
     if resume:
         _check_resume_base(out_dir, identity)
+        if checkpoint is not None:
+            _check_resume_data(out_dir, train_path, train_sha256)
         if checkpoint is not None:
             drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
     else:
@@ -445,6 +464,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
                 "method": settings.method,
                 "batching": batching,
                 "toolkens": toolkens,
+                "train_sha256": train_sha256,
                 "data": stats,
             },
             indent=2,
