@@ -134,6 +134,10 @@ def test_aggregate_rates() -> None:
     assert rates["argument_accuracy"] == pytest.approx(1 / 2)
     assert "valid_json" not in rates and "answer_accuracy" not in rates
     assert aggregate([])["correct"] == 0.0
+    # a rate over an empty subset is undefined (absent), not 0 %
+    nothing_right = aggregate([scores[2], scores[3]])
+    assert "argument_accuracy" not in nothing_right and nothing_right["api_match"] == 0.0
+    assert "api_match" not in aggregate([scores[3]]) and "ste_api_match" not in aggregate([scores[3]])
     tools = per_tool_accuracy(scores + [score_item(ParsedReply(text="hi", final="hi"), [])])
     assert tools["calculator"] == {"n": 4.0, "accuracy": 0.25}
     assert tools["(no tool)"]["accuracy"] == 1.0

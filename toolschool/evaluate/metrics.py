@@ -365,27 +365,35 @@ def _rate(flags: Iterable[bool]) -> float:
 
 
 def aggregate(scores: list[ItemScore]) -> dict[str, float]:
-    """Rates over items (all in [0, 1]; `n` is the item count). See docs/metrics.md for each definition."""
+    """Rates over items (all in [0, 1]; `n` is the item count). See docs/metrics.md for each definition.
+
+    A rate over a subset (api_match over well-formed replies, argument_accuracy over replies with the right tool,
+    ...) is left out when that subset is empty: undefined, not 0 %, which would read as "all wrong".
+    """
     n = len(scores)
     well = [s for s in scores if s.well_formed]
+    well_called = [s for s in well if s.called]
     tool_right = [s for s in scores if s.tool_match]
     out: dict[str, float] = {
         "n": float(n),
         # STE metrics
         "well_formed": _rate(s.well_formed for s in scores),
-        "api_match": _rate(s.tool_match for s in well),
         "correct": _rate(s.correct for s in scores),
         "no_call_rate": _rate(not s.called for s in scores),
         # the STE repository's notebook: a reply without a call is a no-call, not well-formed
         "ste_well_formed": _rate(s.well_formed and s.called for s in scores),
-        "ste_api_match": _rate(s.tool_match for s in well if s.called),
         # tool / argument metrics (valid-format rate is well_formed)
         "correct_tool": _rate(s.tool_match for s in scores),
-        "argument_accuracy": _rate(s.args_exact for s in tool_right),
-        "argument_accuracy_semantic": _rate(s.args_semantic for s in tool_right),
         "correct_exact": _rate(s.well_formed and s.args_exact for s in scores),
         "correct_semantic": _rate(s.well_formed and s.args_semantic for s in scores),
     }
+    if well:
+        out["api_match"] = _rate(s.tool_match for s in well)
+    if well_called:
+        out["ste_api_match"] = _rate(s.tool_match for s in well_called)
+    if tool_right:
+        out["argument_accuracy"] = _rate(s.args_exact for s in tool_right)
+        out["argument_accuracy_semantic"] = _rate(s.args_semantic for s in tool_right)
     json_scored = [s for s in scores if s.valid_json is not None]
     if json_scored:
         out["valid_json"] = _rate(bool(s.valid_json) for s in json_scored)

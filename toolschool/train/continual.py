@@ -406,7 +406,7 @@ def evaluate_rounds_model(
             "n": len(mine),
             "correct": round(100 * rates["correct"], 2),
             "well_formed": round(100 * rates["well_formed"], 2),
-            "api_match": round(100 * rates["api_match"], 2),
+            "api_match": round(100 * rates["api_match"], 2) if "api_match" in rates else None,  # none well-formed
             "no_call_rate": round(100 * rates["no_call_rate"], 2),
             "per_tool": {
                 tool: {"n": int(v["n"]), "correct": round(100 * v["accuracy"], 2)}
