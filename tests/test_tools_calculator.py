@@ -102,3 +102,14 @@ def test_non_string_is_refused() -> None:
 )
 def test_format_number(value: float, text: str) -> None:
     assert format_number(value) == text
+
+
+def test_long_flat_chains_are_not_nesting() -> None:
+    # A sum of 400 prices or a product of 100 factors is one flat line of arithmetic, not 400 levels of nesting.
+    assert evaluate_expression("+".join(["1.5"] * 400)) == 600.0
+    assert evaluate_expression("*".join(["2"] * 100)) == 2**100
+    assert evaluate_expression("1000 - " + " - ".join(["1"] * 300)) == 700
+    with pytest.raises(CalculatorError, match="use \\*\\* for powers"):
+        evaluate_expression(" + ".join(["1"] * 100) + " ^ 2")
+    with pytest.raises(CalculatorError, match="division by zero in 2 / 0"):
+        evaluate_expression(" + ".join(["1"] * 100) + " + 2 / 0")

@@ -122,12 +122,16 @@ def _check_paren_depth(text: str) -> None:
 
 
 def _check_tree_depth(tree: ast.AST) -> None:
+    """Refuse deep nesting. The left operand of a binary operation does not count: `1 + 2 + ... + 500` is a flat
+    chain (parsed as a left spine) that the evaluator walks in a loop, not nesting that recursion must follow."""
     stack: list[tuple[ast.AST, int]] = [(tree, 0)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_DEPTH:
             raise CalculatorError(f"the expression nests more than {MAX_DEPTH} operations deep; simplify it")
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+        for child in ast.iter_child_nodes(node):
+            flat = isinstance(node, ast.BinOp) and child is node.left
+            stack.append((child, depth if flat else depth + 1))
 
 
 def _parse(text: str) -> ast.Expression:
@@ -184,12 +188,22 @@ class _Evaluator:
         raise CalculatorError(_refusal(node.op))
 
     def visit_BinOp(self, node: ast.BinOp) -> Number:
-        if isinstance(node.op, ast.BitXor):
-            raise CalculatorError("use ** for powers (write 2**10, not 2^10); ^ is not supported")
-        if type(node.op) not in _OPERATOR_SYMBOLS:
-            raise CalculatorError(_refusal(node.op))
-        left, right = self.visit(node.left), self.visit(node.right)
-        symbol = _OPERATOR_SYMBOLS[type(node.op)]
+        # A left-associative chain (1 + 2 + 3 ...) is walked in a loop, not by recursion: see _check_tree_depth.
+        chain: list[ast.BinOp] = []
+        current: ast.AST = node
+        while isinstance(current, ast.BinOp):
+            if isinstance(current.op, ast.BitXor):
+                raise CalculatorError("use ** for powers (write 2**10, not 2^10); ^ is not supported")
+            if type(current.op) not in _OPERATOR_SYMBOLS:
+                raise CalculatorError(_refusal(current.op))
+            chain.append(current)
+            current = current.left
+        value = self.visit(current)
+        for link in reversed(chain):
+            value = self._apply(_OPERATOR_SYMBOLS[type(link.op)], value, self.visit(link.right))
+        return value
+
+    def _apply(self, symbol: str, left: Number, right: Number) -> Number:
         if symbol == "**":
             return _power(left, right)
         if symbol == "*" and isinstance(left, int) and isinstance(right, int):
