@@ -122,6 +122,15 @@ def test_invalid_examples_say_why(mutate, reason: str) -> None:
         (lambda e: e["messages"].pop(0), "messages[0]: the first assistant turn needs a system or user message"),
         # a tool result without content: the json/react formats would train on "Observation: null"
         (lambda e: e["messages"][2].update(content=None), "messages[2]: a tool message needs 'content'"),
+        # a message key no chat template reads: the call in it would silently vanish from training
+        (
+            lambda e: e["messages"][1].update(tool_call=e["messages"][1].pop("tool_calls")),
+            "messages[1]: unknown key 'tool_call'",
+        ),
+        (
+            lambda e: e["messages"][1].update(function_call={"name": "calculator", "arguments": "{}"}),
+            "messages[1]: unknown key 'function_call'",
+        ),
         # a format SFT cannot render the line in
         (lambda e: e["meta"].update(format="xml"), "meta.format 'xml' is not one of hermes, json, react"),
         (lambda e: e["meta"].update(format=3), "meta.format must be a string or null, got 3"),
@@ -132,6 +141,13 @@ def test_validation_catches_what_training_would_choke_on_or_learn_wrong(mutate, 
     mutate(example)
     problem = validate_example(example)
     assert problem is not None and reason in problem, problem
+
+
+def test_known_optional_message_keys_pass() -> None:
+    example = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    example["messages"][1].update(reasoning_content="add them", refusal=None)
+    example["messages"][3].update(weight=1, name="helper")
+    assert validate_example(example) is None
 
 
 def test_arguments_are_checked_only_against_schemas_json_schema_can_apply() -> None:

@@ -32,6 +32,11 @@ from toolschool.tools.validation import validation_error
 OnError = Literal["skip", "stop"]
 ON_ERROR_CHOICES = ("skip", "stop")
 EXAMPLE_KEYS = ("messages", "tools", "meta")
+# What a message may carry. Anything else (a `tool_call` typo, OpenAI's legacy `function_call`) is read by no chat
+# template, so a call written there would silently vanish from training.
+MESSAGE_KEYS = frozenset(
+    {"role", "content", "tool_calls", "tool_call_id", "name", "reasoning_content", "thinking", "refusal", "weight"}
+)
 META_STRING_KEYS = ("tool", "source", "category", "expected_answer", "split", "id", "original_id", "format")
 
 
@@ -103,6 +108,12 @@ def validate_example(example: Any) -> str | None:
     open_calls = 0
     for i, raw in enumerate(messages):
         if isinstance(raw, dict):
+            unknown = sorted(key for key in raw if key not in MESSAGE_KEYS and raw[key] is not None)
+            if unknown:
+                return (
+                    f"messages[{i}]: unknown key {', '.join(repr(k) for k in unknown)} "
+                    f"(chat templates read {', '.join(sorted(MESSAGE_KEYS))}; calls go in 'tool_calls')"
+                )
             for call in raw.get("tool_calls") or []:
                 args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
                 if isinstance(args, str):
