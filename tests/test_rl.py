@@ -387,3 +387,21 @@ def test_reference_model_works_on_trls_own_log_prob_path(tiny_model_dir: Path, t
     result = run_rl(config, tmp_path / "rl", progress=False)
     assert result.steps == 1
     assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_data_errors_name_the_file_line_even_after_blank_lines(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The JSONL reader skips blank lines, so an example's position is not its line: messages must say the line."""
+    from toolschool.train.rl import run_rl
+
+    example = calc_example(2, 3)
+    del example["meta"]["expected_answer"]
+    train = tmp_path / "train.jsonl"
+    train.write_text("\n" + json.dumps(calc_example(4, 5)) + "\n\n" + json.dumps(example) + "\n")
+    config = rl_config(tmp_path / "no-such-model", train, mode="multi_turn")
+    with pytest.raises(DataError, match=r"no meta.expected_answer: \S*train.jsonl:4 "):
+        run_rl(config, tmp_path / "out", progress=False)
+    short = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
+    train.write_text("\n\n" + json.dumps(short) + "\n" + json.dumps(calc_example(4, 5)) + "\n")
+    config = rl_config(tiny_model_dir, train, max_prompt_tokens=60)
+    with pytest.raises(DataError, match=r"longer than rl.max_prompt_tokens = 60: \S*train.jsonl:4 \("):
+        run_rl(config, tmp_path / "out", progress=False)

@@ -128,8 +128,15 @@ def expected_answer_of(example: dict[str, Any]) -> str | None:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def check_expected_answers(examples: Sequence[dict[str, Any]], source: str) -> None:
-    missing = [i for i, ex in enumerate(examples, 1) if expected_answer_of(ex) is None]
+def _line(lines: Sequence[int] | None, index: int) -> int:
+    """The file line of the example at 1-based `index` (the reader skips blank lines, so they can differ)."""
+    return lines[index - 1] if lines else index
+
+
+def check_expected_answers(
+    examples: Sequence[dict[str, Any]], source: str, *, lines: Sequence[int] | None = None
+) -> None:
+    missing = [_line(lines, i) for i, ex in enumerate(examples, 1) if expected_answer_of(ex) is None]
     if missing:
         shown = ", ".join(f"{source}:{i}" for i in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
@@ -160,7 +167,13 @@ def check_reference_tokenizer(tokenizer: Any, ref_name: str) -> Any:
 
 
 def build_single_turn_rows(
-    examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, max_prompt_tokens: int, source: str
+    examples: Sequence[dict[str, Any]],
+    fmt: Any,
+    tokenizer: Any,
+    max_prompt_tokens: int,
+    source: str,
+    *,
+    lines: Sequence[int] | None = None,
 ) -> list[dict[str, str]]:
     """One row per example: the format-rendered prompt text (with the generation prompt and prefill), the gold."""
     rows, too_long = [], []
@@ -171,7 +184,7 @@ def build_single_turn_rows(
         text += fmt.prefill
         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
         if length > max_prompt_tokens:
-            too_long.append(f"{source}:{line} ({length} tokens)")
+            too_long.append(f"{source}:{_line(lines, line)} ({length} tokens)")
             continue
         rows.append({"prompt": text, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example) or ""})
     _refuse_too_long(too_long, max_prompt_tokens)
@@ -184,6 +197,8 @@ def build_multi_turn_rows(
     tools: list[Callable[..., str]],
     max_prompt_tokens: int,
     source: str,
+    *,
+    lines: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per example: the opening messages (system/user, as TRL renders them with the tools), gold, answer."""
     rows, too_long = [], []
@@ -194,7 +209,7 @@ def build_multi_turn_rows(
             messages, tools=tools or None, tokenize=True, add_generation_prompt=True, return_dict=False
         )
         if len(ids) > max_prompt_tokens:
-            too_long.append(f"{source}:{line} ({len(ids)} tokens)")
+            too_long.append(f"{source}:{_line(lines, line)} ({len(ids)} tokens)")
             continue
         rows.append({"prompt": messages, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example)})
     _refuse_too_long(too_long, max_prompt_tokens)
@@ -349,7 +364,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     from trl import GRPOConfig
 
     from toolschool.chat.formats import get_format
-    from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.data.dataset import iter_jsonl, load_dataset_jsonl
     from toolschool.models.device import resolve_device
     from toolschool.models.loading import load_model
     from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
@@ -361,11 +376,12 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     fmt = get_format(settings.format)
     train_path = resolve_train_path(config)
     examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    lines = [number for number, _ in iter_jsonl(train_path)]  # every non-blank line is an example (on_error stop)
     if not examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(examples, str(train_path))
     if settings.mode == "multi_turn":
-        check_expected_answers(examples, str(train_path))
+        check_expected_answers(examples, str(train_path), lines=lines)
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if not resume and latest_checkpoint(out_dir) is not None:
         raise ToolschoolError(
@@ -399,10 +415,12 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         _set_response_parser(tokenizer)
         registry, tools = multi_turn_tools(config, examples, str(train_path))
         rows: list[dict[str, Any]] = build_multi_turn_rows(
-            examples, tokenizer, tools, settings.max_prompt_tokens, str(train_path)
+            examples, tokenizer, tools, settings.max_prompt_tokens, str(train_path), lines=lines
         )
     else:
-        rows = build_single_turn_rows(examples, fmt, tokenizer, settings.max_prompt_tokens, str(train_path))
+        rows = build_single_turn_rows(
+            examples, fmt, tokenizer, settings.max_prompt_tokens, str(train_path), lines=lines
+        )
     # Each step needs batch_size / num_generations distinct prompts; with fewer examples than that the sampler
     # would yield no batch at all and training would end at step 0. Cycle the examples up to one full step.
     prompts_per_step = settings.batch_size // settings.num_generations
