@@ -86,3 +86,19 @@ def test_server_that_exits_at_start_is_a_clear_error() -> None:
     with pytest.raises(ToolschoolError, match="could not be started") as info:
         build_registry(toolbox=[], mcp=[command])
     assert "boom at start" in str(info.value)
+
+
+ODD = f"{sys.executable} {Path(__file__).parent / 'fixtures' / 'mcp' / 'odd_server.py'}"
+
+
+def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped() -> None:
+    source = MCPToolSource(f"{ODD} --silent", start_timeout=1)
+    try:
+        with pytest.raises(ToolschoolError, match=r"did not answer within 1 s"):
+            source.list_tools()
+        assert not source.server_pids()  # the silent server is stopped, not left running
+        failed = source.call("echo", {"text": "hi"})  # a later call tries again and fails the same way
+        assert failed.is_error and failed.error_kind == "server_error" and "did not answer within 1 s" in failed.text
+    finally:
+        source.close()
+    assert not source.server_pids()

@@ -24,6 +24,12 @@ from toolschool.errors import ToolschoolError
 from toolschool.tools.base import Observation, Tool
 from toolschool.tools.validation import validation_error
 
+_STOP_GRACE_S = 10.0  # how long a session asked to stop may take before it is cancelled
+
+
+class _StartTimeout(Exception):
+    """The server did not answer `initialize` within the start timeout (the message says so)."""
+
 
 class MCPTool(Tool):
     """One tool of an MCP server; execution goes through the server's `MCPToolSource`."""
@@ -71,6 +77,8 @@ class MCPToolSource:
         self._session: Any = None
         self._session_task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
+        self._scope: Any = None  # the anyio cancel scope around the session task's transport
+        self._live: dict[asyncio.Task[None], Any] = {}  # every session task not yet finished -> its cancel scope
         self._lock: asyncio.Lock | None = None
         self._errlog: IO[str] | None = None
         self._closed = False
@@ -81,8 +89,9 @@ class MCPToolSource:
     def list_tools(self) -> list[MCPTool]:
         """Start the server (if needed) and return its tools; ToolschoolError when it cannot start."""
         try:
-            listed = self._submit(self._list_tools()).result(self.start_timeout + 5)
-        except FutureTimeout:
+            # The start-up is bounded inside (start_timeout, then a bounded stop); this wait is a backstop.
+            listed = self._submit(self._list_tools()).result(self.start_timeout + _STOP_GRACE_S + 20)
+        except (FutureTimeout, _StartTimeout):
             wait = f"{self.start_timeout:g} s"
             raise ToolschoolError(f"MCP server {self.command!r} did not answer within {wait}") from None
         except ToolschoolError:
@@ -167,19 +176,33 @@ class MCPToolSource:
             if self._session is not None and self._session_task is not None and not self._session_task.done():
                 return self._session
             await self._drop_session()
+            import anyio
+
             ready: asyncio.Future[Any] = self._loop.create_future()
             self._stop = asyncio.Event()
-            self._session_task = self._loop.create_task(self._hold_session(ready, self._stop))
+            self._scope = anyio.CancelScope()
+            self._session_task = self._loop.create_task(self._hold_session(ready, self._stop, self._scope))
+            self._live[self._session_task] = self._scope
             try:
                 self._session = await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
+            except TimeoutError:
+                # It never answered `initialize`: the task waits there, not on `stop`, so cancel it right away.
+                await self._drop_session(grace=0)
+                if ready.done():
+                    ready.exception()  # retrieved: the timeout below is the reason given
+                raise _StartTimeout(f"did not answer within {self.start_timeout:g} s") from None
             except BaseException:
                 await self._drop_session()
                 raise
             self.restarts += 1
             return self._session
 
-    async def _hold_session(self, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
-        """Owns the transport and the session for their whole life (both must exit in the task they entered)."""
+    async def _hold_session(self, ready: asyncio.Future[Any], stop: asyncio.Event, scope: Any) -> None:
+        """Owns the transport and the session for their whole life (both must exit in the task they entered).
+
+        `scope` (an anyio cancel scope) is how another task stops it where it cannot see `stop` (a server that
+        never answers `initialize`): cancelling the scope, unlike `Task.cancel`, lets the SDK's shielded transport
+        shutdown stop the server process."""
         from mcp import ClientSession, StdioServerParameters, stdio_client
 
         if self._errlog is not None:
@@ -187,33 +210,38 @@ class MCPToolSource:
         self._errlog = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
         params = StdioServerParameters(command=self.argv[0], args=self.argv[1:])
         try:
-            async with stdio_client(params, errlog=self._errlog) as (read, write):
-                async with ClientSession(read, write, read_timeout_seconds=self.call_timeout) as session:
-                    await session.initialize()
-                    if not ready.done():
-                        ready.set_result(session)
-                    await stop.wait()
+            with scope:
+                async with stdio_client(params, errlog=self._errlog) as (read, write):
+                    async with ClientSession(read, write, read_timeout_seconds=self.call_timeout) as session:
+                        await session.initialize()
+                        if not ready.done():
+                            ready.set_result(session)
+                        await stop.wait()
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
             if not isinstance(exc, Exception):
                 raise
         finally:
+            self._live.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
             if not ready.done():
                 ready.set_exception(RuntimeError("the server closed the connection during start-up"))
 
-    async def _drop_session(self) -> None:
-        task, self._session, self._session_task = self._session_task, None, None
+    async def _drop_session(self, grace: float = _STOP_GRACE_S) -> None:
+        """Stop the current session: ask it to end (`stop`), and after `grace` s cancel its scope."""
+        task, scope = self._session_task, self._scope
+        self._session, self._session_task, self._scope = None, None, None
         if self._stop is not None:
             self._stop.set()
-        if task is not None and not task.done():
-            try:
-                await asyncio.wait_for(task, 10)
-            except BaseException:
-                task.cancel()
+        if task is not None:
+            await _finish(task, scope, grace)
 
     async def _shutdown(self) -> None:
         await self._drop_session()
+        # Sessions still being stopped by another coroutine (a failed start, a failed call) are waited for too:
+        # the loop stops after this, and a transport left half-closed would leave its server process running.
+        for task, scope in list(self._live.items()):
+            await _finish(task, scope, 0)
 
     # --- helpers ------------------------------------------------------------------------------------------------
 
@@ -236,6 +264,20 @@ class MCPToolSource:
         return f" (server stderr: {' '.join(text.split())})" if text else ""
 
 
+async def _finish(task: asyncio.Task[None], scope: Any, grace: float) -> None:
+    """Wait `grace` s for a session task to end by itself, then cancel its scope and wait for the (bounded)
+    transport shutdown; never raises."""
+    if task.done():
+        return
+    if grace > 0:
+        await asyncio.wait({task}, timeout=grace)
+    if not task.done() and scope is not None:
+        scope.cancel()
+    await asyncio.wait({task}, timeout=_STOP_GRACE_S + 10)
+    if not task.done():
+        task.cancel()
+
+
 def _own_pid() -> int:
     import os
 
@@ -243,6 +285,8 @@ def _own_pid() -> int:
 
 
 def _reason(exc: BaseException) -> str:
+    if isinstance(exc, _StartTimeout):
+        return str(exc)
     if isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         return _reason(exc.exceptions[0])
     text = str(exc) or type(exc).__name__
