@@ -102,3 +102,25 @@ def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped() 
     finally:
         source.close()
     assert not source.server_pids()
+
+
+@pytest.fixture(scope="module")
+def odd():
+    with build_registry(toolbox=[], mcp=[ODD]) as reg:
+        yield reg
+
+
+def test_non_text_content_is_described_not_dropped(odd: ToolRegistry) -> None:
+    obs = odd.call("mixed", {})
+    assert not obs.is_error
+    lines = obs.text.splitlines()
+    assert lines[0] == "see attached"
+    assert "image/png" in lines[1]  # an image: its type (the model cannot see it)
+    assert "NOTE 42" in obs.text and "file:///n.txt" in obs.text  # an embedded text resource: its text
+    assert "application/pdf" in obs.text and "file:///d.pdf" in obs.text  # an embedded blob: what and where
+    assert "file:///report.csv" in obs.text  # a resource link: where
+
+
+def test_tool_error_result_is_an_error_observation(odd: ToolRegistry) -> None:
+    obs = odd.call("refuse", {"reason": "no"})
+    assert obs.is_error and obs.error_kind == "execution" and "refused: no" in obs.text

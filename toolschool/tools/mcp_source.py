@@ -293,12 +293,28 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text != type(exc).__name__ else text
 
 
+def _describe_block(block: Any) -> str:
+    """What a model reads for one content block: text as is; an embedded text resource's text under its URI;
+    for an image, audio, a binary resource or a resource link, what it is and where (it cannot see the bytes)."""
+    kind = getattr(block, "type", "content")
+    text = getattr(block, "text", None)
+    if text is not None:
+        return text
+    resource = getattr(block, "resource", None)
+    if resource is not None:  # an embedded resource
+        uri, mime = getattr(resource, "uri", ""), getattr(resource, "mime_type", None)
+        if getattr(resource, "text", None) is not None:
+            return f"[resource {uri}]\n{resource.text}"
+        return f"[binary resource {uri}{f' ({mime})' if mime else ''}]"
+    mime = getattr(block, "mime_type", None)
+    if kind == "resource_link":
+        name = getattr(block, "name", "") or ""
+        return f"[resource link {getattr(block, 'uri', '')}{f' ({name})' if name else ''}]"
+    return f"[{kind} content{f' ({mime})' if mime else ''}]"
+
+
 def _to_observation(result: Any) -> Observation:
-    parts: list[str] = []
-    for block in result.content or []:
-        text = getattr(block, "text", None)
-        parts.append(text if text is not None else f"[{getattr(block, 'type', 'content')} content]")
-    text = "\n".join(parts).strip()
+    text = "\n".join(_describe_block(block) for block in result.content or []).strip()
     value = result.structured_content
     if result.is_error:
         return Observation(text or "the tool reported an error", value=value, is_error=True, error_kind="execution")
