@@ -405,3 +405,20 @@ def test_data_errors_name_the_file_line_even_after_blank_lines(tiny_model_dir: P
     config = rl_config(tiny_model_dir, train, max_prompt_tokens=60)
     with pytest.raises(DataError, match=r"longer than rl.max_prompt_tokens = 60: \S*train.jsonl:4 \("):
         run_rl(config, tmp_path / "out", progress=False)
+
+
+def test_resume_before_the_first_checkpoint_does_not_log_steps_twice(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """A run killed before its first checkpoint logged steps that --resume trains again from step 0."""
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    out = tmp_path / "rl"
+    out.mkdir()
+    (out / "train_log.jsonl").write_text(
+        json.dumps({"event": "start", "step": 0}) + "\n" + json.dumps({"step": 1, "reward": -9.0}) + "\n"
+    )
+    result = run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, resume=True, progress=False)
+    assert result.steps == 1
+    curve = read_reward_curve(out / "train_log.jsonl")
+    assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0

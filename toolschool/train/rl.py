@@ -406,8 +406,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     identity = base_identity(loaded, config.model.name)
     if resume:
         _check_resume(out_dir, identity, settings.mode, settings.method)
-        if checkpoint is not None:
-            drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
+        # without a checkpoint training starts again at step 0, so no logged step survives
+        drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
 
     registry = None
     tools: list[Callable[..., str]] = []
