@@ -119,6 +119,25 @@ def test_duplicates_name_both_sources(tmp_path: Path) -> None:
         build_registry(modules=[str(module)])
 
 
+def test_only_leaves_out_a_clashing_name(tmp_path: Path) -> None:
+    # The duplicate-name error suggests --only: keeping tools other than the clashing name must then work.
+    module = tmp_path / "dup.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n@tool\ndef weekday(date: str) -> str:\n    return date\n\n"
+        "@tool\ndef shout(text: str) -> str:\n    return text.upper()\n"
+    )
+    with pytest.raises(ToolschoolError) as info:
+        build_registry(modules=[str(module)])
+    assert "--only" in str(info.value) and "leaving out 'weekday'" in str(info.value)
+    kept = build_registry(modules=[str(module)], only=["shout", "calculator"])
+    assert kept.names() == ["shout", "calculator"] and kept.source("shout") == f"module:{module}"
+    assert kept.call("shout", {"text": "hi"}).text == "HI"
+    with pytest.raises(ToolschoolError, match="duplicate tool name 'weekday'"):  # keeping the clashing name itself
+        build_registry(modules=[str(module)], only=["weekday"])
+    with pytest.raises(ToolschoolError, match="--only names unknown tool"):
+        build_registry(modules=[str(module)], only=["shout", "nope"])
+
+
 def test_only_and_unknown_toolbox() -> None:
     assert build_registry(only=["calculator", "weekday"]).names() == ["calculator", "weekday"]
     with pytest.raises(ToolschoolError, match="--only names unknown tool"):

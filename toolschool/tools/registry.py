@@ -48,7 +48,8 @@ class ToolRegistry:
         if tool.name in self._tools:
             raise ToolschoolError(
                 f"duplicate tool name {tool.name!r}: provided by {self._sources[tool.name]} and by {source}",
-                hint="drop one of the sources, or keep one with --only",
+                hint="drop one of the sources, or name the tools to keep with --only (tools.only in the config), "
+                f"leaving out {tool.name!r}",
             )
         self._tools[tool.name] = tool
         self._sources[tool.name] = source
@@ -157,8 +158,18 @@ def build_registry(
     *,
     sandbox_limits: SandboxLimits | None = None,
 ) -> ToolRegistry:
-    """A registry from toolboxes, MCP server commands and Python modules; `only` keeps just those names."""
+    """A registry from toolboxes, MCP server commands and Python modules; `only` keeps just those names.
+
+    A tool left out by `only` is never added, so two sources may both offer a name that `only` does not keep
+    (the duplicate-name error suggests exactly that way out)."""
     registry = ToolRegistry()
+    offered: list[str] = []  # every name the sources offer, kept or not (to report unknown --only names)
+
+    def add(tool: Tool, source: str) -> None:
+        offered.append(tool.name)
+        if not only or tool.name in only:
+            registry.add(tool, source)
+
     try:
         for name in toolbox:
             if name not in TOOLBOXES:
@@ -166,25 +177,25 @@ def build_registry(
             from toolschool.tools.builtin import builtin_tools
 
             for tool in builtin_tools(sandbox_limits):
-                registry.add(tool, name)
+                add(tool, name)
         for module in modules:
             from toolschool.tools.functions import load_module_tools
 
             for tool in load_module_tools(module):
-                registry.add(tool, f"module:{module}")
+                add(tool, f"module:{module}")
         for command in mcp:
             from toolschool.tools.mcp_source import MCPToolSource
 
             source = MCPToolSource(command)
             registry.add_closer(source)
             for tool in source.list_tools():
-                registry.add(tool, source.label)
+                add(tool, source.label)
         if only:
             unknown = [n for n in only if n not in registry]
             if unknown:
                 raise ToolschoolError(
                     f"--only names unknown tool(s) {', '.join(map(repr, unknown))}",
-                    hint=f"known tools: {registry._known()}",
+                    hint=f"known tools: {', '.join(dict.fromkeys(offered)) or '(none)'}",
                 )
             keep = ToolRegistry()
             for name in only:
