@@ -422,3 +422,18 @@ def test_resume_before_the_first_checkpoint_does_not_log_steps_twice(
     assert result.steps == 1
     curve = read_reward_curve(out / "train_log.jsonl")
     assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0
+
+
+def test_resume_on_other_training_data_is_refused(tiny_model_dir: Path, train_file: Path, tmp_path: Path) -> None:
+    """Resuming replays the data order and skips the batches already seen, which only holds for the same data."""
+    from toolschool.errors import ToolschoolError
+    from toolschool.train.rl import META_FILE, run_rl
+
+    out = tmp_path / "rl"
+    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
+    assert json.loads((out / META_FILE).read_text())["train_sha256"]
+    other = write_jsonl(tmp_path / "other.jsonl", [calc_example(5, 6), answer_example()])
+    with pytest.raises(ToolschoolError, match=r"trained on other data: the training file \S*other.jsonl"):
+        run_rl(rl_config(tiny_model_dir, other, num_steps=2, merge=False), out, resume=True, progress=False)
+    resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=2, merge=False), out, resume=True, progress=False)
+    assert resumed.steps == 2

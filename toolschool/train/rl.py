@@ -22,6 +22,7 @@ reference model with another tokenizer, a prompt too long) is refused before the
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import time
@@ -335,7 +336,10 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str, method: str) -> None:
+def _check_resume(
+    out_dir: Path, identity: dict[str, Any], mode: str, method: str, train: tuple[Path, str] | None = None
+) -> None:
+    """Refuse to resume checkpoints of another base, mode or method, or (`train`: path, sha256) on other data."""
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
@@ -352,6 +356,13 @@ def _check_resume(out_dir: Path, identity: dict[str, Any], mode: str, method: st
         raise ToolschoolError(
             f"the checkpoints in {out_dir} were trained with rl.method = '{saved['method']}', not '{method}'",
             hint=f"resume with --method {saved['method']}, or train into a new --out folder",
+        )
+    # Resuming replays the data order and skips the batches already seen: that only holds for the same data.
+    if train is not None and saved.get("train_sha256") not in (None, train[1]):
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained on other data: the training file {train[0]} is not the "
+            f"one they saw (sha256 {train[1][:12]}, not {saved['train_sha256'][:12]})",
+            hint="resume with the same training file, or train on the new data into a new --out folder",
         )
 
 
@@ -376,6 +387,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     fmt = get_format(settings.format)
     train_path = resolve_train_path(config)
     examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    train_sha256 = hashlib.sha256(train_path.read_bytes()).hexdigest()
     lines = [number for number, _ in iter_jsonl(train_path)]  # every non-blank line is an example (on_error stop)
     if not examples:
         raise DataError(f"training data '{train_path}' holds no examples")
@@ -405,7 +417,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
     if resume:
-        _check_resume(out_dir, identity, settings.mode, settings.method)
+        _check_resume(
+            out_dir, identity, settings.mode, settings.method, (train_path, train_sha256) if checkpoint else None
+        )
         # without a checkpoint training starts again at step 0, so no logged step survives
         drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
 
@@ -455,6 +469,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
                 "rewards": rewards,
                 "method": settings.method,
                 "examples": len(rows),
+                "train_sha256": train_sha256,
             },
             indent=2,
         )
