@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
+import re
 from typing import Any
 
 from toolschool.tools.base import Observation, Tool
@@ -79,19 +81,59 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
     units = {}
     for label, text in (("from_unit", from_unit), ("to_unit", to_unit)):
         try:
-            units[label] = ureg.Unit(text.strip())
+            units[label] = _parse_unit(ureg, text)
         except (pint.UndefinedUnitError, AttributeError, TypeError, ValueError, AssertionError) as exc:
-            return _error(f"unknown unit {text!r} ({label}): {exc}; use names such as meter, km, mile, kg, degC")
+            reason = str(exc) or "not a unit"
+            return _error(f"unknown unit {text!r} ({label}): {reason}; use names such as meter, km, mile, kg, degC")
     try:
         converted = ureg.Quantity(value, units["from_unit"]).to(units["to_unit"])
     except pint.DimensionalityError:
         src, dst = units["from_unit"], units["to_unit"]
+        if src.dimensionality == dst.dimensionality:  # an absolute temperature and a temperature difference
+            return _error(
+                f"cannot convert {from_unit!r} to {to_unit!r}: one is a temperature and the other a temperature "
+                "difference (delta_degC, delta_degF); convert temperatures to temperatures, differences to differences"
+            )
+        hint = (
+            "; for temperatures write degC, degF or K"
+            if _TEMPERATURE_LOOKALIKE.search(f"{from_unit}|{to_unit}")
+            else ""
+        )
         return _error(
             f"cannot convert {from_unit!r} to {to_unit!r}: {from_unit!r} has dimension {src.dimensionality} "
-            f"but {to_unit!r} has dimension {dst.dimensionality}"
+            f"but {to_unit!r} has dimension {dst.dimensionality}{hint}"
         )
     magnitude = float(converted.magnitude)
-    return Observation(f"{format_number(round(magnitude, 10))} {to_unit}", value=magnitude)
+    if not math.isfinite(magnitude):
+        return _error(f"the result of converting {value:g} {from_unit} to {to_unit} is too large (beyond 1e308)")
+    # Ten decimals hide float noise for ordinary magnitudes; below 1, ten significant digits keep tiny results.
+    shown = round(magnitude, 10) if abs(magnitude) >= 1 else float(f"{magnitude:.10g}")
+    return Observation(f"{format_number(shown)} {to_unit}", value=magnitude)
+
+
+# "C", "F", "deg F", "degrees C": pint reads C and F as coulomb and farad.
+_TEMPERATURE_LOOKALIKE = re.compile(r"(^|\|)\s*(deg(ree)?s?\s+)?[CF]\s*($|\|)")
+
+
+def _parse_unit(ureg: Any, text: str) -> Any:
+    """`ureg.Unit(text)`; a single name pint does not know in that case ("Celsius", "KM", "Miles") is tried
+    lower-cased, then case-insensitively when that names exactly one unit."""
+    import pint
+
+    text = text.strip()
+    try:
+        return ureg.Unit(text)
+    except pint.UndefinedUnitError:
+        if not re.fullmatch(r"[A-Za-z_]+", text):
+            raise
+        try:
+            return ureg.Unit(text.lower())
+        except pint.UndefinedUnitError:
+            pass
+        candidates = {"".join(parts) for parts in ureg.parse_unit_name(text, case_sensitive=False)}
+        if len(candidates) == 1:
+            return ureg.Unit(candidates.pop())
+        raise
 
 
 def _parse_date(text: str, argument: str) -> dt.date:
