@@ -156,3 +156,22 @@ except OSError as e:
     assert "kill: sent" not in result.stdout
     if containment()["isolation"] == "netns-pidns-nobody":
         assert "fork stopped" in result.stdout
+
+
+def test_exit_with_a_message_shows_the_message() -> None:
+    # sys.exit("...") prints its message and exits 1, as python itself does.
+    result = run("import sys\nprint('checking')\nsys.exit('x must be positive')")
+    assert result.exit_code == 1 and result.limit is None
+    assert result.describe(LIMITS).splitlines() == [
+        "checking",
+        "x must be positive",
+        "[sandbox] the program exited with status 1",
+    ]
+
+
+def test_open_files_limit_is_named() -> None:
+    limits = SandboxLimits(wall_seconds=WALL, max_open_files=10)
+    result = run("files = [open(f'f{i}', 'w') for i in range(20)]", limits)
+    assert result.limit == "open_files"
+    assert "Too many open files" in result.stderr
+    assert "[sandbox] open files limit of 10 hit" in result.describe(limits)

@@ -131,7 +131,10 @@ def run_user_code() -> int:
         code = compile(source, "main.py", "exec")
         exec(code, {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__})
     except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if exc.code is None or isinstance(exc.code, int):
+            return 0 if exc.code is None else exc.code
+        sys.stderr.write(f"{exc.code}\n")  # sys.exit("message"): python prints the message and exits 1
+        return 1
     except MemoryError:
         report("memory", f"the memory limit of {CONFIG['memory_mb']} MB was hit")
         sys.stderr.write(f"MemoryError: the memory limit of {CONFIG['memory_mb']} MB was hit\n")
@@ -139,6 +142,8 @@ def run_user_code() -> int:
     except BaseException as exc:  # the user's traceback, without this bootstrap's frames
         if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
             report("file_size", f"the file size limit of {CONFIG['max_file_mb']} MB was hit")
+        if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+            report("open_files", f"the open files limit of {CONFIG['max_open_files']} was hit")
         own = os.path.abspath(__file__)
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) != own]
         text = "".join(traceback.format_list(frames)) + "".join(traceback.format_exception_only(type(exc), exc))

@@ -72,7 +72,7 @@ class SandboxResult:
     stderr: str
     exit_code: int | None  # negative: killed by that signal; None: could not be started
     timed_out: bool
-    limit: str | None  # wall_time, cpu_time, memory, output, processes, network, filesystem, signals, ...
+    limit: str | None  # wall_time, cpu_time, memory, output, processes, network, filesystem, open_files, ...
     truncated: bool
     seconds: float
     refusals: list[str] = field(default_factory=list)  # what the audit hook refused, in order
@@ -107,6 +107,7 @@ _LIMIT_TEXT = {
     "network": "network access is disabled",
     "filesystem": "file access refused: only the temporary working directory is writable",
     "file_size": "file size limit of {limits.max_file_mb} MB hit",
+    "open_files": "open files limit of {limits.max_open_files} hit (close files you no longer need)",
     "signals": "sending signals to other processes is not allowed",
     "native_code": "native code (ctypes) is not allowed",
     "other_processes": "reading other processes' information is not allowed",
