@@ -156,6 +156,10 @@ def _spelling_hint(text: str) -> str | None:
         return "write numbers without thousands separators (1234567, not 1,234,567)"
     if "=" in text:
         return "write only the expression, without '=' (2+2, not 2+2=)"
+    if re.search(r"\d\s*%\s*(of\b|$|[-+*/)])", text):  # % as percent; 7 % 3 (modulo) parses and never gets here
+        return "write a percentage as a fraction (50/100*200 for 50% of 200); % is the remainder, as in 7 % 3"
+    if "√" in text:
+        return "use sqrt() for square roots (write sqrt(2), not √2)"
     return None
 
 
