@@ -78,3 +78,20 @@ def test_call_mcp_tool() -> None:
     )
     assert result.exit_code == 0, result.output
     assert '"timezone": "Asia/Tokyo"' in result.output
+
+
+def test_call_with_only_when_two_sources_share_a_name(tmp_path: Path) -> None:
+    # The duplicate-name error says to name the tools to keep with --only: `tools call` must accept it too.
+    module = tmp_path / "dup.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n@tool\ndef weekday(date: str) -> str:\n    return date\n\n"
+        "@tool\ndef shout(text: str) -> str:\n    return text.upper()\n"
+    )
+    clash = runner.invoke(
+        app, ["tools", "call", "shout", '{"text": "hi"}', "--toolbox", "builtin", "--module", str(module)]
+    )
+    assert clash.exit_code == 2 and "--only" in clash.output
+    only = ["--toolbox", "builtin", "--module", str(module), "--only", "shout"]
+    result = runner.invoke(app, ["tools", "call", "shout", '{"text": "hi"}', *only])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "HI"

@@ -54,6 +54,7 @@ def call(
     toolbox: list[str] = typer.Option(None, "--toolbox", help=TOOLBOX_HELP),
     mcp: list[str] = typer.Option(None, "--mcp", help=MCP_HELP),
     module: list[str] = typer.Option(None, "--module", help=MODULE_HELP),
+    only: list[str] = typer.Option(None, "--only", help=ONLY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole observation as JSON."),
 ) -> None:
     """Call one tool and print its observation (exit 1 when the observation is an error)."""
@@ -66,7 +67,7 @@ def call(
         ) from None
     if not isinstance(args, dict):
         raise ToolschoolError(f"arguments must be a JSON object, got {type(args).__name__}", hint="e.g. '{\"x\": 1}'")
-    with _registry(toolbox, mcp, module, None) as registry:
+    with _registry(toolbox, mcp, module, only) as registry:
         registry.get(name)  # unknown tool: one clear line listing the known ones
         observation = registry.call(name, args)
     if as_json:
