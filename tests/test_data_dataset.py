@@ -131,6 +131,12 @@ def test_invalid_examples_say_why(mutate, reason: str) -> None:
             lambda e: e["messages"][1].update(function_call={"name": "calculator", "arguments": "{}"}),
             "messages[1]: unknown key 'function_call'",
         ),
+        # a call left without its result, and a result naming no call (OpenAI refuses both)
+        (lambda e: e["messages"].pop(2), "messages[2]: 1 call of messages[1] has no tool result before this message"),
+        (
+            lambda e: e["messages"][2].update(tool_call_id="call_9"),
+            "messages[2]: tool_call_id 'call_9' answers no call of messages[1] (call_0)",
+        ),
         # a format SFT cannot render the line in
         (lambda e: e["meta"].update(format="xml"), "meta.format 'xml' is not one of hermes, json, react"),
         (lambda e: e["meta"].update(format=3), "meta.format must be a string or null, got 3"),
@@ -141,6 +147,13 @@ def test_validation_catches_what_training_would_choke_on_or_learn_wrong(mutate, 
     mutate(example)
     problem = validate_example(example)
     assert problem is not None and reason in problem, problem
+
+
+def test_a_conversation_may_end_on_a_call_and_results_may_omit_the_id() -> None:
+    example = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    assert validate_example({**example, "messages": example["messages"][:2]}) is None  # one step: the call
+    example["messages"][2].pop("tool_call_id")
+    assert validate_example(example) is None
 
 
 def test_known_optional_message_keys_pass() -> None:

@@ -70,7 +70,8 @@ def validate_example(example: Any) -> str | None:
 
     Checks the shape (messages/tools/meta), each message and tool schema against the canonical types, that
     arguments are JSON objects that fit the declared tool's parameters, that calls name a tool the line
-    declares, that tool results answer a call, that a system or user message comes before the first assistant
+    declares, that each call gets its tool result (matching `tool_call_id` when both carry ids) before the
+    conversation goes on (it may end on a call), that a system or user message comes before the first assistant
     turn (the prompt training and validation condition on), that `meta.format` is a format training can
     render, and that the conversation ends with the assistant (what training learns from).
     """
@@ -105,7 +106,9 @@ def validate_example(example: Any) -> str | None:
             return f"tools[{i}]: {_pydantic_reason(exc)}"
         declared[function.name] = function.parameters
 
-    open_calls = 0
+    open_calls = 0  # calls of the last assistant message still waiting for their tool result
+    call_turn = -1
+    call_ids: list[str] = []
     for i, raw in enumerate(messages):
         if isinstance(raw, dict):
             unknown = sorted(key for key in raw if key not in MESSAGE_KEYS and raw[key] is not None)
@@ -122,6 +125,11 @@ def validate_example(example: Any) -> str | None:
             message = Message.model_validate(raw)
         except ValidationError as exc:
             return f"messages[{i}]: {_pydantic_reason(exc)}"
+        if message.role != "tool" and open_calls:
+            return (
+                f"messages[{i}]: {open_calls} call{'s' if open_calls > 1 else ''} of messages[{call_turn}] "
+                "has no tool result before this message"
+            )
         if message.role == "assistant":
             if not any(m.get("role") in ("system", "user") for m in messages[:i] if isinstance(m, dict)):
                 return f"messages[{i}]: the first assistant turn needs a system or user message before it"
@@ -130,13 +138,19 @@ def validate_example(example: Any) -> str | None:
                     problem = _call_problem(call.function.name, call.function.arguments, declared)
                     if problem is not None:
                         return f"messages[{i}]: {problem}"
-                open_calls = len(message.tool_calls)
+                open_calls, call_turn = len(message.tool_calls), i
+                call_ids = [call.id for call in message.tool_calls if call.id]
             elif message.content is None:
                 return f"messages[{i}]: an assistant message needs 'content' or 'tool_calls'"
         elif message.role == "tool":
             if open_calls == 0:
                 return f"messages[{i}]: a tool result must follow an assistant message with tool_calls"
             open_calls -= 1
+            if message.tool_call_id and call_ids and message.tool_call_id not in call_ids:
+                return (
+                    f"messages[{i}]: tool_call_id '{message.tool_call_id}' answers no call of messages[{call_turn}] "
+                    f"({', '.join(call_ids)})"
+                )
             if message.content is None:  # OpenAI requires it; the json/react formats would show "Observation: null"
                 return f"messages[{i}]: a tool message needs 'content' (the tool's result text)"
         elif message.content is None:
