@@ -284,3 +284,20 @@ def test_stats_counts() -> None:
     ]
     stats = dataset_stats(examples)
     assert stats["examples"] == 2 and stats["tool_calls"] == 2 and stats["per_tool"] == {"calculator": 1, "python": 1}
+
+
+@pytest.mark.parametrize("fmt", ["json", "react"])
+def test_stats_count_calls_written_as_text_in_a_format(fmt: str) -> None:
+    """A json/react line holds its calls as assistant text: stats must count them as the hermes line's calls."""
+    from toolschool.data.records import example_to_format
+
+    canonical = [
+        call_example("calculator", {"expression": "1"}, "1", "1"),
+        call_example("python", {"code": "print(1)"}, "1", "1"),
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], "tools": []},
+    ]
+    converted = [example_to_format(e, fmt) for e in canonical]
+    assert all(validate_example(e) is None for e in converted)
+    stats, expected = dataset_stats(converted), dataset_stats(canonical)
+    for key in ("with_tool_calls", "tool_calls", "assistant_turns_mean"):
+        assert stats[key] == expected[key], key

@@ -377,6 +377,18 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
     return count
 
 
+def _calls_of(message: dict[str, Any], format_name: str | None) -> list[Any]:
+    """A message's calls: its `tool_calls`, or, on a line already written in a text format (`meta.format` json or
+    react), the calls its assistant text holds in that format."""
+    if message.get("tool_calls"):
+        return list(message["tool_calls"])
+    if format_name in (None, "hermes") or message.get("role") != "assistant":
+        return []
+    from toolschool.chat.formats import get_format
+
+    return get_format(format_name).parse(message.get("content") or "").calls
+
+
 def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts a user wants before training: per tool, per category, per source, calls and turns."""
     per_tool: Counter[str] = Counter()
@@ -390,7 +402,7 @@ def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_tool[str(meta.get("tool"))] += 1
         per_category[str(meta.get("category"))] += 1
         per_source[str(meta.get("source"))] += 1
-        n_calls = sum(len(m.get("tool_calls") or []) for m in example["messages"])
+        n_calls = sum(len(_calls_of(m, meta.get("format"))) for m in example["messages"])
         calls += n_calls
         with_calls += n_calls > 0
         turns += sum(1 for m in example["messages"] if m.get("role") == "assistant")
