@@ -544,3 +544,32 @@ def test_resume_reuses_cached_paraphrases_when_the_plan_changes(tmp_path: Path) 
     opts.target_per_tool = 12  # 3 each planned, 5 asked: only the missing samples are asked for
     distill(trials, opts, paraphraser=backend)
     assert sorted(r.params.n for r in backend.requests) == [1, 1, 2]
+
+
+class FailingAfter(ScriptedBackend):
+    """Answers `limit` requests, then fails as a crashed server would."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__({})
+        self.limit = limit
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        if len(self.requests) >= self.limit:
+            raise ConnectionError("server went away")
+        return await super().generate(request)
+
+
+def test_an_interrupted_judge_run_resumes_without_asking_again(tmp_path: Path) -> None:
+    """Judgments made before a crash are kept (cache.jsonl); the rerun asks only for the missing ones."""
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0, concurrency=1, judge_model="s"
+    )
+    with pytest.raises(ConnectionError):
+        distill(good_trials(), opts, judge=FailingAfter(2))
+    backend = ScriptedBackend({})
+    summary = distill(good_trials(), opts, judge=backend)
+    assert len(backend.requests) == 2  # 4 candidates, 2 judged before the crash
+    assert summary["total"]["judge"] == 4
+    fresh = distill(good_trials(), DistillOptions(**{**opts.__dict__, "out": tmp_path / "fresh"}), judge=backend)
+    assert fresh["per_tool"] == summary["per_tool"]
+    assert (tmp_path / "fresh" / "train.jsonl").read_text() == (opts.out / "train.jsonl").read_text()
