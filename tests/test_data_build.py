@@ -235,9 +235,13 @@ def test_build_on_fixtures_is_deterministic_and_loadable(tmp_path: Path) -> None
 
             assert matches_annotated(float(evaluate_expression(row["tool_args"]["expression"])), row["expected_answer"])
     for fmt in ("hermes", "json"):
+        prompts = {}
         for split in ("train", "validation"):
-            _, report = load_dataset_jsonl(tmp_path / "a" / fmt / f"{split}.jsonl", on_error="stop")
+            lines, report = load_dataset_jsonl(tmp_path / "a" / fmt / f"{split}.jsonl", on_error="stop")
             assert report.errors == []
+            # the request: the first user message (json lines carry observations as later user messages)
+            prompts[split] = {next(m["content"] for m in e["messages"] if m["role"] == "user") for e in lines}
+        assert prompts["train"] and prompts["validation"] and not prompts["train"] & prompts["validation"]
 
     build(tmp_path / "b")
     for name in ("records.jsonl", "hermes/train.jsonl", "json/validation.jsonl"):
