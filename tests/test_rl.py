@@ -335,6 +335,23 @@ def test_resume_with_another_method_is_refused_before_training(
     assert (out / "train_log.jsonl").read_text() == log
 
 
+def save_sft_like_adapter(base: Path, out: Path) -> Path:
+    """A LoRA adapter on `base` that changes the model, as a trained SFT adapter does (saved like one)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
+    torch.manual_seed(0)
+    for name, param in peft_model.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.5)
+    peft_model.save_pretrained(out)
+    return out
+
+
 def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_it(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
@@ -342,22 +359,11 @@ def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_i
     it named the bare base model, so loading it (evaluate, serve) silently dropped the SFT adapter. Now merged/ is
     the result, and `merge = false` (which would keep only that adapter) is refused before training."""
     import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
     from toolschool.models.loading import load_model
     from toolschool.train.rl import run_rl
 
-    sft = tmp_path / "sft-adapter"
-    peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-        LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"),
-    )
-    torch.manual_seed(0)
-    for name, param in peft_model.named_parameters():
-        if "lora_B" in name:
-            param.data.normal_(0, 0.5)  # an adapter that changes the model, as a trained one does
-    peft_model.save_pretrained(sft)
+    sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
 
     with pytest.raises(ConfigError, match=r"rl.merge = false.*is itself a LoRA adapter"):
         run_rl(rl_config(sft, train_file, merge=False), tmp_path / "refused", progress=False)
@@ -437,3 +443,16 @@ def test_resume_on_other_training_data_is_refused(tiny_model_dir: Path, train_fi
         run_rl(rl_config(tiny_model_dir, other, num_steps=2, merge=False), out, resume=True, progress=False)
     resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=2, merge=False), out, resume=True, progress=False)
     assert resumed.steps == 2
+
+
+def test_full_rl_from_an_sft_adapter_keeps_the_start_model_as_the_kl_reference(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """Full fine-tuning: TRL reloads the reference from the policy's config path, which for a start adapter (merged
+    in memory) is the bare base. The KL must be to the start model: ~0 at the first step, before any update."""
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
+    config = rl_config(sft, train_file, num_steps=1, method="full", merge=False)
+    run_rl(config, tmp_path / "rl", progress=False)
+    assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-5)

@@ -413,6 +413,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     started = time.perf_counter()
     loaded = load_model(config.model.name, device=device, dtype=settings.dtype, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
+    if settings.method == "full":
+        # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
+        model.requires_grad_(True)
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
@@ -525,6 +528,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         trainer.share_prompts = settings.share_prompts
         if settings.ref_model:
             _install_reference(trainer, settings.ref_model, device, settings.dtype)
+        elif start_adapter and settings.method == "full" and settings.beta:
+            # TRL rebuilt the reference from the policy's config path: the bare base, without the start adapter
+            _install_reference(trainer, config.model.name, device, settings.dtype)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         if registry is not None:
