@@ -456,3 +456,18 @@ def test_full_rl_from_an_sft_adapter_keeps_the_start_model_as_the_kl_reference(
     config = rl_config(sft, train_file, num_steps=1, method="full", merge=False)
     run_rl(config, tmp_path / "rl", progress=False)
     assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_fresh_run_into_a_folder_with_an_old_log_does_not_mix_them(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """A run that died before its first checkpoint leaves a log; running again without --resume starts at step 0
+    and must not append its steps to the old ones."""
+    from toolschool.train.rl import read_reward_curve, run_rl
+
+    out = tmp_path / "rl"
+    out.mkdir()
+    (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "reward": -9.0}) + "\n")
+    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
+    curve = read_reward_curve(out / "train_log.jsonl")
+    assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0

@@ -423,8 +423,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         _check_resume(
             out_dir, identity, settings.mode, settings.method, (train_path, train_sha256) if checkpoint else None
         )
-        # without a checkpoint training starts again at step 0, so no logged step survives
-        drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
+    # Training starts at the checkpoint's step, or at 0 (a fresh run, or --resume before any checkpoint): no step
+    # logged after it, by an interrupted run or an earlier one that died before its first checkpoint, survives.
+    drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
 
     registry = None
     tools: list[Callable[..., str]] = []
