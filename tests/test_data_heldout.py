@@ -33,6 +33,16 @@ def test_builtin_heldout_covers_each_offered_tool_with_real_answers() -> None:
     }
 
 
+def test_builtin_heldout_never_holds_a_training_query() -> None:
+    with build_registry(toolbox=["builtin"], only=["calculator", "weekday"]) as reg:
+        lines = builtin_heldout(reg, per_tool=3, seed=1)
+        trained = [lines[0]["messages"][0]["content"].upper(), "  " + lines[4]["messages"][0]["content"]]
+        kept = builtin_heldout(reg, per_tool=3, seed=1, exclude=trained)
+    queries = [line["messages"][0]["content"] for line in kept]
+    assert len(kept) == 6  # the excluded requests were replaced by fresh draws
+    assert lines[0]["messages"][0]["content"] not in queries and lines[4]["messages"][0]["content"] not in queries
+
+
 def test_pipeline_refuses_builtin_heldout_without_builtin_tools(tmp_path) -> None:
     from toolschool.config import load_config
     from toolschool.errors import ToolschoolError
@@ -42,3 +52,20 @@ def test_pipeline_refuses_builtin_heldout_without_builtin_tools(tmp_path) -> Non
     with build_registry(toolbox=[]) as reg:
         with pytest.raises(ToolschoolError, match="needs built-in tools in the tool set"):
             _held_out(config, reg, tmp_path)
+
+
+def test_pipeline_builtin_heldout_leaves_out_the_runs_training_queries(tmp_path) -> None:
+    import json
+
+    from toolschool.config import load_config
+    from toolschool.pipeline import _held_out
+
+    config = load_config(None, {"run.root": str(tmp_path), "pipeline.eval_data": "builtin", "tools.only": ["weekday"]})
+    with build_registry(toolbox=["builtin"], only=["weekday"]) as reg:
+        first = builtin_heldout(reg, per_tool=6, seed=0)[0]
+        distill = config.run_dir() / "distill"
+        distill.mkdir(parents=True)
+        (distill / "train.jsonl").write_text(json.dumps({k: first[k] for k in ("messages", "tools")}) + "\n")
+        path = _held_out(config, reg, tmp_path)
+    queries = [json.loads(line)["messages"][0]["content"] for line in path.read_text().splitlines()]
+    assert len(queries) == 6 and first["messages"][0]["content"] not in queries

@@ -249,13 +249,29 @@ def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
 BUILTIN_HELDOUT = "builtin"
 
 
+def _training_queries(config: ToolschoolConfig) -> list[str]:
+    """The user requests of the run's training data (distill/train.jsonl), if it has any."""
+    from toolschool.data.dataset import load_dataset_jsonl
+
+    path = config.run_dir() / "distill" / "train.jsonl"
+    if not path.is_file():
+        return []
+    examples, _ = load_dataset_jsonl(path, on_error="stop")
+    return [m["content"] for ex in examples for m in ex["messages"][:2] if m.get("role") == "user" and m.get("content")]
+
+
 def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
     """The held-out JSONL: the distill validation split, a file, or the generated built-in toolbox test set."""
     if config.pipeline.eval_data == BUILTIN_HELDOUT:
         from toolschool.data.dataset import write_jsonl
         from toolschool.data.heldout import builtin_heldout
 
-        lines = builtin_heldout(registry, per_tool=config.pipeline.heldout_per_tool, seed=config.run.seed)
+        lines = builtin_heldout(
+            registry,
+            per_tool=config.pipeline.heldout_per_tool,
+            seed=config.run.seed,
+            exclude=_training_queries(config),  # measuring only: never an item the run trained on
+        )
         if not lines:
             raise ToolschoolError(
                 "eval_data = 'builtin' needs built-in tools in the tool set, and it has none",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from toolschool.chat.types import tool_call
@@ -77,11 +77,20 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, dict[str, Any]]]] = {
 }
 
 
-def builtin_heldout(registry: Any, *, per_tool: int = 6, seed: int = 0) -> list[dict[str, Any]]:
+def _key(query: str) -> str:
+    return " ".join(query.split()).casefold()
+
+
+def builtin_heldout(
+    registry: Any, *, per_tool: int = 6, seed: int = 0, exclude: Iterable[str] = ()
+) -> list[dict[str, Any]]:
     """Dataset lines for every built-in tool the registry offers: request, gold call, real result, answer.
 
     `tools` on each line are the registry's schemas, the same tool set the run trains and explores with.
+    `exclude`: requests that must not be test items (the run's training queries; compared case- and
+    whitespace-insensitively): a template drawing one draws again.
     """
+    excluded = {_key(q) for q in exclude}
     schemas = registry.schemas()
     offered = [name for name in registry.names() if name in TEMPLATES]
     rng = random.Random(f"builtin-heldout/{seed}")
@@ -92,7 +101,7 @@ def builtin_heldout(registry: Any, *, per_tool: int = 6, seed: int = 0) -> list[
         while len(seen) < per_tool and attempts < per_tool * 10:
             attempts += 1
             query, arguments = TEMPLATES[name](rng)
-            if query in seen:
+            if query in seen or _key(query) in excluded:
                 continue
             observation = registry.call(name, arguments)
             if observation.is_error:  # a template value a tool refuses is not a fair test item
