@@ -124,3 +124,32 @@ def test_non_text_content_is_described_not_dropped(odd: ToolRegistry) -> None:
 def test_tool_error_result_is_an_error_observation(odd: ToolRegistry) -> None:
     obs = odd.call("refuse", {"reason": "no"})
     assert obs.is_error and obs.error_kind == "execution" and "refused: no" in obs.text
+
+
+def test_a_json_rpc_error_answer_keeps_the_server() -> None:
+    # The server answered (it refused the arguments): it is healthy, so it is neither stopped nor restarted.
+    source = MCPToolSource(f"{ODD} --instance json-rpc-error")  # its own command line: see server_pids
+    try:
+        source.list_tools()
+        pids = source.server_pids()
+        assert len(pids) == 1
+        refused = source.call("strict", {"n": 3})
+        assert refused.is_error and refused.error_kind == "invalid_arguments"
+        assert "n must be even, got 3" in refused.text and "restarted" not in refused.text
+        assert source.server_pids() == pids
+        assert source.call("strict", {"n": 4}).text == "4 is even" and source.restarts == 0
+    finally:
+        source.close()
+
+
+def test_a_hung_call_is_a_timeout_and_the_server_is_restarted() -> None:
+    source = MCPToolSource(f"{ODD} --instance hung-call", call_timeout=1)
+    try:
+        source.list_tools()
+        hung = source.call("wait", {"seconds": 60})
+        assert hung.is_error and hung.error_kind == "timeout"
+        assert "no answer within 1 s" in hung.text and "restarted on the next call" in hung.text
+        assert source.call("echo", {"text": "back"}).text == "back" and source.restarts == 1
+    finally:
+        source.close()
+    assert not source.server_pids()

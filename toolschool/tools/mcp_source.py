@@ -116,15 +116,18 @@ class MCPToolSource:
         return await asyncio.wrap_future(self._submit(self._call(name, args)))
 
     def server_pids(self) -> list[int]:
-        """Process ids of the running server (children of this process started from its command)."""
+        """Process ids of the running server: children of this process whose command line ends with the server's
+        (the whole line, so two servers run by one interpreter are told apart; a script's shebang interpreter
+        comes first)."""
+        wanted = [part.encode() for part in self.argv]
         pids = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
-                cmdline = (stat.parent / "cmdline").read_bytes().split(b"\0")
+                cmdline = (stat.parent / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
             except (OSError, IndexError):
                 continue
-            if int(fields[1]) == _own_pid() and any(self.argv[0].encode() == part for part in cmdline):
+            if int(fields[1]) == _own_pid() and cmdline[-len(wanted) :] == wanted:
                 pids.append(int(stat.parent.name))
         return pids
 
@@ -164,8 +167,15 @@ class MCPToolSource:
             return self._failed(name, f"could not be started: {_reason(exc)}{self._stderr_tail()}")
         try:
             result = await session.call_tool(name, args, read_timeout_seconds=self.call_timeout)
-        except Exception as exc:  # transport failure, crash, timeout: restart on the next call
-            await self._drop_session()
+        except Exception as exc:
+            answered = _answered_error(exc)
+            if answered is not None:  # a JSON-RPC error reply: the server is fine, keep it running
+                return answered
+            await self._drop_session()  # transport failure, crash, no answer: restart on the next call
+            if _is_timeout(exc):
+                observation = self._failed(name, f"no answer within {self.call_timeout:g} s")
+                observation.error_kind = "timeout"
+                return observation
             return self._failed(name, _reason(exc))
         return _to_observation(result)
 
@@ -212,7 +222,8 @@ class MCPToolSource:
         try:
             with scope:
                 async with stdio_client(params, errlog=self._errlog) as (read, write):
-                    async with ClientSession(read, write, read_timeout_seconds=self.call_timeout) as session:
+                    # The session's own timeout covers initialize and tools/list; tools/call passes call_timeout.
+                    async with ClientSession(read, write, read_timeout_seconds=self.start_timeout) as session:
                         await session.initialize()
                         if not ready.done():
                             ready.set_result(session)
@@ -276,6 +287,24 @@ async def _finish(task: asyncio.Task[None], scope: Any, grace: float) -> None:
     await asyncio.wait({task}, timeout=_STOP_GRACE_S + 10)
     if not task.done():
         task.cancel()
+
+
+def _answered_error(exc: BaseException) -> Observation | None:
+    """The error observation for a JSON-RPC error reply (the server answered), None for a transport failure."""
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
+
+    if not isinstance(exc, MCPError) or exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+        return None
+    kind = "invalid_arguments" if exc.code == INVALID_PARAMS else "execution"
+    return Observation(exc.error.message or f"error {exc.code}", is_error=True, error_kind=kind)
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import REQUEST_TIMEOUT
+
+    return isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT)
 
 
 def _own_pid() -> int:
