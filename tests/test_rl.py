@@ -471,3 +471,34 @@ def test_a_fresh_run_into_a_folder_with_an_old_log_does_not_mix_them(
     run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
     curve = read_reward_curve(out / "train_log.jsonl")
     assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0
+
+
+def test_multi_turn_call_with_arguments_as_a_json_string_is_executed(tokenizer) -> None:  # noqa: ANN001
+    """`"arguments": "{\\"expression\\": ...}"` is a well-formed call for our parser (and runs at evaluation), but TRL's
+    response parser kept the string and its tool loop called `tool(**string)`: an error observation instead."""
+    import copy
+
+    from trl.trainer.grpo_trainer import parse_response
+
+    from toolschool.tools.registry import build_registry
+    from toolschool.train.rl import _set_response_parser, tool_callable
+
+    tok = copy.deepcopy(tokenizer)
+    _set_response_parser(tok)
+    registry = build_registry(only=["calculator"])
+    try:
+        tools = [tool_callable(registry.get("calculator"))]
+        prefix = tok.apply_chat_template(
+            [{"role": "user", "content": "What is 1234*5678?"}],
+            tools=tools,
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        text = '<tool_call>\n{"name": "calculator", "arguments": "{\\"expression\\": \\"1234*5678\\"}"}\n</tool_call>'
+        ids = tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        call = parse_response(tok, ids, prefix=prefix, tools=tools)["tool_calls"][0]["function"]
+        assert call["arguments"] == {"expression": "1234*5678"}
+        assert "7006652" in tools[0](**call["arguments"])  # what TRL's tool loop does with it
+    finally:
+        registry.close()

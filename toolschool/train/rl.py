@@ -307,6 +307,7 @@ def multi_turn_tools(config: ToolschoolConfig, examples: Sequence[dict[str, Any]
 
 def _set_response_parser(tokenizer: Any) -> None:
     """TRL reads tool calls with the tokenizer's response template; ours writes Qwen/Hermes `<tool_call>` JSON."""
+    _decode_string_arguments(tokenizer)
     if getattr(tokenizer, "response_template", None) is not None or getattr(tokenizer, "response_schema", None):
         return
     template = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
@@ -322,6 +323,33 @@ def _set_response_parser(tokenizer: Any) -> None:
         add_response_schema(tokenizer)
     except ValueError:
         tokenizer.response_template = qwen3_template
+
+
+def _decode_string_arguments(tokenizer: Any) -> None:
+    """Calls whose arguments are the JSON text of an object come back from the parser with those arguments as dicts.
+
+    Our format parser (and so evaluation, which runs such a call) accepts `"arguments": "{...}"`; the template's
+    parser keeps the string, and TRL's tool loop then calls `tool(**string)`, which only yields an error observation.
+    Arguments that are no JSON object stay as they are (the format reward counts that call malformed).
+    """
+    from toolschool.chat.formats.base import coerce_arguments
+
+    parse = tokenizer.parse_response
+    if getattr(parse, "decodes_string_arguments", False):
+        return
+
+    def parse_response(*args: Any, **kwargs: Any) -> Any:
+        parsed = parse(*args, **kwargs)
+        for call in (parsed.get("tool_calls") or []) if isinstance(parsed, dict) else []:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                arguments, error = coerce_arguments(function["arguments"], "arguments")
+                if error is None:
+                    function["arguments"] = arguments
+        return parsed
+
+    parse_response.decodes_string_arguments = True  # type: ignore[attr-defined]
+    tokenizer.parse_response = parse_response
 
 
 # ------------------------------------------------------------------------------------------- logging
