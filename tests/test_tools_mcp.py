@@ -153,3 +153,10 @@ def test_a_hung_call_is_a_timeout_and_the_server_is_restarted() -> None:
     finally:
         source.close()
     assert not source.server_pids()
+
+
+def test_every_page_of_tools_is_listed() -> None:
+    paged = f"{sys.executable} {Path(__file__).parent / 'fixtures' / 'mcp' / 'paged_server.py'}"
+    with build_registry(toolbox=[], mcp=[paged]) as reg:
+        assert reg.names() == [f"tool_{i}" for i in range(5)]
+        assert reg.call("tool_4", {}).text == "this is tool_4"

@@ -156,9 +156,17 @@ class MCPToolSource:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _list_tools(self) -> list[Any]:
+        """Every tool, page after page (a server may list them a few at a time with `nextCursor`)."""
+        from mcp_types import PaginatedRequestParams
+
         session = await self._ensure_session()
         result = await session.list_tools()
-        return list(result.tools)
+        tools, seen = list(result.tools), set()
+        while result.next_cursor is not None and result.next_cursor not in seen:  # a repeated cursor would loop
+            seen.add(result.next_cursor)
+            result = await session.list_tools(params=PaginatedRequestParams(cursor=result.next_cursor))
+            tools.extend(result.tools)
+        return tools
 
     async def _call(self, name: str, args: dict[str, Any]) -> Observation:
         try:
