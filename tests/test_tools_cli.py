@@ -58,7 +58,7 @@ def test_error_observation_exits_1() -> None:
     ("args", "message"),
     [
         (["tools", "call", "calculator", "{expression: 2}"], "are not valid JSON"),
-        (["tools", "call", "calculator", "[1, 2]"], "arguments must be a JSON object, got list"),
+        (["tools", "call", "calculator", "[1, 2]"], "arguments must be a JSON object, got array"),
         (["tools", "call", "calc", "{}"], "unknown tool 'calc' — known tools: calculator"),
         (["tools", "list", "--toolbox", "nope"], "unknown toolbox 'nope'"),
         (["tools", "list", "--module", "no_such_tools_module"], "cannot import tool module 'no_such_tools_module'"),

@@ -91,6 +91,15 @@ def test_wire_arguments(registry: ToolRegistry) -> None:
     assert "must be a JSON object" in registry.call("calculator", "[1]").text
 
 
+def test_wire_arguments_name_json_types(registry: ToolRegistry) -> None:
+    # The model wrote JSON: it is told the JSON type it sent, not a Python class name.
+    assert registry.call("calculator", "[1]").text.endswith("got array")
+    assert registry.call("calculator", '"2+2"').text.endswith("got string")
+    assert registry.call("calculator", "42").text.endswith("got number")
+    missing = registry.call("calculator", "null")  # null is no arguments, as an omitted arguments field is
+    assert missing.error_kind == "invalid_arguments" and "missing required argument 'expression'" in missing.text
+
+
 async def test_acall(registry: ToolRegistry) -> None:
     assert (await registry.acall("calculator", {"expression": "6*7"})).text == "42"
     assert (await registry.acall("missing", {})).error_kind == "unknown_tool"

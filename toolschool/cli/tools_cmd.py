@@ -58,6 +58,8 @@ def call(
     as_json: bool = typer.Option(False, "--json", help="Print the whole observation as JSON."),
 ) -> None:
     """Call one tool and print its observation (exit 1 when the observation is an error)."""
+    from toolschool.tools.validation import json_type_name
+
     try:
         args = json.loads(arguments)
     except json.JSONDecodeError as exc:
@@ -66,7 +68,7 @@ def call(
             hint='quote them as one shell word, e.g. \'{"expression": "2+2"}\'',
         ) from None
     if not isinstance(args, dict):
-        raise ToolschoolError(f"arguments must be a JSON object, got {type(args).__name__}", hint="e.g. '{\"x\": 1}'")
+        raise ToolschoolError(f"arguments must be a JSON object, got {json_type_name(args)}", hint="e.g. '{\"x\": 1}'")
     with _registry(toolbox, mcp, module, only) as registry:
         registry.get(name)  # unknown tool: one clear line listing the known ones
         observation = registry.call(name, args)

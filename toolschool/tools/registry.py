@@ -16,6 +16,7 @@ from typing import Any
 from toolschool.errors import ToolschoolError
 from toolschool.tools.base import Observation, Tool, call_in_own_thread
 from toolschool.tools.sandbox import SandboxLimits
+from toolschool.tools.validation import json_type_name
 
 TOOLBOXES = ("builtin",)
 # A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
@@ -141,9 +142,11 @@ class ToolRegistry:
                     is_error=True,
                     error_kind="invalid_arguments",
                 )
+        if args is None:  # JSON null: no arguments, as when the field is left out
+            args = {}
         if not isinstance(args, dict):
             return Observation(
-                f"invalid arguments for {name}: arguments must be a JSON object, got {type(args).__name__}",
+                f"invalid arguments for {name}: arguments must be a JSON object, got {json_type_name(args)}",
                 is_error=True,
                 error_kind="invalid_arguments",
             )

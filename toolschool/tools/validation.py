@@ -21,10 +21,27 @@ def _validator(schema_json: str) -> jsonschema.protocols.Validator:
     return cls(schema)
 
 
+def json_type_name(value: Any) -> str:
+    """The JSON name of a decoded value's type (what a model that wrote it calls it): array, not list."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
+
+
 def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str | None:
     """None when `args` fits `schema`, else one message naming the argument(s) at fault."""
     if not isinstance(args, dict):
-        return f"invalid arguments for {tool_name}: arguments must be a JSON object, got {type(args).__name__}"
+        return f"invalid arguments for {tool_name}: arguments must be a JSON object, got {json_type_name(args)}"
     try:
         validator = _validator(json.dumps(schema or {"type": "object"}, sort_keys=True))
     except (TypeError, ValueError, jsonschema.SchemaError) as exc:
