@@ -175,3 +175,14 @@ def test_open_files_limit_is_named() -> None:
     assert result.limit == "open_files"
     assert "Too many open files" in result.stderr
     assert "[sandbox] open files limit of 10 hit" in result.describe(limits)
+
+
+def test_thread_limit_is_named() -> None:
+    # RLIMIT_NPROC counts threads too: a program starting more threads than max_processes is told so.
+    limits = SandboxLimits(wall_seconds=WALL, max_processes=8)
+    code = "import threading, time\nfor _ in range(40):\n    threading.Thread(target=time.sleep, args=(1,)).start()"
+    result = run(code, limits)
+    if "can't start new thread" not in result.stderr:  # root without the switch to nobody: no RLIMIT_NPROC
+        pytest.skip("RLIMIT_NPROC does not apply to the sandbox's user here")
+    assert result.limit == "threads"
+    assert "[sandbox] thread limit hit: at most 8 processes and threads" in result.describe(limits)

@@ -142,6 +142,8 @@ def run_user_code() -> int:
     except BaseException as exc:  # the user's traceback, without this bootstrap's frames
         if isinstance(exc, OSError) and exc.errno == errno.EFBIG:
             report("file_size", f"the file size limit of {CONFIG['max_file_mb']} MB was hit")
+        if isinstance(exc, RuntimeError) and "can't start new thread" in str(exc):  # RLIMIT_NPROC counts threads
+            report("threads", f"the limit of {CONFIG['max_processes']} processes and threads was hit")
         if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
             report("open_files", f"the open files limit of {CONFIG['max_open_files']} was hit")
         own = os.path.abspath(__file__)

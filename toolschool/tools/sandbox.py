@@ -104,6 +104,7 @@ _LIMIT_TEXT = {
     "memory": "memory limit of {limits.memory_mb} MB hit",
     "output": "output limit of {limits.max_output_bytes} bytes hit; output truncated and the process killed",
     "processes": "process limit hit: starting processes is not allowed",
+    "threads": "thread limit hit: at most {limits.max_processes} processes and threads (use fewer threads)",
     "network": "network access is disabled",
     "filesystem": "file access refused: only the temporary working directory is writable",
     "file_size": "file size limit of {limits.max_file_mb} MB hit",
