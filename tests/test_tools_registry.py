@@ -126,6 +126,22 @@ def test_a_tool_that_raises_becomes_an_observation() -> None:
     assert isinstance(obs, Observation) and obs.is_error and "RuntimeError: bad tool" in obs.text
 
 
+class _Exits(Tool):
+    name = "exits"
+    description = "Calls sys.exit, as a wrapped command-line function may."
+    parameters = {"type": "object", "properties": {}}
+
+    def execute(self, args):  # type: ignore[no-untyped-def]
+        raise SystemExit(3)
+
+
+async def test_a_tool_that_calls_sys_exit_does_not_end_the_run() -> None:
+    reg = ToolRegistry()
+    reg.add(_Exits(), "test")
+    for obs in (reg.call("exits", {}), await reg.acall("exits", {})):
+        assert obs.is_error and obs.error_kind == "execution" and "exits called sys.exit(3)" in obs.text
+
+
 def test_duplicates_name_both_sources(tmp_path: Path) -> None:
     module = tmp_path / "dup.py"
     module.write_text(

@@ -33,9 +33,17 @@ def execute_with_timeout(tool: Tool, args: dict[str, Any]) -> Observation:
     """`tool.execute(args)` for synchronous callers, cut off after CALL_TIMEOUT_S; never raises."""
     try:
         finished, observation = call_in_own_thread(tool.execute, args, timeout=CALL_TIMEOUT_S)
-    except Exception as exc:  # a third-party Tool that broke its contract must not stop the run
-        return Observation(f"{tool.name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+    except (Exception, SystemExit) as exc:  # a third-party Tool that broke its contract must not stop the run
+        return failure_observation(tool.name, exc)
     return observation if finished and observation is not None else timeout_observation(tool.name)
+
+
+def failure_observation(name: str, exc: BaseException) -> Observation:
+    """What the model reads when a tool raised instead of returning an observation. SystemExit is one too:
+    raised in the tool's thread (a wrapped command-line function calling sys.exit), it would end the run."""
+    if isinstance(exc, SystemExit):
+        return Observation(f"{name} called sys.exit({exc.code!r})", is_error=True, error_kind="execution")
+    return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
 
 
 class ToolRegistry:
@@ -95,8 +103,8 @@ class ToolRegistry:
                 return await tool.aexecute(parsed)
         except TimeoutError:
             return timeout_observation(name)
-        except Exception as exc:
-            return Observation(f"{name} failed: {type(exc).__name__}: {exc}", is_error=True, error_kind="execution")
+        except (Exception, SystemExit) as exc:
+            return failure_observation(name, exc)
 
     def close(self) -> None:
         for resource in reversed(self._closers):
