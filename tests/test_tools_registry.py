@@ -235,3 +235,19 @@ def test_synchronous_callers_cut_off_a_hung_call_too(monkeypatch) -> None:
         release.set()
     failed = registry.call("broken", {"text": "x"})
     assert failed.is_error and failed.text == "broken failed: RuntimeError: kaboom"
+
+
+def test_validation_messages_name_nested_arguments_and_anyof_types() -> None:
+    from toolschool.tools.validation import validation_error
+
+    schema = {
+        "type": "object",
+        "properties": {
+            # pydantic's Optional[str], as MCP servers built on the SDK describe it
+            "label": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "where": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+        },
+    }
+    message = validation_error("t", schema, {"label": 5, "where": {}})
+    assert "argument 'label': 5 is not of type 'string' or 'null'" in message
+    assert "missing required argument 'where.city'" in message

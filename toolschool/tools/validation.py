@@ -53,15 +53,35 @@ def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str |
 
 
 def _describe(error: ValidationError) -> str:
+    where = ".".join(str(p) for p in error.path)
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
-        return f"missing required argument '{missing}'"
+        return f"missing required argument '{where + '.' if where else ''}{missing}'"
+    if error.validator in ("anyOf", "oneOf") and where:
+        types = _alternative_types(error.validator_value)
+        if types:  # e.g. pydantic's Optional[str]: anyOf string / null
+            return f"argument '{where}': {error.instance!r} is not of type {' or '.join(map(repr, types))}"
     if error.validator == "additionalProperties":
         known = set((error.schema or {}).get("properties", {}))
         extra = sorted(str(k) for k in error.instance if k not in known) if isinstance(error.instance, dict) else []
         allowed = ", ".join(sorted(known)) or "none"
         return f"unexpected argument(s) {', '.join(repr(k) for k in extra)} (allowed: {allowed})"
-    if error.path:
-        where = ".".join(str(p) for p in error.path)
+    if where:
         return f"argument '{where}': {error.message}"
     return error.message
+
+
+def _alternative_types(alternatives: Any) -> list[str]:
+    """The JSON types an anyOf/oneOf allows, when each alternative is just a type; else [] (the generic message)."""
+    types: list[str] = []
+    for alternative in alternatives if isinstance(alternatives, list) else []:
+        if not isinstance(alternative, dict) or set(alternative) - {"type", "title", "description"}:
+            return []  # more than a type (a minimum, items, ...): the value may have the right type
+        kind = alternative.get("type")
+        if isinstance(kind, str):
+            types.append(kind)
+        elif isinstance(kind, list) and all(isinstance(k, str) for k in kind):
+            types.extend(kind)
+        else:
+            return []
+    return list(dict.fromkeys(types))
