@@ -66,6 +66,8 @@ def test_builtin_results(registry: ToolRegistry, name: str, args: dict, text: st
         ("unit_convert", {"value": 1, "from_unit": "km", "to_unit": "second"}, "execution", "[time]"),
         ("unit_convert", {"value": 1, "from_unit": "furlongz", "to_unit": "m"}, "execution", "unknown unit 'furlongz'"),
         ("unit_convert", {"value": 1e308, "from_unit": "km", "to_unit": "mm"}, "execution", "too large"),
+        ("unit_convert", {"value": 10**400, "from_unit": "km", "to_unit": "m"}, "execution", "value is too large"),
+        ("unit_convert", {"value": float("nan"), "from_unit": "km", "to_unit": "m"}, "execution", "finite number"),
         ("unit_convert", {"value": 100, "from_unit": "F", "to_unit": "C"}, "execution", "write degC, degF or K"),
         ("unit_convert", {"value": 1, "from_unit": "degC", "to_unit": "delta_degF"}, "execution", "difference"),
         ("date_add", {"date": "2023-02-30", "days": 1}, "execution", "invalid date '2023-02-30' for date"),

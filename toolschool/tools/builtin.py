@@ -77,6 +77,12 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
     """
     import pint
 
+    try:
+        number = float(value)
+    except OverflowError:
+        return _error("the value is too large (beyond 1e308)")
+    if not math.isfinite(number):
+        return _error(f"the value must be a finite number, got {value}")
     ureg = _units()
     units = {}
     for label, text in (("from_unit", from_unit), ("to_unit", to_unit)):
@@ -86,7 +92,7 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
             reason = str(exc) or "not a unit"
             return _error(f"unknown unit {text!r} ({label}): {reason}; use names such as meter, km, mile, kg, degC")
     try:
-        converted = ureg.Quantity(value, units["from_unit"]).to(units["to_unit"])
+        converted = ureg.Quantity(number, units["from_unit"]).to(units["to_unit"])
     except pint.DimensionalityError:
         src, dst = units["from_unit"], units["to_unit"]
         if src.dimensionality == dst.dimensionality:  # an absolute temperature and a temperature difference
@@ -105,7 +111,7 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
         )
     magnitude = float(converted.magnitude)
     if not math.isfinite(magnitude):
-        return _error(f"the result of converting {value:g} {from_unit} to {to_unit} is too large (beyond 1e308)")
+        return _error(f"the result of converting {number:g} {from_unit} to {to_unit} is too large (beyond 1e308)")
     # Ten decimals hide float noise for ordinary magnitudes; below 1, ten significant digits keep tiny results.
     shown = round(magnitude, 10) if abs(magnitude) >= 1 else float(f"{magnitude:.10g}")
     return Observation(f"{format_number(shown)} {to_unit}", value=magnitude)
