@@ -94,8 +94,9 @@ ODD = f"{sys.executable} {Path(__file__).parent / 'fixtures' / 'mcp' / 'odd_serv
 def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped() -> None:
     source = MCPToolSource(f"{ODD} --silent", start_timeout=1)
     try:
-        with pytest.raises(ToolschoolError, match=r"did not answer within 1 s"):
+        with pytest.raises(ToolschoolError, match=r"did not answer within 1 s") as info:
             source.list_tools()
+        assert "waiting for a license server" in str(info.value)  # what it said on stderr, as a crash shows
         assert not source.server_pids()  # the silent server is stopped, not left running
         failed = source.call("echo", {"text": "hi"})  # a later call tries again and fails the same way
         assert failed.is_error and failed.error_kind == "server_error" and "did not answer within 1 s" in failed.text

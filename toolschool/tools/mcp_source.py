@@ -93,7 +93,9 @@ class MCPToolSource:
             listed = self._submit(self._list_tools()).result(self.start_timeout + _STOP_GRACE_S + 20)
         except (FutureTimeout, _StartTimeout):
             wait = f"{self.start_timeout:g} s"
-            raise ToolschoolError(f"MCP server {self.command!r} did not answer within {wait}") from None
+            raise ToolschoolError(
+                f"MCP server {self.command!r} did not answer within {wait}{self._stderr_tail()}"
+            ) from None
         except ToolschoolError:
             raise
         except Exception as exc:
