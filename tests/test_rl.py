@@ -361,6 +361,7 @@ def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_i
     import torch
 
     from toolschool.models.loading import load_model
+    from toolschool.train.common import latest_checkpoint
     from toolschool.train.rl import run_rl
 
     sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
@@ -377,8 +378,11 @@ def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_i
         start = load_model(str(sft), device="cpu", dtype="fp32").model(ids).logits
         base = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model(ids).logits
         merged = load_model(str(result.merged_dir), device="cpu", dtype="fp32").model(ids).logits
+        # a checkpoint's adapter names the SFT adapter as its base: loading applies both, in order
+        checkpoint = load_model(str(latest_checkpoint(out)), device="cpu", dtype="fp32").model(ids).logits
     assert (start - base).abs().max() > 0.1  # the SFT adapter matters ...
     assert torch.allclose(merged, start, atol=1e-4)  # ... and the result keeps it (RL moved it by ~nothing)
+    assert torch.allclose(checkpoint, start, atol=1e-4)
 
 
 def test_reference_model_works_on_trls_own_log_prob_path(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -32,7 +32,17 @@ class LoadedModel:
 
 
 def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
-    """Return (base weights source, adapter folder or None) for a local-backend model spec."""
+    """Return (base weights source, adapter folder or None) for a local-backend model spec.
+
+    The adapter is the outermost one: an adapter trained on top of another adapter (RL started from an SFT
+    adapter names that adapter as its base) has a chain, which `resolve_chain` gives in full.
+    """
+    source, adapters = resolve_chain(spec)
+    return source, adapters[-1] if adapters else None
+
+
+def resolve_chain(spec: ModelSpec) -> tuple[str, list[str]]:
+    """(base weights source, adapter folders to apply in order, innermost first) for a local-backend model spec."""
     if spec.kind == "openai":
         raise ModelLoadError(
             f"model '{spec.name}' is an OpenAI-compatible endpoint, not local weights",
@@ -41,7 +51,7 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
     if spec.kind == "embedded":
         from toolschool.models.embedded import ensure_embedded
 
-        return str(ensure_embedded(spec.path_or_id)), None
+        return str(ensure_embedded(spec.path_or_id)), []
     if spec.kind == "local":
         folder = Path(spec.path_or_id)
         adapter_cfg = folder / "adapter_config.json"
@@ -54,15 +64,21 @@ def resolve_source(spec: ModelSpec) -> tuple[str, str | None]:
                     hint="re-save the adapter with peft's save_pretrained",
                 ) from exc
             base_spec = parse_model_spec(base)
-            base_source, _ = resolve_source(base_spec)
-            return base_source, str(folder)
+            base_source, inner = resolve_chain(base_spec)
+            if str(folder) in inner or len(inner) > 8:
+                raise ModelLoadError(
+                    f"adapter folder '{folder}' names, through base_model_name_or_path, a chain of adapters that "
+                    "loops or runs deeper than 8",
+                    hint="point base_model_name_or_path at the model the adapter was trained from",
+                )
+            return base_source, [*inner, str(folder)]
         if not (folder / "config.json").is_file():
             raise ModelLoadError(
                 f"folder '{folder}' holds no config.json or adapter_config.json, so it is not a model",
                 hint="pass a folder saved with save_pretrained (e.g. runs/NAME/sft/merged)",
             )
-        return str(folder), None
-    return spec.path_or_id, None
+        return str(folder), []
+    return spec.path_or_id, []
 
 
 def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -> Any:
@@ -98,8 +114,10 @@ def load_tokenizer(model: str | ModelSpec) -> Any:
     from transformers import AutoTokenizer
 
     spec = parse_model_spec(model) if isinstance(model, str) else model
-    source, adapter = resolve_source(spec)
-    tok_source = adapter if adapter and (Path(adapter) / "tokenizer_config.json").is_file() else source
+    source, adapters = resolve_chain(spec)
+    # the outermost adapter saved with a tokenizer (toolkens add tokens), else the base model's
+    with_tokenizer = [a for a in adapters if (Path(a) / "tokenizer_config.json").is_file()]
+    tok_source = with_tokenizer[-1] if with_tokenizer else source
     tokenizer = _from_pretrained(AutoTokenizer, tok_source, spec)
     _prepare_tokenizer(tokenizer)
     return tokenizer
@@ -138,7 +156,8 @@ def load_model(
     _warm_imports()
     import_seconds = time.perf_counter() - import_start
     start = time.perf_counter()
-    source, adapter = resolve_source(spec)
+    source, adapters = resolve_chain(spec)
+    adapter = adapters[-1] if adapters else None
     device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device)
     verbosity = hf_logging.get_verbosity()
@@ -152,21 +171,21 @@ def load_model(
         hf_logging.enable_progress_bar()
     if len(tokenizer) > hf_model.get_input_embeddings().weight.shape[0]:
         hf_model.resize_token_embeddings(len(tokenizer))
-    if adapter:
+    for index, folder in enumerate(adapters):
         from peft import PeftModel
 
         try:
-            hf_model = PeftModel.from_pretrained(hf_model, adapter)
+            hf_model = PeftModel.from_pretrained(hf_model, folder)
         except RuntimeError as exc:
             if "size mismatch" not in str(exc):
                 raise
             raise ModelLoadError(
-                f"the adapter in '{adapter}' does not fit its base model '{source}' (adapter_config.json "
+                f"the adapter in '{folder}' does not fit its base model '{source}' (adapter_config.json "
                 "base_model_name_or_path): its weights have other shapes, so it was trained on another model",
                 hint="point base_model_name_or_path at the model the adapter was trained from, or use the run's "
                 "merged/ folder",
             ) from None
-        if merge_adapter:
+        if merge_adapter or index < len(adapters) - 1:  # an inner adapter is merged before the next goes on top
             hf_model = hf_model.merge_and_unload()
     hf_model.to(device)
     hf_model.eval()

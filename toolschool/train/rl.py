@@ -552,7 +552,10 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             processing_class=tokenizer,
             peft_config=peft_config,
             tools=tools or None,
-            callbacks=log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
+            callbacks=[
+                *log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
+                *([_start_adapter_base(start_adapter)] if start_adapter and settings.method == "lora" else []),
+            ],
         )
         trainer.share_prompts = settings.share_prompts
         if settings.ref_model:
@@ -583,15 +586,36 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
 def _start_adapter(model_name: str) -> str | None:
     """The LoRA adapter folder the start model is, if it is one.
 
-    The model is loaded with that adapter merged in, and RL's LoRA is trained on top; saved as `adapter/`, RL's
-    adapter would name the bare base model (the loader follows one adapter level only), so loading it would
-    silently drop the start adapter. Such a run writes `merged/` only.
+    The model is loaded with that adapter merged in, and RL's LoRA is trained on top; PEFT records the bare base
+    model as that LoRA's base, so loading it would silently drop the start adapter. Such a run writes `merged/`
+    only, and its checkpoints name the start adapter as their base (`_start_adapter_base`; the loader applies the
+    chain of adapters in order).
     """
     from toolschool.models.loading import resolve_source
     from toolschool.models.spec import parse_model_spec
 
     spec = parse_model_spec(model_name)
     return resolve_source(spec)[1] if spec.kind == "local" else None
+
+
+def _start_adapter_base(start_adapter: str) -> Any:
+    """A callback run after each checkpoint save: the checkpoint's adapter names the start adapter as its base,
+    so loading it applies the start adapter first (PEFT recorded the bare base)."""
+    from transformers import TrainerCallback
+
+    base = str(Path(start_adapter).resolve())
+
+    class StartAdapterBase(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):  # noqa: ANN001
+            if not state.is_world_process_zero:
+                return
+            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "adapter_config.json"
+            if path.is_file():
+                adapter_config = json.loads(path.read_text(encoding="utf-8"))
+                adapter_config["base_model_name_or_path"] = base
+                path.write_text(json.dumps(adapter_config, indent=2), encoding="utf-8")
+
+    return StartAdapterBase()
 
 
 def _distributed() -> bool:
