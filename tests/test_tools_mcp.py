@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -120,6 +121,12 @@ def test_non_text_content_is_described_not_dropped(odd: ToolRegistry) -> None:
     assert "NOTE 42" in obs.text and "file:///n.txt" in obs.text  # an embedded text resource: its text
     assert "application/pdf" in obs.text and "file:///d.pdf" in obs.text  # an embedded blob: what and where
     assert "file:///report.csv" in obs.text  # a resource link: where
+
+
+def test_structured_content_alone_is_shown_as_json(odd: ToolRegistry) -> None:
+    obs = odd.call("structured_only", {})
+    assert not obs.is_error and obs.value == {"answer": 42, "unit": "km"}
+    assert json.loads(obs.text) == {"answer": 42, "unit": "km"}  # not "(empty result)"
 
 
 def test_tool_error_result_is_an_error_observation(odd: ToolRegistry) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import shlex
 import shutil
 import tempfile
@@ -355,6 +356,8 @@ def _describe_block(block: Any) -> str:
 def _to_observation(result: Any) -> Observation:
     text = "\n".join(_describe_block(block) for block in result.content or []).strip()
     value = result.structured_content
+    if not text and value is not None:  # structuredContent only: the model reads it as JSON
+        text = json.dumps(value, ensure_ascii=False)
     if result.is_error:
         return Observation(text or "the tool reported an error", value=value, is_error=True, error_kind="execution")
     return Observation(text or "(empty result)", value=value)
