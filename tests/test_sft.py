@@ -176,6 +176,19 @@ def test_resume_on_another_training_file_is_refused(first_run, tiny_model_dir: P
     assert (out / "toolschool_sft.json").read_text() == meta_before
 
 
+def test_a_fresh_run_into_a_folder_with_a_dead_runs_log_does_not_mix_them(first_run, tiny_model_dir: Path) -> None:
+    """A run that died before its first checkpoint left steps in the log; the next run starts from step 0."""
+    tmp_path, train, validation, _, _ = first_run
+    out = tmp_path / "after-a-dead-run"
+    out.mkdir()
+    (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 99.0}) + "\n")
+    run_sft(
+        _config(tmp_path, tiny_model_dir, train, validation, num_steps=1, validation_samples=0), out, progress=False
+    )
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [1] and all(r.get("loss") != 99.0 for r in records)
+
+
 def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
     import torch
     from safetensors.torch import load_file

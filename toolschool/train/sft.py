@@ -428,10 +428,11 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         _check_resume_base(out_dir, identity)
         if checkpoint is not None:
             _check_resume_data(out_dir, train_path, train_sha256)
-        if checkpoint is not None:
-            drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint))
     else:
         refuse_existing_checkpoints(out_dir)
+    # Training starts at the checkpoint's step, or at 0 (a fresh run, or --resume before any checkpoint): no step
+    # logged after it, by an interrupted run or an earlier one that died before its first checkpoint, survives.
+    drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
 
     toolkens: list[str] = []
     if settings.toolkens:
