@@ -65,6 +65,10 @@ def test_semantic_units_through_pint() -> None:
     )
     assert not arguments_match("unit_convert", {"value": 5, "from_unit": "m", "to_unit": "mile"}, gold, "semantic")
     assert not arguments_match("unit_convert", {"value": 5, "from_unit": "nonsense-unit", "to_unit": "mi"}, gold)
+    # units are read as the tool reads them (case fallback), and a power tower is refused, not computed forever
+    assert arguments_match("unit_convert", {"value": 5, "from_unit": "KM", "to_unit": "Miles"}, gold, "semantic")
+    tower = {"value": 5, "from_unit": "9**9**9", "to_unit": "m**(9**9**9)"}
+    assert not arguments_match("unit_convert", tower, gold, "semantic")
 
 
 def test_answer_matches_numbers_and_text() -> None:

@@ -166,25 +166,14 @@ def _same_unit(a: Any, b: Any) -> bool:
     try:
         import pint
 
-        registry = _unit_registry()
-        ua, ub = registry.Unit(str(a).strip()), registry.Unit(str(b).strip())
+        from toolschool.tools.builtin import parse_unit, unit_registry  # the tool's own reading of a unit
+
+        ua, ub = parse_unit(str(a)), parse_unit(str(b))
         if ua.dimensionality != ub.dimensionality:
             return False
-        return _number_close(registry.Quantity(1.0, ua).to(ub).magnitude, 1.0)
+        return _number_close(unit_registry().Quantity(1.0, ua).to(ub).magnitude, 1.0)
     except (pint.errors.PintError, ValueError, TypeError, AttributeError, AssertionError):
         return False
-
-
-_UREG: Any = None
-
-
-def _unit_registry() -> Any:
-    global _UREG
-    if _UREG is None:
-        import pint
-
-        _UREG = pint.UnitRegistry()
-    return _UREG
 
 
 def _unit_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool:

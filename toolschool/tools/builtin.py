@@ -61,7 +61,8 @@ class PythonTool(FunctionTool):
 
 
 @functools.cache
-def _units() -> Any:
+def unit_registry() -> Any:
+    """The one pint registry of the project (units from two registries cannot be compared)."""
     import pint
 
     return pint.UnitRegistry()
@@ -83,11 +84,11 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
         return _error("the value is too large (beyond 1e308)")
     if not math.isfinite(number):
         return _error(f"the value must be a finite number, got {value}")
-    ureg = _units()
+    ureg = unit_registry()
     units = {}
     for label, text in (("from_unit", from_unit), ("to_unit", to_unit)):
         try:
-            units[label] = _parse_unit(ureg, text)
+            units[label] = parse_unit(text)
         except (pint.UndefinedUnitError, AttributeError, TypeError, ValueError, AssertionError) as exc:
             reason = str(exc) or "not a unit"
             return _error(f"unknown unit {text!r} ({label}): {reason}; use names such as meter, km, mile, kg, degC")
@@ -121,12 +122,41 @@ def unit_convert(value: float, from_unit: str, to_unit: str) -> Observation:
 _TEMPERATURE_LOOKALIKE = re.compile(r"(^|\|)\s*(deg(ree)?s?\s+)?[CF]\s*($|\|)")
 
 
-def _parse_unit(ureg: Any, text: str) -> Any:
-    """`ureg.Unit(text)`; a single name pint does not know in that case ("Celsius", "KM", "Miles") is tried
-    lower-cased, then case-insensitively when that names exactly one unit."""
+_POWER = re.compile(r"\*\*|\^")
+_SMALL_EXPONENT = re.compile(r"\s*[-+]?\d{1,2}(\.\d+)?")
+_BAD_POWER = "a unit's power must be a number below 100, e.g. m**2"
+
+
+def unit_text_problem(text: str) -> str | None:
+    """Why `text` must not reach pint, or None. pint evaluates numbers and powers while parsing, so a model's
+    `9**9**9` or `m**(9**9**9)` would compute a power tower forever; no unit needs a number raised to a power,
+    a power of a power, or an exponent of 100 or more."""
+    if len(text) > 200:
+        return "a unit is at most 200 characters"
+    for match in _POWER.finditer(text):
+        before = text[: match.start()].rstrip()
+        if before[-1:].isdigit() or before[-1:] == ".":
+            return "a number raised to a power is not a unit"
+        exponent = _SMALL_EXPONENT.match(text, match.end())
+        if exponent is None:
+            return _BAD_POWER
+        rest = text[exponent.end() :].lstrip()
+        if rest[:1].isdigit() or rest.startswith(("**", "^", "(", ".")):
+            return _BAD_POWER
+    return None
+
+
+def parse_unit(text: str) -> Any:
+    """`Unit(text)` in `unit_registry()`; a single name pint does not know in that case ("Celsius", "KM",
+    "Miles") is tried lower-cased, then case-insensitively when that names exactly one unit. ValueError for text
+    that is no safe unit expression (`unit_text_problem`), pint's errors for unknown units."""
     import pint
 
+    ureg = unit_registry()
     text = text.strip()
+    problem = unit_text_problem(text)
+    if problem is not None:
+        raise ValueError(problem)
     try:
         return ureg.Unit(text)
     except pint.UndefinedUnitError:
