@@ -27,7 +27,6 @@ Fields of one line (version 1):
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from collections import defaultdict
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from toolschool.errors import DataError
+from toolschool.locking import lock_or_refuse
 
 TRIALS_FILE = "trials.jsonl"
 ERRORS_FILE = "errors.jsonl"
@@ -117,13 +117,13 @@ class TrialLog:
         path = directory / TRIALS_FILE
         handle = path.open("a", encoding="utf-8")
         try:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise DataError(
+            lock_or_refuse(
+                handle,
+                DataError(
                     f"'{path}' is being written by another running exploration",
                     hint="wait for it to finish (or stop it), or use --out / another run name",
-                ) from None
+                ),
+            )
             existing, valid_length = _scan(path)
             if not resume and path.stat().st_size > 0:
                 raise DataError(

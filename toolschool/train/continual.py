@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import fcntl
 import hashlib
 import json
 import math
@@ -38,6 +37,7 @@ from typing import Any
 
 from toolschool.config import ContinualSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.locking import lock_or_refuse
 
 MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
@@ -758,13 +758,13 @@ def _folder_lock(out_dir: Path) -> Iterator[None]:
     """Held while a run works in `out_dir` (flock, released when the process ends however it ends): a second
     run of the same folder at the same time would train the same round into the same sft/ folder."""
     with (out_dir / LOCK_FILE).open("a") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ToolschoolError(
+        lock_or_refuse(
+            handle,
+            ToolschoolError(
                 f"another toolschool continual is running in {out_dir}",
                 hint="wait for it to finish (or stop it), or use another --run / --out",
-            ) from None
+            ),
+        )
         yield
 
 
