@@ -352,12 +352,12 @@ def save_sft_like_adapter(base: Path, out: Path) -> Path:
     return out
 
 
-def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_it(
+def test_rl_on_top_of_an_sft_adapter_writes_an_adapter_and_checkpoints_that_load_with_it(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
-    """Started from an adapter folder, RL trains a LoRA on the base with that adapter merged in. Saved as adapter/,
-    it named the bare base model, so loading it (evaluate, serve) silently dropped the SFT adapter. Now merged/ is
-    the result, and `merge = false` (which would keep only that adapter) is refused before training."""
+    """Started from an adapter folder, RL trains a LoRA on the base with that adapter merged in. PEFT records the
+    bare base for it, so adapter/ and every checkpoint used to load without the SFT adapter (evaluate, serve);
+    they now name the SFT adapter as their base and the loader applies both, in order."""
     import torch
 
     from toolschool.models.loading import load_model
@@ -365,24 +365,19 @@ def test_rl_on_top_of_an_sft_adapter_writes_no_adapter_that_would_load_without_i
     from toolschool.train.rl import run_rl
 
     sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
-
-    with pytest.raises(ConfigError, match=r"rl.merge = false.*is itself a LoRA adapter"):
-        run_rl(rl_config(sft, train_file, merge=False), tmp_path / "refused", progress=False)
-    assert not (tmp_path / "refused" / "checkpoints").exists()
-
     out = tmp_path / "rl"
     result = run_rl(rl_config(sft, train_file, num_steps=1, learning_rate=1e-9), out, progress=False)
-    assert result.adapter_dir is None and not (out / "adapter").exists()
+    assert result.adapter_dir is not None and result.merged_dir is not None
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
-    with torch.no_grad():
-        start = load_model(str(sft), device="cpu", dtype="fp32").model(ids).logits
-        base = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model(ids).logits
-        merged = load_model(str(result.merged_dir), device="cpu", dtype="fp32").model(ids).logits
-        # a checkpoint's adapter names the SFT adapter as its base: loading applies both, in order
-        checkpoint = load_model(str(latest_checkpoint(out)), device="cpu", dtype="fp32").model(ids).logits
+
+    def logits(model: object) -> torch.Tensor:
+        with torch.no_grad():
+            return load_model(str(model), device="cpu", dtype="fp32").model(ids).logits
+
+    start, base = logits(sft), logits(tiny_model_dir)
     assert (start - base).abs().max() > 0.1  # the SFT adapter matters ...
-    assert torch.allclose(merged, start, atol=1e-4)  # ... and the result keeps it (RL moved it by ~nothing)
-    assert torch.allclose(checkpoint, start, atol=1e-4)
+    for saved in (result.merged_dir, result.adapter_dir, latest_checkpoint(out)):  # ... and each result keeps it
+        assert torch.allclose(logits(saved), start, atol=1e-4), saved
 
 
 def test_reference_model_works_on_trls_own_log_prob_path(tiny_model_dir: Path, tmp_path: Path) -> None:

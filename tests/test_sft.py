@@ -189,6 +189,31 @@ def test_a_fresh_run_into_a_folder_with_a_dead_runs_log_does_not_mix_them(first_
     assert [r["step"] for r in records if "loss" in r] == [1] and all(r.get("loss") != 99.0 for r in records)
 
 
+def test_sft_from_an_adapter_folder_trains_on_top_of_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`--model runs/x/sft/adapter` used to die in TRL ("a PeftModel together with a peft_config"); the start
+    adapter is now merged in, and adapter/, merged/ and the checkpoints all load with it."""
+    import torch
+    from test_rl import save_sft_like_adapter
+
+    from toolschool.models.loading import load_model
+
+    start = save_sft_like_adapter(tiny_model_dir, tmp_path / "start-adapter")
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 8)])
+    validation = _write(tmp_path / "validation.jsonl", [_example(20, 7)])
+    config = _config(tmp_path, start, train, validation, num_steps=1, learning_rate=1e-9, validation_samples=0)
+    result = run_sft(config, tmp_path / "sft", progress=False)
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+
+    def logits(model: object) -> torch.Tensor:
+        with torch.no_grad():
+            return load_model(str(model), device="cpu", dtype="fp32").model(ids).logits
+
+    expected = logits(start)
+    assert (expected - logits(tiny_model_dir)).abs().max() > 0.1
+    for saved in (result.merged_dir, result.adapter_dir, latest_checkpoint(tmp_path / "sft")):
+        assert torch.allclose(logits(saved), expected, atol=1e-4), saved
+
+
 def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Path) -> None:
     import torch
     from safetensors.torch import load_file

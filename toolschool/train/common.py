@@ -122,42 +122,60 @@ def same_base(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
     return saved.get("weights") is None or identity.get("weights") is None or saved["weights"] == identity["weights"]
 
 
-def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
-    """Record the base model as the user named it (e.g. `smollm2-135m`), so our loader can find it again.
-
-    peft writes the resolved folder; for the embedded model that is a cache path which another machine
-    would not have, while the embedded name resolves everywhere.
-    """
+def adapter_base(model_name: str) -> str | None:
+    """What a LoRA trained on `model_name` must name as its base in adapter_config.json, where PEFT's own record
+    would not load again: the embedded or hub name as the user wrote it (PEFT writes a cache path another machine
+    lacks), or the start adapter's folder (PEFT records the bare base it wrapped, with that adapter merged in;
+    our loader applies such a chain of adapters in order). None: PEFT's record is right."""
     from toolschool.models.spec import parse_model_spec
 
-    cfg_path = adapter_dir / "adapter_config.json"
-    cfg = json.loads(cfg_path.read_text())
     spec = parse_model_spec(model_name)
     if spec.kind in ("embedded", "hub"):
-        cfg["base_model_name_or_path"] = model_name
-        cfg_path.write_text(json.dumps(cfg, indent=2))
+        return model_name
+    if spec.kind == "local" and (Path(spec.path_or_id) / "adapter_config.json").is_file():
+        return str(Path(spec.path_or_id).resolve())
+    return None
+
+
+def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
+    """Record `adapter_base(model_name)` as the base of the adapter saved in `adapter_dir`."""
+    base = adapter_base(model_name)
+    cfg_path = adapter_dir / "adapter_config.json"
+    if base is None or not cfg_path.is_file():
+        return
+    cfg = json.loads(cfg_path.read_text())
+    cfg["base_model_name_or_path"] = base
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+
+
+def adapter_base_callback(model_name: str) -> Any:
+    """A trainer callback: every checkpoint's adapter names its base as `fix_adapter_base` does for `adapter/`,
+    so `evaluate checkpoints/checkpoint-N` loads what was trained."""
+    from transformers import TrainerCallback
+
+    class AdapterBase(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):  # noqa: ANN001
+            if state.is_world_process_zero:
+                fix_adapter_base(Path(args.output_dir) / f"checkpoint-{state.global_step}", model_name)
+
+    return AdapterBase()
 
 
 def save_final(
-    trainer: Any, tokenizer: Any, out_dir: Path, *, method: str, merge: bool, model_name: str, adapter: bool = True
+    trainer: Any, tokenizer: Any, out_dir: Path, *, method: str, merge: bool, model_name: str
 ) -> tuple[Path | None, Path | None]:
-    """Write `adapter/` (LoRA) and `merged/` (Hugging Face format) on the main process; returns both paths.
-
-    `adapter=False`: a LoRA run writes only `merged/`, for an adapter that would not load on its own (one trained
-    on a start model that is itself an adapter, merged in before training).
-    """
+    """Write `adapter/` (LoRA) and `merged/` (Hugging Face format) on the main process; returns both paths."""
     adapter_dir: Path | None = None
     merged_dir: Path | None = None
     if not trainer.is_world_process_zero():
         return None, None
     final = trainer.model
     if method == "lora":
-        if adapter:
-            adapter_dir = out_dir / "adapter"
-            final.save_pretrained(adapter_dir)
-            tokenizer.save_pretrained(adapter_dir)
-            fix_adapter_base(adapter_dir, model_name)
-        if merge or not adapter:
+        adapter_dir = out_dir / "adapter"
+        final.save_pretrained(adapter_dir)
+        tokenizer.save_pretrained(adapter_dir)
+        fix_adapter_base(adapter_dir, model_name)
+        if merge:
             merged_dir = out_dir / "merged"
             final.merge_and_unload().save_pretrained(merged_dir, safe_serialization=True)
             tokenizer.save_pretrained(merged_dir)

@@ -35,6 +35,7 @@ from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
     JsonlLogger,
+    adapter_base_callback,
     base_identity,
     checkpoint_step,
     drop_log_records_after,
@@ -430,13 +431,6 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         )
 
     start_adapter = _start_adapter(config.model.name)
-    if start_adapter and settings.method == "lora" and not settings.merge:
-        raise ConfigError(
-            f"rl.merge = false keeps only RL's LoRA adapter, but the start model '{config.model.name}' is itself a "
-            "LoRA adapter: RL trains on the base with it merged in, so RL's adapter would not load on its own "
-            "(the base it names lacks the start adapter)",
-            hint="set merge = true in [rl] (merged/ is then the result), or start from the SFT run's merged/ folder",
-        )
 
     started = time.perf_counter()
     loaded = load_model(config.model.name, device=device, dtype=settings.dtype, merge_adapter=True)
@@ -554,7 +548,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
             tools=tools or None,
             callbacks=[
                 *log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
-                *([_start_adapter_base(start_adapter)] if start_adapter and settings.method == "lora" else []),
+                *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
             ],
         )
         trainer.share_prompts = settings.share_prompts
@@ -575,7 +569,6 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         method=settings.method,
         merge=settings.merge,
         model_name=config.model.name,
-        adapter=start_adapter is None,  # see _start_adapter
     )
     seconds = time.perf_counter() - started
     last = last_train_log(out_dir / "train_log.jsonl")
@@ -586,36 +579,14 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
 def _start_adapter(model_name: str) -> str | None:
     """The LoRA adapter folder the start model is, if it is one.
 
-    The model is loaded with that adapter merged in, and RL's LoRA is trained on top; PEFT records the bare base
-    model as that LoRA's base, so loading it would silently drop the start adapter. Such a run writes `merged/`
-    only, and its checkpoints name the start adapter as their base (`_start_adapter_base`; the loader applies the
-    chain of adapters in order).
+    The model is loaded with that adapter merged in, and RL's LoRA is trained on top; its `adapter/` and
+    checkpoints name the start adapter as their base (`common.adapter_base`), and the loader applies the chain.
     """
     from toolschool.models.loading import resolve_source
     from toolschool.models.spec import parse_model_spec
 
     spec = parse_model_spec(model_name)
     return resolve_source(spec)[1] if spec.kind == "local" else None
-
-
-def _start_adapter_base(start_adapter: str) -> Any:
-    """A callback run after each checkpoint save: the checkpoint's adapter names the start adapter as its base,
-    so loading it applies the start adapter first (PEFT recorded the bare base)."""
-    from transformers import TrainerCallback
-
-    base = str(Path(start_adapter).resolve())
-
-    class StartAdapterBase(TrainerCallback):
-        def on_save(self, args, state, control, **kwargs):  # noqa: ANN001
-            if not state.is_world_process_zero:
-                return
-            path = Path(args.output_dir) / f"checkpoint-{state.global_step}" / "adapter_config.json"
-            if path.is_file():
-                adapter_config = json.loads(path.read_text(encoding="utf-8"))
-                adapter_config["base_model_name_or_path"] = base
-                path.write_text(json.dumps(adapter_config, indent=2), encoding="utf-8")
-
-    return StartAdapterBase()
 
 
 def _distributed() -> bool:

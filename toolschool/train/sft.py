@@ -38,6 +38,7 @@ from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.train.common import (
     IDENTITY_KEYS,
     JsonlLogger,
+    adapter_base_callback,
     base_identity,
     checkpoint_step,
     drop_log_records_after,
@@ -418,8 +419,12 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         check_has_assistant(validation_examples, str(validation_path))
 
     started = time.perf_counter()
-    loaded = load_model(config.model.name, device=config.model.device, dtype=settings.dtype)
+    # A start model that is a LoRA adapter is merged in: a new LoRA trains on top (its adapter/ and checkpoints
+    # name the start adapter as base, see common.adapter_base) or full training updates the merged weights.
+    loaded = load_model(config.model.name, device=config.model.device, dtype=settings.dtype, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
+    if settings.method == "full":
+        model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
     identity = base_identity(loaded)
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
@@ -522,7 +527,10 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         train_dataset=dataset,
         processing_class=tokenizer,
         peft_config=peft_config,
-        callbacks=_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
+        callbacks=[
+            *_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
+            *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
+        ],
         **extra,
     )
     if checkpoint is not None and checkpoint_step(checkpoint) >= settings.num_steps:
