@@ -295,6 +295,7 @@ def inputs(tmp_path: Path) -> dict[str, Path]:
         (["--batches", "{batches}", "--data", "{data}", "--general-count", "2"], "no general data was given"),
         (["--batches", "{batches}", "--data", "{data}", "--general-ratio", "0.5"], "general_ratio = 0.5 but no"),
         (["--batches", "{batches}", "--data", "{data}", "--compare", "--no-replay"], "drop --no-replay"),
+        (["--batches", "{batches}", "--data", "{data}", "--no-replay", "--replay-ratio", "0.3"], "nothing to set"),
         (["--batches", "{batches}", "--data", "{data}", "--format", "xml"], "xml"),
         (["--batches", "{root}/missing.json", "--data", "{data}"], "missing.json' does not exist"),
         (["--batches", "{batches}", "--data", "{root}/missing.jsonl"], "missing.jsonl' does not exist"),

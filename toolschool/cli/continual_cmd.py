@@ -51,6 +51,8 @@ def continual(
 
     if compare and replay is False:
         raise ConfigError("--compare runs both with and without replay", hint="drop --no-replay")
+    if replay is False and replay_ratio is not None:
+        raise ConfigError("--replay-ratio has nothing to set with --no-replay", hint="drop one of the two")
     overrides = {
         "model.name": model,
         "continual.batches": batches,
