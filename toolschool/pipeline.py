@@ -252,12 +252,13 @@ BUILTIN_HELDOUT = "builtin"
 def _training_queries(config: ToolschoolConfig) -> list[str]:
     """The user requests of the run's training data (distill/train.jsonl), if it has any."""
     from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.evaluate.retrieval import first_user_text
 
     path = config.run_dir() / "distill" / "train.jsonl"
     if not path.is_file():
         return []
     examples, _ = load_dataset_jsonl(path, on_error="stop")
-    return [m["content"] for ex in examples for m in ex["messages"][:2] if m.get("role") == "user" and m.get("content")]
+    return [query for query in map(first_user_text, examples) if query]
 
 
 def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:

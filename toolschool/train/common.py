@@ -92,6 +92,34 @@ def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:
     }
 
 
+def restart_log_at(log_path: Path, checkpoint: Path | None) -> None:
+    """Training starts at the checkpoint's step, or at 0 (a fresh run, or --resume before any checkpoint): no
+    step logged after it, by an interrupted run or an earlier one that died before its first checkpoint, survives."""
+    drop_log_records_after(log_path, checkpoint_step(checkpoint) if checkpoint else 0)
+
+
+def sha256_file(path: Path) -> str:
+    """The file's sha256, read in 1 MiB chunks."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def refuse_other_training_data(out_dir: Path, train_path: Path, train_sha256: str, saved_sha256: str | None) -> None:
+    """Resuming replays the data order and skips the batches already seen: that only holds for the same data
+    (`saved_sha256`: what the run's meta file recorded; None for runs from before it was recorded)."""
+    if saved_sha256 is not None and saved_sha256 != train_sha256:
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained on other data: the training file {train_path} is not the "
+            f"one they saw (sha256 {train_sha256[:12]}, not {saved_sha256[:12]})",
+            hint="resume with the same training file, or train on the new data into a new --out folder",
+        )
+
+
 def weights_fingerprint(model: Any, per_tensor: int = 256) -> str:
     """A short hash of the model's weights, so a model of the same architecture but other weights (another
     fine-tune of the same base, a re-initialised copy) is not taken for the base a checkpoint was trained on.

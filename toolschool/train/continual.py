@@ -38,6 +38,7 @@ from typing import Any
 from toolschool.config import ContinualSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.locking import lock_or_refuse
+from toolschool.train.common import sha256_file
 
 MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
@@ -562,14 +563,6 @@ def write_comparison(path_stem: Path, with_replay: dict[str, Any], without_repla
 # ---------------------------------------------------------------------------------------------- the rounds
 
 
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _sha256_json(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -613,7 +606,7 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
         general, _ = load_dataset_jsonl(general_path, on_error="stop")
         if not general:
             raise DataError(f"general data '{general_path}' holds no examples", hint="pass a JSONL of conversations")
-        general_sha = _sha256_file(general_path)
+        general_sha = sha256_file(general_path)
     elif settings.general_count:
         raise ConfigError(
             f"general_count = {settings.general_count} but no general data was given",
@@ -629,7 +622,7 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
         "model": config.model.name,
         "seed": config.run.seed,
         "batches": names,
-        "data": {"path": str(data_path), "sha256": _sha256_file(data_path)},
+        "data": {"path": str(data_path), "sha256": sha256_file(data_path)},
         "general": {"path": settings.general, "sha256": general_sha},
         "replay": replay,
         "replay_ratio": settings.replay_ratio if replay else 0.0,

@@ -22,7 +22,6 @@ reference model with another tokenizer, a prompt too long) is refused before the
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import time
@@ -37,13 +36,14 @@ from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
     base_identity,
-    checkpoint_step,
-    drop_log_records_after,
     latest_checkpoint,
     log_callbacks,
     lora_config,
+    refuse_other_training_data,
+    restart_log_at,
     same_base,
     save_final,
+    sha256_file,
 )
 from toolschool.train.rewards import RewardSuite, check_reward_names
 from toolschool.train.sft import split_at_first_assistant
@@ -386,13 +386,8 @@ def _check_resume(
             f"the checkpoints in {out_dir} were trained with rl.method = '{saved['method']}', not '{method}'",
             hint=f"resume with --method {saved['method']}, or train into a new --out folder",
         )
-    # Resuming replays the data order and skips the batches already seen: that only holds for the same data.
-    if train is not None and saved.get("train_sha256") not in (None, train[1]):
-        raise ToolschoolError(
-            f"the checkpoints in {out_dir} were trained on other data: the training file {train[0]} is not the "
-            f"one they saw (sha256 {train[1][:12]}, not {saved['train_sha256'][:12]})",
-            hint="resume with the same training file, or train on the new data into a new --out folder",
-        )
+    if train is not None:
+        refuse_other_training_data(out_dir, train[0], train[1], saved.get("train_sha256"))
 
 
 # ------------------------------------------------------------------------------------------- the stage
@@ -416,7 +411,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     fmt = get_format(settings.format)
     train_path = resolve_train_path(config)
     examples, _ = load_dataset_jsonl(train_path, on_error="stop")
-    train_sha256 = hashlib.sha256(train_path.read_bytes()).hexdigest()
+    train_sha256 = sha256_file(train_path)
     lines = [number for number, _ in iter_jsonl(train_path)]  # every non-blank line is an example (on_error stop)
     if not examples:
         raise DataError(f"training data '{train_path}' holds no examples")
@@ -445,9 +440,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         _check_resume(
             out_dir, identity, settings.mode, settings.method, (train_path, train_sha256) if checkpoint else None
         )
-    # Training starts at the checkpoint's step, or at 0 (a fresh run, or --resume before any checkpoint): no step
-    # logged after it, by an interrupted run or an earlier one that died before its first checkpoint, survives.
-    drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
+    restart_log_at(out_dir / "train_log.jsonl", checkpoint)
 
     registry = None
     tools: list[Callable[..., str]] = []

@@ -24,7 +24,6 @@ Batching (`sft.batching`, see bench/sft.py for the measured figures):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -41,13 +40,15 @@ from toolschool.train.common import (
     adapter_base_callback,
     base_identity,
     checkpoint_step,
-    drop_log_records_after,
     latest_checkpoint,
     log_callbacks,
     lora_config,
     refuse_existing_checkpoints,
+    refuse_other_training_data,
+    restart_log_at,
     same_base,
     save_final,
+    sha256_file,
 )
 
 META_FILE = "toolschool_sft.json"
@@ -372,20 +373,6 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
-def _check_resume_data(out_dir: Path, train_path: Path, train_sha256: str) -> None:
-    """Resuming replays the data order and skips the batches already seen: that only holds for the same data."""
-    meta_path = out_dir / META_FILE
-    if not meta_path.is_file():
-        return
-    saved = json.loads(meta_path.read_text()).get("train_sha256")
-    if saved is not None and saved != train_sha256:
-        raise ToolschoolError(
-            f"the checkpoints in {out_dir} were trained on other data: the training file {train_path} is not the "
-            f"one they saw (sha256 {train_sha256[:12]}, not {saved[:12]})",
-            hint="resume with the same training file, or train on the new data into a new --out folder",
-        )
-
-
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -428,16 +415,15 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     identity = base_identity(loaded)
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
-    train_sha256 = hashlib.sha256(train_path.read_bytes()).hexdigest()
+    train_sha256 = sha256_file(train_path)
     if resume:
         _check_resume_base(out_dir, identity)
-        if checkpoint is not None:
-            _check_resume_data(out_dir, train_path, train_sha256)
+        if checkpoint is not None and (out_dir / META_FILE).is_file():
+            saved = json.loads((out_dir / META_FILE).read_text()).get("train_sha256")
+            refuse_other_training_data(out_dir, train_path, train_sha256, saved)
     else:
         refuse_existing_checkpoints(out_dir)
-    # Training starts at the checkpoint's step, or at 0 (a fresh run, or --resume before any checkpoint): no step
-    # logged after it, by an interrupted run or an earlier one that died before its first checkpoint, survives.
-    drop_log_records_after(out_dir / "train_log.jsonl", checkpoint_step(checkpoint) if checkpoint else 0)
+    restart_log_at(out_dir / "train_log.jsonl", checkpoint)
 
     toolkens: list[str] = []
     if settings.toolkens:
