@@ -57,6 +57,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolschool.chat.formats import get_format
+from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
@@ -259,7 +260,7 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
             )
         prefill = forced
         if isinstance(body.tool_choice, dict) or body.parallel_tool_calls is False:  # exactly one call
-            stop.append(_CALL_CLOSE)
+            stop.append(HERMES_CLOSE)
     params = SamplingParams(
         n=body.n or 1,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -274,9 +275,6 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
     )
     tools = body.tools if offer_tools else None
     return GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill), offer_tools
-
-
-_CALL_CLOSE = "</tool_call>"
 
 
 def forced_call_prefill(body: ChatCompletionRequest) -> str:
@@ -458,7 +456,8 @@ def to_response(
     tokenizer: Any = None,
 ) -> dict[str, Any]:
     """Backend completions -> an OpenAI chat.completion object."""
-    choices = [_choice(i, c, offer_tools, body, tokenizer) for i, c in enumerate(completions)]
+    forced = forced_call_prefill(body)
+    choices = [_choice(i, c, offer_tools, body, tokenizer, forced) for i, c in enumerate(completions)]
     prompt_tokens = completions[0].prompt_tokens if completions else 0
     completion_tokens = sum(c.num_tokens for c in completions)
     return {
@@ -476,13 +475,18 @@ def to_response(
 
 
 def _choice(
-    index: int, completion: Completion, offer_tools: bool, body: ChatCompletionRequest, tokenizer: Any
+    index: int,
+    completion: Completion,
+    offer_tools: bool,
+    body: ChatCompletionRequest,
+    tokenizer: Any,
+    forced: str,
 ) -> dict[str, Any]:
+    """One choice; `forced`: the reply's forced call opener (`forced_call_prefill`), "" when none."""
     message: dict[str, Any] = {"role": "assistant", "content": completion.text}
     finish_reason: str = completion.finish_reason
-    prefill = forced_call_prefill(body)
-    if prefill:
-        calls, content = _forced_calls(body, prefill, completion)
+    if forced:
+        calls, content = _forced_calls(body, forced, completion)
         message["content"] = content or None
         message["tool_calls"] = _wire_calls(calls[:1] if body.parallel_tool_calls is False else calls)
         # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function.
