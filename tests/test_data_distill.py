@@ -188,12 +188,27 @@ def test_dedupe_threshold_semantics() -> None:
     kept, removed = dedupe(candidates, 1.0)
     assert [c.query for c in kept] == [queries[0], queries[2], queries[3], queries[4]]
     assert [c.query for c in removed] == [queries[1]]
-    assert dedupe(candidates, 0.7)[0] == kept  # another operator: 4 of 6 tokens shared, 0.67
-    assert [c.query for c in dedupe(candidates, 0.6)[0]] == [queries[0]]
+    assert dedupe(candidates, 0.7)[0] == kept
+    # a lower threshold catches the reworded request, never another operation (4 of 6 tokens shared, 0.67)
+    assert [c.query for c in dedupe(candidates, 0.6)[0]] == queries[:1] + queries[2:4]
     # per tool: the same query explored for another tool is not a duplicate of this one
     kept, _ = dedupe([_candidate("calculator", 0, queries[0]), _candidate("python", 0, queries[0])], 0.9)
     assert len(kept) == 2
     assert jaccard("What is 2 + 2?", "what is 2+2") == 1.0 and jaccard("2 + 2", "2 * 2") == 1 / 3
+
+
+def test_dedupe_keeps_the_same_words_in_another_order() -> None:
+    """The same numbers in another order ask for another call: word sets alone would call them duplicates."""
+    queries = [
+        "What is 12 - 5?",
+        "What is 5 - 12?",  # same word set, another result
+        "Weekday of 2024-05-01?",
+        "Weekday of 2024-01-05?",  # same word set, another date
+        "what is 12-5",  # the first again
+    ]
+    kept, removed = dedupe([_candidate("calculator", i, q) for i, q in enumerate(queries)], 0.9)
+    assert [c.query for c in kept] == queries[:4]
+    assert [c.query for c in removed] == queries[4:]
 
 
 class ScriptedBackend(Backend):

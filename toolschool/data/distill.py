@@ -9,7 +9,7 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    query informatively; it is faithful to the execution results; the tools were used appropriately). Every
    judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
 3. **dedupe** — near-identical queries per tool (normalised text: lower-case words and arithmetic operators;
-   token-set Jaccard >= threshold).
+   token-set Jaccard >= threshold, with the same numbers and operators in the same order).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
    query, adds a number neither the query nor the call has (it would ask for another call), or repeats a query
@@ -324,9 +324,24 @@ def jaccard(a: str, b: str) -> float:
     return len(sa & sb) / len(sa | sb)
 
 
+_ATOM = re.compile(r"\d+|[-+*/×÷^%=<>]")
+
+
+def _atoms(norm: str) -> list[str]:
+    """The numbers and operators of a normalised text, in order: what a word set cannot see."""
+    return [token for token in norm.split() if _ATOM.fullmatch(token)]
+
+
 def near_duplicate(text: str, others: list[str], threshold: float) -> bool:
+    """Same normalised text, or word-set Jaccard >= threshold with the same numbers and operators in the same
+    order ("12 - 5" and "5 - 12", or 2024-05-01 and 2024-01-05, share every word but ask for other calls)."""
     norm = normalize_text(text)
-    return any(norm == normalize_text(o) or jaccard(text, o) >= threshold for o in others)
+    atoms = _atoms(norm)
+    for other in others:
+        other_norm = normalize_text(other)
+        if norm == other_norm or (atoms == _atoms(other_norm) and jaccard(text, other) >= threshold):
+            return True
+    return False
 
 
 def dedupe(candidates: list[Candidate], threshold: float) -> tuple[list[Candidate], list[Candidate]]:
