@@ -86,10 +86,13 @@ def _read_lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _data_file(folder: Path, category: str) -> Path:
-    matches = sorted(folder.glob(f"BFCL_v*_{category}.json"))
-    if not matches:
+    """`BFCL_v<N>_<category>.json`, newest N. The name must match exactly: a glob `BFCL_v*_multiple.json` would
+    also take `BFCL_v4_parallel_multiple.json` (and `live_multiple`), `*_irrelevance` `live_irrelevance`."""
+    pattern = re.compile(rf"BFCL_v(\d+)_{re.escape(category)}\.json")
+    versions = {int(m.group(1)): path for path in folder.glob("BFCL_v*.json") if (m := pattern.fullmatch(path.name))}
+    if not versions:
         raise ToolschoolError(f"BFCL data for category '{category}' not found in {folder}", hint=INSTALL_HINT)
-    return matches[-1]
+    return versions[max(versions)]
 
 
 def _cast_to_openai_type(properties: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
