@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from toolschool.evaluate.benchmarks import bfcl
+from toolschool.errors import DataError
+from toolschool.evaluate.benchmarks import bfcl, ste
 
 
 @pytest.mark.parametrize("category", bfcl.CATEGORIES)
@@ -15,3 +19,38 @@ def test_bfcl_category_reads_its_own_data_file(category: str) -> None:
     assert [item.id.rsplit("_", 1)[0] for item in items] == [category] * 3
     if category != "irrelevance":
         assert all(item.meta["ground_truth"] for item in items)
+
+
+def _ste_row(**changes: object) -> dict:
+    row = {
+        "query": "What is the date 90 days from 2022-10-14?",
+        "API_name_list": ["add_date"],
+        "api_descriptions": "API_name: add_date\nDescription: Add days to a date.",
+        "action": "add_date",
+        "action_input": '{"date": "2022-10-14", "days": 90}',
+    }
+    row.update(changes)
+    return row
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"api_descriptions": None}, "api_descriptions should be a string"),
+        ({"API_name_list": "add_date"}, "API_name_list should be a list of API names"),
+        ({"action_input": "[1, 2]"}, "action_input should be a JSON object"),
+        ({"query": 5}, "query should be a non-empty string"),
+        ({"action": "sub_date"}, "action 'sub_date' is not in its API_name_list"),
+        (
+            {"api_descriptions": json.dumps({"required_parameters": [{"type": "STRING"}]})},
+            "api_descriptions of 'add_date'.*parameter without a name",
+        ),
+    ],
+)
+def test_ste_malformed_item_is_one_clear_error(tmp_path: Path, changes: dict, message: str) -> None:
+    # These crashed with AttributeError/KeyError, or loaded silently wrong: a string API_name_list became one tool
+    # per character, a non-object action_input became {} (any call of the API then counted as correct).
+    path = tmp_path / "ste.json"
+    path.write_text(json.dumps({"add_date": [_ste_row(), _ste_row(**changes)]}))
+    with pytest.raises(DataError, match=f"ste.json': item 1 of 'add_date' is malformed: {message}"):
+        ste.load_items(path)

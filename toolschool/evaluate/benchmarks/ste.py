@@ -105,6 +105,63 @@ def _split_descriptions(text: str, names: list[str]) -> dict[str, str]:
     return {name: found.get(name, "") for name in names}
 
 
+class _BadItem(ValueError):
+    """What is wrong with one STE test item (load_items adds the file, API and index)."""
+
+
+def _read_row(row: Any) -> tuple[str, list[str], str, str, dict[str, Any]]:
+    """(query, API names, descriptions, action, gold arguments) of one test item, each checked: a wrong type here
+    would otherwise load silently wrong (a string API_name_list is a list of characters, a non-object
+    action_input would leave the gold call without arguments, so any call of the API would count as correct)."""
+    if not isinstance(row, dict):
+        raise _BadItem(f"expected an object, got {type(row).__name__}")
+    missing = [
+        key for key in ("query", "API_name_list", "api_descriptions", "action", "action_input") if key not in row
+    ]
+    if missing:
+        raise _BadItem(f"missing field '{missing[0]}'")
+    query, names, descriptions, action, raw_input = (
+        row["query"],
+        row["API_name_list"],
+        row["api_descriptions"],
+        row["action"],
+        row["action_input"],
+    )
+    if not isinstance(query, str) or not query.strip():
+        raise _BadItem(f"query should be a non-empty string, got {query!r}")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+        raise _BadItem(f"API_name_list should be a list of API names, got {names!r}")
+    if not isinstance(descriptions, str):
+        raise _BadItem(f"api_descriptions should be a string, got {type(descriptions).__name__}")
+    if not isinstance(action, str) or action not in names:
+        raise _BadItem(f"action {action!r} is not in its API_name_list {names}")
+    if isinstance(raw_input, dict):
+        arguments: Any = raw_input
+    elif isinstance(raw_input, str):
+        try:
+            arguments = json.loads(raw_input) if raw_input.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise _BadItem(f"action_input is not valid JSON ({exc}): {raw_input[:80]!r}") from None
+    else:
+        arguments = raw_input
+    if not isinstance(arguments, dict):
+        raise _BadItem(f"action_input should be a JSON object of arguments, got {str(raw_input)[:80]!r}")
+    return query, names, descriptions, action, arguments
+
+
+def _schemas(names: list[str], descriptions: str) -> list[dict[str, Any]]:
+    by_name = _split_descriptions(descriptions, names)
+    tools = []
+    for name in names:
+        try:
+            tools.append(tool_schema(name, by_name.get(name, "")))
+        except KeyError:  # the only key tool_schema indexes: a RapidAPI parameter's "name"
+            raise _BadItem(f"api_descriptions of '{name}' has a parameter without a name") from None
+        except (TypeError, AttributeError) as exc:
+            raise _BadItem(f"api_descriptions of '{name}' cannot be read ({exc})") from None
+    return tools
+
+
 def load_items(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
     """Items of an STE test file; `limit` is per API."""
     path = Path(path)
@@ -125,21 +182,20 @@ def load_items(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
             raise DataError(f"STE test file '{path}': '{api}' should map to a list of items")
         for index, row in enumerate(rows[:limit] if limit else rows):
             try:
-                names = list(row["API_name_list"])
-                descriptions = _split_descriptions(row["api_descriptions"], names)
-                arguments = json.loads(row["action_input"]) if str(row["action_input"]).strip() else {}
-                query, action = row["query"], row["action"]
-            except (KeyError, TypeError, json.JSONDecodeError) as exc:
+                query, names, descriptions, action, arguments = _read_row(row)
+                tools = _schemas(names, descriptions)
+            except _BadItem as exc:
                 raise DataError(
-                    f"STE test file '{path}': item {index} of '{api}' is malformed ({type(exc).__name__}: {exc})",
-                    hint="each item needs query, API_name_list, api_descriptions, action, action_input (JSON)",
+                    f"STE test file '{path}': item {index} of '{api}' is malformed: {exc}",
+                    hint="each item needs query, API_name_list, api_descriptions, action (one of API_name_list), "
+                    "action_input (a JSON object string)",
                 ) from None
             items.append(
                 EvalItem(
                     id=f"{api}#{index}",
                     messages=[{"role": "user", "content": query}],
-                    tools=[tool_schema(name, descriptions.get(name, "")) for name in names],
-                    gold_calls=[tool_call(action, arguments if isinstance(arguments, dict) else {})],
+                    tools=tools,
+                    gold_calls=[tool_call(action, arguments)],
                     benchmark="ste",
                     category=api,
                     meta={"api": api},
