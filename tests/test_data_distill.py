@@ -163,6 +163,11 @@ def test_paraphrase_checks_what_the_call_needs() -> None:
         "loses a date, unit or name the call needs"
     )
     assert paraphrase_problem("how many miles is 5 km", original, calls, [], 0.9) == "same as the original"
+    # the same number and unit, swapped: 5 miles in km is another call than the original's 5 km in miles
+    assert paraphrase_problem("How many km is 5 miles?", original, calls, [], 0.9) == (
+        "puts a unit or name the call needs next to another number"
+    )
+    assert paraphrase_problem("5 KM, how many miles is that?", original, calls, [], 0.9) is None
     dated = [{"name": "weekday", "arguments": {"date": "2024-05-01"}}]
     assert paraphrase_problem("Which day is May 1st 2024?", "Weekday of 2024-05-01?", dated, [], 0.9) == (
         "loses a number the call needs"

@@ -12,8 +12,9 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    token-set Jaccard >= threshold, with the same numbers and operators in the same order).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
-   query, adds a number neither the query nor the call has (it would ask for another call), or repeats a query
-   or paraphrase of the tool (of any original).
+   query, adds a number neither the query nor the call has (it would ask for another call), puts a unit or name
+   next to another number than in the query ("5 miles in km" for "5 km in miles"), or repeats a query or
+   paraphrase of the tool (of any original).
 5. **split** — train / validation by original query, so an original and its paraphrases stay together (and
    originals sharing a query text across tools too: no query is in both splits).
 
@@ -436,6 +437,22 @@ def _call_numbers(calls: list[dict[str, Any]]) -> set[str]:
     return out
 
 
+def _number_phrase_pairs(text: str, numbers: set[str], phrases: set[str]) -> set[tuple[str, str]]:
+    """(number, phrase) pairs written side by side ("5 km"): which number a unit belongs to. Keeping every
+    number and unit is not enough: "5 miles in km" keeps both of "5 km in miles" and asks for another call."""
+    pairs: set[tuple[str, str]] = set()
+    lower = text.lower()
+    for phrase in phrases:
+        for match in re.finditer(rf"({_NUM.pattern})\s*{re.escape(phrase)}(?!\w)", lower):
+            try:
+                value = repr(float(match.group(1).replace(",", "")))
+            except ValueError:
+                continue
+            if value in numbers:
+                pairs.add((value, phrase))
+    return pairs
+
+
 def paraphrase_problem(
     paraphrase: str, original: str, calls: list[dict[str, Any]], others: list[str], threshold: float
 ) -> str | None:
@@ -455,6 +472,8 @@ def paraphrase_problem(
     lower = paraphrase.lower()
     if any(not re.search(rf"(?<!\w){re.escape(p)}(?!\w)", lower) for p in phrases):
         return "loses a date, unit or name the call needs"
+    if _number_phrase_pairs(original, numbers, phrases) - _number_phrase_pairs(paraphrase, numbers, phrases):
+        return "puts a unit or name the call needs next to another number"
     if near_duplicate(paraphrase, others, threshold):
         return "near-duplicate of another paraphrase"
     return None
