@@ -101,8 +101,16 @@ def _end_tokens(tokenizer: Any) -> list[str]:
 
 
 def _trim_end(text: str, start: int, end: int, end_tokens: list[str]) -> int:
-    """End a reply right after its end-of-turn token (the template's newline after it is not the model's)."""
+    """End a reply right after its end-of-turn token (the template's newline after it is not the model's).
+
+    The end token is the one closing the span: a reply may itself contain such text (`</s>` in HTML,
+    `<|endoftext|>` in code), which must keep its weight. Only a span that does not end with one (a template
+    writing more after it) is cut at the first end token it holds.
+    """
     body = text[start:end]
+    closed = body.rstrip()
+    if any(closed.endswith(tok) for tok in end_tokens):
+        return start + len(closed)
     hits = [(body.find(tok), tok) for tok in end_tokens if tok in body]
     if hits:
         pos, tok = min(hits)

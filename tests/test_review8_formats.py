@@ -1,0 +1,46 @@
+"""Review 8 of the chat formats: defects found by using render / parse / the wire helpers as a demanding user would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers import CALC
+
+from toolschool.chat.formats import FORMAT_NAMES, get_format
+from toolschool.chat.types import tool_call
+
+PY = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
+
+
+def _weighted_text(tokenizer: Any, rendered: Any) -> str:
+    return tokenizer.decode([t for t, w in zip(rendered.input_ids, rendered.loss_weights, strict=True) if w == 1.0])
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("method", ["markers", "prefix"])
+def test_reply_text_that_looks_like_an_end_token_is_weighted_to_its_end(tokenizer: Any, name: str, method: str) -> None:
+    """`</s>` (HTML strikethrough) or `<|endoftext|>` written inside a reply is reply text, not its end: the whole
+    reply and its `<|im_end|>` keep weight 1.0 (before the fix the weights stopped at the first such string)."""
+    fmt = get_format(name)
+    conv = [
+        {"role": "user", "content": "How do I strike text in HTML, and what ends a GPT-2 document?"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [tool_call("python", {"code": "print('<|endoftext|>' + ' ends it')"}, "c0")],
+        },
+        {"role": "tool", "tool_call_id": "c0", "content": "<|endoftext|> ends it"},
+        {"role": "assistant", "content": "Write <s>old</s> for struck text; <|endoftext|> ends a document."},
+    ]
+    rendered = fmt.render(conv, [CALC, PY], tokenizer, method=method)
+    converted, _ = fmt.to_messages(conv, [CALC, PY])
+    replies = [fmt.format_reply(m) if name == "hermes" else m["content"] for m in converted if m["role"] == "assistant"]
+    assert _weighted_text(tokenizer, rendered) == "".join(r + "<|im_end|>" for r in replies)
