@@ -44,3 +44,20 @@ def test_reply_text_that_looks_like_an_end_token_is_weighted_to_its_end(tokenize
     converted, _ = fmt.to_messages(conv, [CALC, PY])
     replies = [fmt.format_reply(m) if name == "hermes" else m["content"] for m in converted if m["role"] == "assistant"]
     assert _weighted_text(tokenizer, rendered) == "".join(r + "<|im_end|>" for r in replies)
+
+
+@pytest.mark.parametrize(("arguments", "got"), [([1, 2], "list"), (5, "int"), (True, "bool"), ("null", "null")])
+def test_wire_arguments_of_a_wrong_type_raise_the_documented_value_error(arguments: Any, got: str) -> None:
+    """`arguments_from_wire` promises a ValueError with a precise message (its callers catch ValueError); a list,
+    number or boolean used to escape as json's TypeError ("the JSON object must be str, bytes or bytearray")."""
+    from toolschool.chat.types import arguments_from_wire
+    from toolschool.errors import DataError
+
+    with pytest.raises(ValueError, match=f"tool-call arguments must be a JSON object, got {got}"):
+        arguments_from_wire(arguments)
+    message = {
+        "role": "assistant",
+        "tool_calls": [{"type": "function", "function": {"name": "x", "arguments": arguments}}],
+    }
+    with pytest.raises(DataError, match="tool call 'x' has arguments that are not a JSON object"):
+        get_format("hermes").format_reply(message)

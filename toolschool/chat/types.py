@@ -78,9 +78,11 @@ def arguments_from_wire(arguments: str | dict[str, Any] | None) -> dict[str, Any
         return {}
     if isinstance(arguments, dict):
         return arguments
-    value = json.loads(arguments)
+    value = json.loads(arguments) if isinstance(arguments, str | bytes | bytearray) else arguments
     if not isinstance(value, dict):
-        raise ValueError(f"tool-call arguments must be a JSON object, got {type(value).__name__}")
+        raise ValueError(
+            f"tool-call arguments must be a JSON object, got {'null' if value is None else type(value).__name__}"
+        )
     return value
 
 
