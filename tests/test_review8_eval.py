@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 
 from toolschool.errors import DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
+from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
+from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 
 @pytest.mark.parametrize("category", bfcl.CATEGORIES)
@@ -54,3 +57,39 @@ def test_ste_malformed_item_is_one_clear_error(tmp_path: Path, changes: dict, me
     path.write_text(json.dumps({"add_date": [_ste_row(), _ste_row(**changes)]}))
     with pytest.raises(DataError, match=f"ste.json': item 1 of 'add_date' is malformed: {message}"):
         ste.load_items(path)
+
+
+class _OneReplyBackend(Backend):
+    name = "one-reply"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        return [Completion(text=self.text)]
+
+
+def _hermes(name: str, args: dict) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+
+
+def test_bfcl_correct_needs_the_checker_to_accept_the_arguments() -> None:
+    # BFCL gold calls carry no arguments (the answers are lists of acceptable values, judged by the AST checker),
+    # so `correct` was just "right function name": a call with a wrong value counted as correct.
+    item = bfcl.load_items("bfcl:simple_python", limit=1)[0]
+    name = item.tools[0]["function"]["name"]
+    (answer,) = item.meta["ground_truth"]
+    right_args = {k: v[0] for k, v in next(iter(answer.values())).items() if v and v[0] != ""}
+    wrong_args = {**right_args, next(iter(right_args)): 987654321}
+    rows = {}
+    for label, args in (("right", right_args), ("wrong", wrong_args)):
+        (result,) = asyncio.run(evaluate_items(_OneReplyBackend(_hermes(name, args)), [item], EvalOptions()))
+        rows[label] = result
+    assert rows["right"].verdict["valid"] and rows["right"].score.correct and rows["right"].score.args_exact
+    assert not rows["wrong"].verdict["valid"]
+    assert rows["wrong"].score.tool_match, "the function is right"
+    assert not rows["wrong"].score.correct and not rows["wrong"].score.args_exact
+    assert not rows["wrong"].score.args_semantic
+    overall = summarize([rows["right"], rows["wrong"]])["overall"]
+    assert overall["correct"] == overall["accuracy"] == pytest.approx(0.5)
+    assert overall["correct_tool"] == pytest.approx(1.0) and overall["argument_accuracy"] == pytest.approx(0.5)

@@ -115,11 +115,21 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
         semantic=options.semantic,
     )
     verdict = item.judge(parsed) if item.judge is not None else None
+    if verdict is not None:
+        _arguments_by_judge(score, verdict)
     result = ItemResult(item, sent, sent_tools, raw, parsed, score, verdict)
     if options.execute:
         await _execute(backend, fmt, item, messages, parsed, result, options)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _arguments_by_judge(score: ItemScore, verdict: dict[str, Any]) -> None:
+    """A benchmark's judge is its argument check: BFCL's gold calls carry only names (its answers are lists of
+    acceptable values that only the AST checker reads), so without this `correct` would mean "right function"."""
+    valid = bool(verdict.get("valid"))
+    score.args_exact = score.args_semantic = score.tool_match and valid
+    score.correct = score.well_formed and score.args_exact
 
 
 async def _execute(
