@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from toolschool.errors import DataError
+from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
+from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
+from toolschool.evaluate.session import make_options
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 
@@ -93,3 +95,31 @@ def test_bfcl_correct_needs_the_checker_to_accept_the_arguments() -> None:
     overall = summarize([rows["right"], rows["wrong"]])["overall"]
     assert overall["correct"] == overall["accuracy"] == pytest.approx(0.5)
     assert overall["correct_tool"] == pytest.approx(1.0) and overall["argument_accuracy"] == pytest.approx(0.5)
+
+
+def _settings(**changes: object) -> dict:
+    base = {"format": "hermes", "arguments": "exact", "retriever": "bm25", "icl": 0, "max_tokens": 8}
+    base |= {"temperature": 0.0, "concurrency": 1, "execute": False, "max_turns": 2, "data": None, "demos": None}
+    return base | changes
+
+
+def _chat_line(query: str) -> str:
+    return json.dumps({"messages": [{"role": "user", "content": query}, {"role": "assistant", "content": "ok"}]})
+
+
+def test_icl_refuses_demonstrations_from_the_evaluated_file(tmp_path: Path) -> None:
+    # Only the item's own query was skipped: with --demos = --data every other test item was a demonstration.
+    data = tmp_path / "test.jsonl"
+    data.write_text("".join(_chat_line(q) + "\n" for q in ("What is 2 + 2?", "What is 3 + 3?")))
+    with pytest.raises(ConfigError, match="--demos .*test.jsonl is the evaluated file"):
+        make_options(_settings(icl=1, demos=str(data), data=str(tmp_path / "." / "test.jsonl")))
+    train = tmp_path / "train.jsonl"
+    train.write_text(_chat_line("What is 4 + 4?") + "\n")
+    assert make_options(_settings(icl=1, demos=str(train), data=str(data))).demos is not None
+
+
+def test_icl_skips_the_item_written_with_other_case_or_spacing() -> None:
+    queries = ["What is  2 + 2?", "what is 2 + 2?", "What is 3 + 3?", "What is 4 + 4?"]
+    examples = [json.loads(_chat_line(q)) for q in queries]
+    picked = DemoPool(examples).demonstrations("What is 2 + 2?", 2)
+    assert [ex["messages"][0]["content"] for ex in picked] == ["What is 3 + 3?", "What is 4 + 4?"]

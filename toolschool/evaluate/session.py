@@ -79,6 +79,13 @@ def make_options(settings: dict[str, Any], registry: Any = None) -> EvalOptions:
     if settings["icl"]:
         if not settings.get("demos"):
             raise ConfigError("--icl K needs demonstrations", hint="pass --demos train.jsonl")
+        data = settings.get("data")
+        if data and Path(data).resolve() == Path(settings["demos"]).resolve():
+            # only each item's own query would be skipped: every other test item would be a demonstration
+            raise ConfigError(
+                f"--demos {settings['demos']} is the evaluated file (--data)",
+                hint="retrieve demonstrations from the training split, e.g. --demos train.jsonl",
+            )
         demos = DemoPool(read_examples(settings["demos"]), retriever=settings["retriever"])
     return EvalOptions(
         format=settings["format"],
