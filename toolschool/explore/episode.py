@@ -5,9 +5,10 @@ Each trial (Wang et al., 2024, "LLMs in the Imaginarium"):
    explored for this tool, solved or not) in this request only; the conversation keeps the prompt without it.
    Trials after the first in a conversation use the follow-up prompt ("explore further, building on what you
    discovered").
-2. try: up to `max_turns` model turns with calls; each call is executed for real and its observation (or the
-   parse/execution error) is fed back; then the model gives a final answer. As in the paper, a reply that is
-   still a call when the budget is spent is recorded but not executed.
+2. try: up to `max_turns` tool calls (several in one reply count one each; those past the budget are answered
+   with a "not run" notice), in at most `max_turns` replies; each call is executed for real and its observation
+   (or the parse/execution error) is fed back; then the model gives a final answer. As in the paper, a reply
+   that is still a call when the budget is spent is recorded but not executed.
 3. reflect: "did you fulfil the query?" Yes/No.
 
 The canonical conversation (toolschool.chat.types dicts) is kept here; the format turns it into what the
@@ -266,10 +267,16 @@ async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Obse
 
 
 async def _run_calls(
-    ctx: ExploreContext, trial: _Trial, parsed: ParsedReply, turn: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Execute the calls of one reply; return (step call records, tool messages for the conversation)."""
+    ctx: ExploreContext, trial: _Trial, parsed: ParsedReply, turn: int, calls_left: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """Execute the calls of one reply, at most `calls_left` of them (`max_turns` counts calls, not replies).
+
+    Returns (records of the calls run, records of the calls past the budget, tool messages for the conversation).
+    A call past the budget is not run but still answered, with the `call_limit` notice: an assistant message
+    whose tool_call ids are not all answered is refused by OpenAI-compatible endpoints.
+    """
     records: list[dict[str, Any]] = []
+    skipped: list[dict[str, Any]] = []
     tool_messages: list[dict[str, Any]] = []
     calls = []
     for index, call in enumerate(parsed.calls):
@@ -279,7 +286,13 @@ async def _run_calls(
             call["id"] = f"call_{trial.slot}_{turn}_{index}"
         calls.append(call)
     parsed.calls = calls
-    for call in calls:
+    notice = ctx.prompts.render("call_limit", max_turns=ctx.settings.max_turns, tool=trial.tool)
+    for call in calls[max(calls_left, 0) :]:
+        function = call["function"]
+        skipped.append(
+            {"id": call["id"], "name": function["name"], "arguments": function.get("arguments"), "shown": notice}
+        )
+    for call in calls[: max(calls_left, 0)]:
         name = call["function"]["name"]
         args = call["function"].get("arguments") or {}
         observation = await _execute(ctx, name, args if isinstance(args, dict) else {"value": args})
@@ -294,7 +307,10 @@ async def _run_calls(
             }
         )
         tool_messages.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": shown})
-    return records, tool_messages
+    tool_messages += [
+        {"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": c["shown"]} for c in skipped
+    ]
+    return records, skipped, tool_messages
 
 
 def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bool) -> dict[str, Any]:
@@ -402,6 +418,7 @@ async def _attempt(
         trial_prompt = ctx.prompts.render("trial" if first else "trial_followup", query=query, **variables)
         trial.messages.append({"role": "user", "content": trial_prompt})
         fmt = ctx.fmt
+        calls_left = settings.max_turns
         for turn in range(settings.max_turns + 1):
             # force_call: the first reply starts as a call to the explored tool (like a named tool_choice), so a
             # model too weak to decide to call a tool still writes arguments and learns from their execution.
@@ -411,13 +428,13 @@ async def _attempt(
             )
             raw = prefill + completion.text
             parsed = fmt.parse(raw)
-            last = turn == settings.max_turns
+            last = turn == settings.max_turns or calls_left <= 0
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
                 trial.messages.append(parsed.as_message())
                 final_answer = parsed.final
                 break
-            if last:  # the call budget is spent: record the reply, do not execute it (as in the paper)
+            if last:  # the call (or reply) budget is spent: record the reply, do not execute it (as in the paper)
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
                 trial.messages.append(_verbatim(raw))  # plain text: a call without a result breaks endpoints
                 break
@@ -430,7 +447,10 @@ async def _attempt(
                 step["feedback"] = feedback
                 trial.messages += [_verbatim(raw), {"role": "user", "content": feedback}]
             else:
-                step["calls"], tool_messages = await _run_calls(ctx, trial, parsed, turn)
+                step["calls"], skipped, tool_messages = await _run_calls(ctx, trial, parsed, turn, calls_left)
+                calls_left -= len(step["calls"])
+                if skipped:
+                    step["skipped_calls"] = skipped
                 step["error"] = any(c["observation"]["is_error"] for c in step["calls"])
                 trial.messages += [parsed.as_message(), *tool_messages]
             trial.steps.append(step)

@@ -12,8 +12,10 @@ Fields of one line (version 1):
 - `query` (cleaned imagined query), `query_raw` (the model's text);
 - `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`,
   `arguments`, `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw),
-  `final`, `parse_error`, `error` (a parse error or any failed call), `executed` (false for calls written
-  after the turn budget ran out), `finish_reason`, `completion_tokens`;
+  `skipped_calls` (only when a reply held more calls than the budget of `max_turns` calls had left: each with
+  `id`, `name`, `arguments` and `shown`, the "not run" notice the model got), `final`, `parse_error`, `error`
+  (a parse error or any failed call), `executed` (false for a reply written after the budget ran out),
+  `finish_reason`, `completion_tokens`;
 - `final_answer`: the final answer or null; `reflection` (the model's text or null) and `solved`
   (true / false / null when reflection was off or unclear);
 - `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the

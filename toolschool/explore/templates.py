@@ -26,6 +26,7 @@ TEMPLATE_NAMES = (
     "trial_followup",  # same for later trials
     "parse_error",  # fed back when a reply could not be parsed
     "no_feedback",  # what the model sees instead of observations in the no-execution-feedback ablation
+    "call_limit",  # the answer to a call past the trial's budget of max_turns calls (not run)
     "reflect",  # "did you fulfil the query? Yes or No"
 )
 
