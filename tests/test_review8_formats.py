@@ -61,3 +61,29 @@ def test_wire_arguments_of_a_wrong_type_raise_the_documented_value_error(argumen
     }
     with pytest.raises(DataError, match="tool call 'x' has arguments that are not a JSON object"):
         get_format("hermes").format_reply(message)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "error"),
+    [
+        (
+            "hermes",
+            '<tool_call>\n{"name": "calculator", "arguments": {"x": NaN}}\n</tool_call>',
+            "the text inside <tool_call> is not valid JSON: NaN is not a JSON value",
+        ),
+        (
+            "hermes",
+            '<tool_call>\n{"name": "calculator", "arguments": "{\\"x\\": -Infinity}"}\n</tool_call>',
+            "tool call 'calculator': \"arguments\" is a string that is not a valid JSON object: -Infinity is not a",
+        ),
+        ("json", '{"tool": "calculator", "args": {"x": Infinity}}', "the reply is not valid JSON: Infinity is not a"),
+        ("json", '{"tool": "calculator", "args": {"x": 1e400}}', "the reply is not valid JSON: the number 1e400 is"),
+        ("react", 'Action: calculator\nAction Input: {"x": NaN}', "Action Input is not valid JSON: NaN is not a JSON"),
+    ],
+)
+def test_non_json_numbers_are_a_parse_error_not_arguments(name: str, text: str, error: str) -> None:
+    """NaN / Infinity / 1e400 are not JSON (Python's json reads them as float nan/inf): accepted, they became
+    arguments that are written back as invalid JSON (`{"x": NaN}`) into logs, datasets and OpenAI responses."""
+    reply = get_format(name).parse(text)
+    assert reply.error is not None and reply.error.startswith(error), reply.error
+    assert not reply.calls

@@ -11,6 +11,7 @@ A format is the text convention the model writes tool calls in. Each format know
 from __future__ import annotations
 
 import json
+import math
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -24,7 +25,21 @@ DEFAULT_SYSTEM = "You are a helpful assistant."
 # The exact text a tool result becomes in the json and react formats (a user turn): OBSERVATION_PREFIX + output.
 OBSERVATION_PREFIX = "Observation: "
 
-_DECODER = json.JSONDecoder()
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value; write a number or a string")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"the number {literal} is out of range; write a smaller number or a string")
+    return value
+
+
+# Strict JSON: Python's json reads NaN, Infinity and 1e400 as float nan/inf, which are not JSON and would be
+# written back as invalid JSON (`{"x": NaN}`) into logs, datasets and OpenAI responses.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 class ChatFormat(ABC):
@@ -175,12 +190,14 @@ def strip_end_tokens(text: str) -> str:
 
 
 def decode_json_prefix(text: str, start: int) -> tuple[Any, int]:
-    """Decode one JSON value at `start` (raises json.JSONDecodeError); returns (value, end index)."""
+    """Decode one strict JSON value at `start` (raises ValueError, mostly json.JSONDecodeError); (value, end)."""
     return _DECODER.raw_decode(text, start)
 
 
-def json_error(exc: json.JSONDecodeError, origin: int = 0) -> str:
-    """'Expecting ',' delimiter at char 31' with the position counted from `origin`."""
+def json_error(exc: ValueError, origin: int = 0) -> str:
+    """'Expecting ',' delimiter at char 31' with the position counted from `origin` (or a non-JSON number's reason)."""
+    if not isinstance(exc, json.JSONDecodeError):
+        return str(exc)
     msg = exc.msg[: -len(" at")] if exc.msg.endswith(" at") else exc.msg  # "Unterminated string starting at"
     return f"{msg} at char {exc.pos - origin}"
 
@@ -204,8 +221,8 @@ def coerce_arguments(value: Any, field_name: str) -> tuple[dict[str, Any] | None
         if not value.strip().startswith("{"):
             return None, f'"{field_name}" must be a JSON object, got the string {dumps(value[:40])}'
         try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
+            value = _DECODER.decode(value)
+        except ValueError as exc:
             return None, f'"{field_name}" is a string that is not a valid JSON object: {json_error(exc)}'
     if not isinstance(value, dict):
         return None, f'"{field_name}" must be a JSON object, got {kind(value)}'

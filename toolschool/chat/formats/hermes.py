@@ -106,7 +106,7 @@ class HermesFormat(ChatFormat):
             try:
                 obj, end = decode_json_prefix(body, inner)
             except ValueError as exc:  # json.JSONDecodeError
-                detail = json_error(exc, inner) if hasattr(exc, "pos") else str(exc)
+                detail = json_error(exc, inner)
                 return ParsedReply(text=text, error=f"{where}the text inside <tool_call> is not valid JSON: {detail}")
             after = _skip_ws(body, end)
             if body.startswith(CLOSE, after):

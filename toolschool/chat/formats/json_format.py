@@ -74,7 +74,7 @@ class JsonFormat(TextToolFormat):
         try:
             obj, end = decode_json_prefix(body, 0)
         except ValueError as exc:
-            detail = json_error(exc) if hasattr(exc, "pos") else str(exc)
+            detail = json_error(exc)
             return ParsedReply(text=text, error=f"the reply is not valid JSON: {detail}")
         rest = body[end:].strip()
         if rest:

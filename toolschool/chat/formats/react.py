@@ -142,7 +142,7 @@ class ReactFormat(TextToolFormat):
             try:
                 arguments, _ = decode_json_prefix(rest, start)
             except ValueError as exc:
-                detail = json_error(exc, start) if hasattr(exc, "pos") else str(exc)
+                detail = json_error(exc, start)
                 return ParsedReply(text=text, error=f"Action Input is not valid JSON: {detail}", content=thought)
         if isinstance(arguments, str):
             arguments, error = coerce_arguments(arguments, "Action Input")
