@@ -87,3 +87,12 @@ def test_non_json_numbers_are_a_parse_error_not_arguments(name: str, text: str, 
     reply = get_format(name).parse(text)
     assert reply.error is not None and reply.error.startswith(error), reply.error
     assert not reply.calls
+
+
+@pytest.mark.parametrize("answer", ["Action: none was needed, it is 4", "Thought: is what comes first"])
+def test_react_final_answer_may_start_with_a_step_keyword(answer: str) -> None:
+    """Only a keyword at the start of a line begins a new ReAct step; the answer on the `Final Answer:` line
+    itself is the answer (it used to be reported as "Final Answer is empty")."""
+    reply = get_format("react").parse(f"Thought: I know it.\nFinal Answer: {answer}\nThought: extra")
+    assert reply.error is None, reply.error
+    assert reply.final == answer

@@ -102,9 +102,8 @@ class ReactFormat(TextToolFormat):
             return self._parse_action(text, body, action)
         if final:
             thought = self._thought(body[: final.start()])
-            rest = body[final.end() :]
-            step = _NEXT_STEP.search(rest)
-            answer = (rest[: step.start()] if step else rest).strip()
+            step = _NEXT_STEP.search(body, final.end())  # in `body`: `^` must be a real line start
+            answer = body[final.end() : step.start() if step else len(body)].strip()
             if not answer:
                 return ParsedReply(text=text, error="Final Answer is empty", content=thought)
             return ParsedReply(text=text, final=answer, content=thought)
