@@ -190,7 +190,7 @@ def load_model(
     hf_model.to(device)
     hf_model.eval()
     if tokenizer.eos_token_id is not None:
-        hf_model.generation_config.eos_token_id = tokenizer.eos_token_id
+        hf_model.generation_config.eos_token_id = _end_ids(hf_model.generation_config.eos_token_id, tokenizer)
         hf_model.generation_config.pad_token_id = tokenizer.pad_token_id
     torch.set_grad_enabled(True)
     return LoadedModel(
@@ -204,6 +204,17 @@ def load_model(
         import_seconds=import_seconds,
         adapter=adapter,
     )
+
+
+def _end_ids(configured: int | list[int] | None, tokenizer: Any) -> int | list[int]:
+    """The tokenizer's eos (the end of a chat turn) added to the end ids the checkpoint's generation config lists.
+
+    Checkpoints list several (Qwen2.5: <|im_end|> and <|endoftext|>; Llama 3.1: <|eot_id|>, <|eom_id|> and
+    <|end_of_text|>); replacing them with the tokenizer's single eos would let generation run on past the others.
+    """
+    ids = [configured] if isinstance(configured, int) else list(configured or [])
+    ids = [int(tokenizer.eos_token_id), *(i for i in ids if i != tokenizer.eos_token_id)]
+    return ids[0] if len(ids) == 1 else ids
 
 
 def _warm_imports() -> None:

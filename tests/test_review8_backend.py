@@ -1,0 +1,60 @@
+"""Session-8 review of the local backend and model loading: defects found by using them as a vLLM / HF user would."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backends import local as local_module
+from toolschool.models.backends.local import LocalBackend
+from toolschool.models.loading import load_model
+
+
+def _scripted_sampler(script: list[int]):
+    """A `sample_next` that emits `script` one token per step (for a single row), with the model's log-probs."""
+    state = {"step": 0}
+
+    def sample(logits_BV: torch.Tensor, *_: object) -> tuple[list[int], list[float]]:
+        token = script[min(state["step"], len(script) - 1)]
+        state["step"] += 1
+        logprobs = torch.log_softmax(logits_BV.float(), dim=-1)[:, token]
+        return [token] * logits_BV.shape[0], logprobs.tolist()
+
+    return sample
+
+
+def _generate(backend: LocalBackend, **params: object):
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], params=SamplingParams(**params))
+    return asyncio.run(backend.generate(request))
+
+
+@pytest.fixture
+def end_ids_model(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny model, with a generation config that lists two end ids (as Qwen2.5 / Llama 3.1 checkpoints do)."""
+    folder = tmp_path / "two-end-ids"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    config["eos_token_id"] = [2, 0]  # <|im_end|> (the tokenizer's eos) and <|endoftext|>
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_every_end_id_of_the_generation_config_is_kept(end_ids_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_model(str(end_ids_model), dtype="fp32")
+    assert sorted(loaded.model.generation_config.eos_token_id) == [0, 2]  # HF generate stops at both, too
+    backend = LocalBackend(loaded, max_batch_size=2)
+    try:
+        hello = backend.tokenizer.encode("Hello", add_special_tokens=False)
+        monkeypatch.setattr(local_module, "sample_next", _scripted_sampler([*hello, 0, *hello]))
+        (completion,) = _generate(backend, max_tokens=10)
+    finally:
+        asyncio.run(backend.aclose())
+    assert completion.finish_reason == "stop"
+    assert completion.text == "Hello"
+    assert completion.token_ids == [*hello, 0]
