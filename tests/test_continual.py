@@ -395,6 +395,19 @@ def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     with pytest.raises(ToolschoolError, match=r"holds a continual run with different settings \(replay_ratio"):
         run_continual(load_config(toml, {**flags, "continual.replay_ratio": 0.5}), out, progress=False)
 
+    # Other evaluation settings score the finished rounds again without training them again.
+    trained = {r: (out / f"round_{r}" / "sft_done.json").read_text() for r in (1, 2)}
+    messages = []
+    rescored = run_continual(
+        load_config(toml, {**flags, "continual.eval_limit": 1}), out, progress=False, log=messages.append
+    )
+    assert rescored.rounds_run == [] and rescored.rounds_skipped == [] and rescored.rounds_rescored == [1, 2]
+    assert not any("training on" in m for m in messages)
+    assert {r: (out / f"round_{r}" / "sft_done.json").read_text() for r in (1, 2)} == trained
+    assert rescored.matrix["details"][1][0]["n"] == 1 and rescored.matrix["details"][1][1]["n"] == 1
+    assert json.loads((out / "plan.json").read_text())["eval"]["limit"] == 1
+    assert json.loads((out / "matrix.json").read_text())["details"][1][0]["n"] == 1
+
 
 # ------------------------------------------------------------------------------------- refused runs write nothing
 
@@ -442,7 +455,7 @@ def _scripted_rounds(monkeypatch: pytest.MonkeyPatch, scores: list[list[float]],
 
     crash: set[int] = set()
 
-    def fake_round(config, inputs, r, round_dir, start_model, data, fingerprint, progress, say):  # noqa: ANN001
+    def fake_round(config, inputs, r, round_dir, start_model, data, fingerprint, training, progress, say):  # noqa: ANN001
         if r + 1 in crash:
             raise KeyboardInterrupt
         trained.append((r + 1, start_model))
@@ -457,7 +470,7 @@ def _scripted_rounds(monkeypatch: pytest.MonkeyPatch, scores: list[list[float]],
             "eval": evals,
         }
         (round_dir / "round.json").write_text(json.dumps(marker))
-        return marker
+        return {**marker, "rescored": False}
 
     monkeypatch.setattr(continual, "_run_round", fake_round)
     return crash

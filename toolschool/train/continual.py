@@ -646,15 +646,20 @@ def steps_per_round(config: ToolschoolConfig) -> int:
     return config.continual.steps_per_round or config.sft.num_steps
 
 
+# Plan keys that change only how the rounds are scored: a rerun with others scores the trained rounds again.
+EVAL_KEYS: tuple[str, ...] = ("eval",)
+
+
 def check_plan(out_dir: Path, plan: dict[str, Any]) -> None:
     """A folder holds one plan: resuming with other settings would mix rounds that are not comparable.
 
-    Writes `plan.json` into a new folder; a caller that writes anything else there (the CLI's config.toml)
-    calls this first, so a refused rerun leaves the folder as it was."""
+    Other evaluation settings alone are allowed (the rounds are scored again, not trained again; `run_continual`
+    records them). Writes `plan.json` into a new folder; a caller that writes anything else there (the CLI's
+    config.toml) calls this first, so a refused rerun leaves the folder as it was."""
     path = out_dir / PLAN_FILE
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(saved) | set(plan) if saved.get(k) != plan.get(k))
+        changed = sorted(k for k in set(saved) | set(plan) if saved.get(k) != plan.get(k) and k not in EVAL_KEYS)
         if changed:
             raise ToolschoolError(
                 f"{out_dir} holds a continual run with different settings ({', '.join(changed)} changed)",
@@ -695,6 +700,7 @@ class ContinualResult:
     matrix: dict[str, Any]
     rounds_run: list[int]  # rounds trained in this call (1-based)
     rounds_skipped: list[int]  # rounds found finished (or reused)
+    rounds_rescored: list[int] = field(default_factory=list)  # trained earlier, scored again (other eval settings)
 
 
 def _empty_matrix(inputs: ContinualInputs) -> dict[str, Any]:
@@ -743,6 +749,7 @@ def run_continual(
     inputs = inputs or load_inputs(config, replay=replay)
     check_plan(out_dir, inputs.plan)
     with _folder_lock(out_dir):
+        _write_json(out_dir / PLAN_FILE, inputs.plan)  # the evaluation settings the rounds are now scored with
         return _run_rounds(config, out_dir, inputs, reuse_from, progress, log or (lambda _text: None))
 
 
@@ -774,15 +781,17 @@ def _run_rounds(
     settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
     matrix = _empty_matrix(inputs)
     start_model = config.model.name
-    chain = _sha256_json({"model": config.model.name})
+    chain = training_chain = _sha256_json({"model": config.model.name})
     run: list[int] = []
     skipped: list[int] = []
+    rescored: list[int] = []
     total = len(inputs.batches)
     for r, batch in enumerate(inputs.batches):
         round_dir = out_dir / f"round_{r + 1}"
         round_dir.mkdir(parents=True, exist_ok=True)
         data = compose_round(inputs.batches, r, settings, config.run.seed, inputs.general)
         fingerprint = _round_fingerprint(chain, data, inputs.plan, r)
+        training = _training_fingerprint(training_chain, data, inputs.plan, r)
         marker = _read_json(round_dir / MARKER_FILE)
         if marker is None and reuse_from is not None:
             marker = _reuse_round(reuse_from / f"round_{r + 1}", round_dir, fingerprint)
@@ -790,14 +799,16 @@ def _run_rounds(
             say(f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): finished earlier, skipped")
             skipped.append(r + 1)
         else:
-            marker = _run_round(config, inputs, r, round_dir, start_model, data, fingerprint, progress, say)
-            run.append(r + 1)
+            marker = _run_round(config, inputs, r, round_dir, start_model, data, fingerprint, training, progress, say)
+            (rescored if marker.pop("rescored") else run).append(r + 1)
         _fill_row(matrix, r, marker)
         matrix["summary"] = forgetting_summary(matrix["matrix"])
         write_matrix(out_dir, matrix)
         start_model = str((round_dir / marker["merged"]).resolve())
-        chain = fingerprint
-    return ContinualResult(out_dir=out_dir, matrix=matrix, rounds_run=run, rounds_skipped=skipped)
+        chain, training_chain = fingerprint, training
+    return ContinualResult(
+        out_dir=out_dir, matrix=matrix, rounds_run=run, rounds_skipped=skipped, rounds_rescored=rescored
+    )
 
 
 def _round_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int) -> str:
@@ -805,6 +816,21 @@ def _round_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int
     data, and the settings — not whether replay is on, which only matters through the data."""
     shared = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio")}
     return _sha256_json({"chain": chain, "data": _sha256_json(data.examples), "plan": shared, "round": r})
+
+
+def _training_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int) -> str:
+    """What a round's trained model depends on: as `_round_fingerprint` without the evaluation settings (`chain`
+    is the previous round's training fingerprint), so other evaluation settings score it again, not train it."""
+    shared = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio", *EVAL_KEYS)}
+    return _sha256_json({"chain": chain, "data": _sha256_json(data.examples), "plan": shared, "round": r})
+
+
+def _trained(sft_done: dict[str, Any] | None, fingerprint: str, training: str) -> bool:
+    if sft_done is None:
+        return False
+    if "training_fingerprint" in sft_done:
+        return bool(sft_done["training_fingerprint"] == training)
+    return bool(sft_done.get("fingerprint") == fingerprint)  # written before the evaluation settings were split off
 
 
 def _reuse_round(source: Path, round_dir: Path, fingerprint: str) -> dict[str, Any] | None:
@@ -828,9 +854,12 @@ def _run_round(
     start_model: str,
     data: RoundData,
     fingerprint: str,
+    training: str,
     progress: bool,
     say: Log,
 ) -> dict[str, Any]:
+    """Train the round (unless its SFT finished earlier with the same training) and score it; the marker it
+    returns carries `rescored`: True when only the scoring ran."""
     from toolschool.data.dataset import write_jsonl
     from toolschool.train.sft import run_sft
 
@@ -843,7 +872,8 @@ def _run_round(
     _write_json(round_dir / "composition.json", comp)
     sft_dir = round_dir / "sft"
     sft_done = _read_json(round_dir / SFT_DONE_FILE)
-    if sft_done is None or sft_done.get("fingerprint") != fingerprint:
+    rescored = _trained(sft_done, fingerprint, training) and (round_dir / MARKER_FILE).is_file()
+    if sft_done is None or not _trained(sft_done, fingerprint, training):
         say(
             f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): training on "
             f"{comp['new']['examples']} new + {replayed} replayed + {comp['general']} general examples, "
@@ -854,12 +884,17 @@ def _run_round(
             raise ToolschoolError(f"round {r + 1}: SFT wrote no merged model in {sft_dir}")
         sft_done = {
             "fingerprint": fingerprint,
+            "training_fingerprint": training,
             "merged": _relative(result.merged_dir, round_dir),
             "steps": result.steps,
             "seconds": round(result.seconds, 1),
             "data": result.stats,
         }
         _write_json(round_dir / SFT_DONE_FILE, sft_done)
+    elif rescored:
+        say(
+            f"round {r + 1}/{total} ({batch.label}): trained earlier; scoring it again with the new evaluation settings"
+        )
     merged = (round_dir / sft_done["merged"]).resolve()
     seen = inputs.batches[: r + 1]
     say(f"round {r + 1}/{total}: evaluating {', '.join(b.label for b in seen)} on held-out items")
@@ -876,7 +911,7 @@ def _run_round(
         "eval": metrics,
     }
     _write_json(round_dir / MARKER_FILE, marker)
-    return marker
+    return {**marker, "rescored": rescored}
 
 
 # ----------------------------------------------------------------------------------------------- folders
