@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,20 @@ def test_every_end_id_of_the_generation_config_is_kept(end_ids_model: Path, monk
     assert completion.finish_reason == "stop"
     assert completion.text == "Hello"
     assert completion.token_ids == [*hello, 0]
+
+
+@pytest.fixture
+def backend(tiny_model_dir: Path) -> Iterator[LocalBackend]:
+    b = LocalBackend(load_model(str(tiny_model_dir), dtype="fp32"), max_batch_size=2)
+    yield b
+    asyncio.run(b.aclose())
+
+
+def test_a_stop_string_of_many_byte_tokens_is_found(backend: LocalBackend, monkeypatch: pytest.MonkeyPatch) -> None:
+    stop = "🙂" * 10  # two byte-level tokens per emoji: 20 tokens for 10 characters
+    tokens = backend.tokenizer.encode("Answer: 42" + stop + " and more", add_special_tokens=False)
+    assert len(backend.tokenizer.encode(stop, add_special_tokens=False)) > len(stop) + 8
+    monkeypatch.setattr(local_module, "sample_next", _scripted_sampler(tokens))
+    (completion,) = _generate(backend, max_tokens=len(tokens) + 5, stop=[stop])
+    assert completion.finish_reason == "stop"
+    assert completion.text == "Answer: 42"

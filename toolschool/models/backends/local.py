@@ -491,7 +491,9 @@ class LocalBackend(Backend):
         if token in self.stop_token_ids:
             return self._complete(i, row, self._decode(row.token_ids[:-1]), "stop")
         if params.stop:
-            window = max(len(s) for s in params.stop) + 8
+            # every token decodes to at least one byte (a character can take up to four byte-level tokens), so
+            # the last bytes-of-the-longest-stop tokens hold any stop the newest token completed
+            window = max(len(s.encode("utf-8")) for s in params.stop) + 8
             tail = self._decode(row.token_ids[-window:])
             if any(s in tail for s in params.stop):
                 text = self._decode(row.token_ids)
