@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 from test_explore_episode import FakeRegistry, ScriptedBackend, make_ctx
 
 from toolschool.chat.formats import get_format
+from toolschool.errors import ToolschoolError
 from toolschool.explore.episode import run_episode
 from toolschool.explore.log import TRIALS_FILE, read_trials
+from toolschool.explore.runner import check_resumable, run_exploration
 from toolschool.explore.summary import summarize
-from toolschool.models.backend import GenerationRequest
+from toolschool.models.backend import ContextLengthError, GenerationRequest
+from toolschool.tools.base import Observation
 
 
 def _hermes_calls(*expressions: str) -> str:
@@ -75,3 +81,69 @@ async def test_a_reply_after_the_call_budget_is_spent_is_not_run(tmp_path) -> No
     (record,) = read_trials(tmp_path / TRIALS_FILE)
     assert len(record["steps"]) == 2
     assert record["steps"][1]["executed"] is False and record["steps"][1]["calls"] == []
+
+
+class HugeRegistry(FakeRegistry):
+    """The calculator answers with a megabyte of digits, as a tool that dumps a table or a web page would."""
+
+    async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+        self.calls.append((name, args))
+        return Observation("7" * 1_000_000, None)
+
+
+class SmallContextBackend(ScriptedBackend):
+    """Refuses a conversation longer than 60,000 characters, as a model's context (or an endpoint) does."""
+
+    async def generate(self, request: GenerationRequest):
+        if sum(len(m.get("content") or "") for m in request.messages) > 60_000:
+            raise ContextLengthError("the prompt has 250000 tokens, more than the 8192 positions", param="messages")
+        return await super().generate(request)
+
+
+async def test_a_tool_with_huge_output_does_not_stop_the_episode(tmp_path) -> None:
+    """A megabyte of output is cut to what the model is shown, saying how much was left out; the trial and the
+    episode go on (before: the next request overflowed the context and the episode stopped, on every resume)."""
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        last = request.messages[-1]
+        content = last.get("content") or ""
+        if _is_imagination(content):
+            counter["q"] += 1
+            return f"What is {counter['q']} * 7?"
+        if _is_reflection(content):
+            return "Yes"
+        if last["role"] == "tool":
+            return "Many sevens."
+        return _hermes_calls("1 * 7")
+
+    ctx = make_ctx(tmp_path, SmallContextBackend(policy), registry=HugeRegistry(), episodes=1, stm_slots=2)
+    ctx.fmt = get_format("hermes")
+    result = await run_exploration(ctx, ["calculator"], concurrency=1)
+    ctx.log.close()
+    assert result.failures == []
+    records = read_trials(tmp_path / TRIALS_FILE)
+    assert [r["slot"] for r in records] == [0, 1] and all(r["final_answer"] == "Many sevens." for r in records)
+    call = records[0]["steps"][0]["calls"][0]
+    assert len(call["observation"]["text"]) == 1_000_000  # the log keeps what the tool returned
+    assert call["shown"].startswith("7" * 2000) and len(call["shown"]) < 2100
+    assert "998000 more characters not shown" in call["shown"]
+    tool_message = next(m for m in records[0]["messages"] if m["role"] == "tool")
+    assert tool_message["content"] == call["shown"]
+
+
+def test_cut_observation_keeps_short_results_and_zero_means_never() -> None:
+    from toolschool.explore.episode import cut_observation
+
+    assert cut_observation("42", 2000) == "42"
+    assert cut_observation("x" * 3000, 0) == "x" * 3000
+    assert cut_observation("abcdef", 4) == "abcd\n[... 2 more characters not shown]"
+
+
+def test_a_log_written_before_a_setting_existed_can_still_be_resumed() -> None:
+    """Logs from before `max_observation_chars` lack it in `settings`: not a reason to refuse their resume."""
+    old = {"stm_slots": 2, "max_turns": 4}
+    records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "hermes", "ablations": {}}]
+    records[0]["settings"] = old
+    check_resumable(records, model="m", fmt="hermes", ablations={}, settings={**old, "max_observation_chars": 2000})
+    with pytest.raises(ToolschoolError, match="max_turns = 4, this run has 3"):
+        check_resumable(records, model="m", fmt="hermes", ablations={}, settings={"stm_slots": 2, "max_turns": 3})

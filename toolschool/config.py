@@ -109,6 +109,9 @@ class ExploreSection(Section):
         False, description="each trial's first reply starts as a call to the explored tool (a named tool_choice)"
     )
     ltm_max_queries: int = Field(0, ge=0, description="long-term memory shown when imagining: last N (0: all)")
+    max_observation_chars: int = Field(
+        2000, ge=0, description="a tool result longer than this is cut in what the explorer sees (0: never cut)"
+    )
     prompts: str | None = Field(None, description="folder of .jinja files replacing the packaged prompts by name")
     no_exec_feedback: bool = Field(False, description="ablation: hide observations behind a neutral message")
     no_stm: bool = Field(False, description="ablation: every trial in a fresh conversation")

@@ -90,6 +90,7 @@ class ExploreSettings:
     reflection_max_tokens: int = 16
     demonstrations: int = 2
     force_call: bool = False
+    max_observation_chars: int = 2000
     seed: int = 0
     ablations: Ablations = field(default_factory=Ablations)
 
@@ -112,6 +113,7 @@ class ExploreSettings:
             max_tokens=section.max_tokens,
             demonstrations=section.demonstrations,
             force_call=section.force_call,
+            max_observation_chars=section.max_observation_chars,
             seed=seed,
             ablations=Ablations(
                 no_exec_feedback=section.no_exec_feedback,
@@ -296,7 +298,10 @@ async def _run_calls(
         name = call["function"]["name"]
         args = call["function"].get("arguments") or {}
         observation = await _execute(ctx, name, args if isinstance(args, dict) else {"value": args})
-        shown = ctx.prompts.render("no_feedback") if ctx.settings.ablations.no_exec_feedback else observation.text
+        if ctx.settings.ablations.no_exec_feedback:
+            shown = ctx.prompts.render("no_feedback")
+        else:
+            shown = cut_observation(observation.text, ctx.settings.max_observation_chars)
         records.append(
             {
                 "id": call["id"],
@@ -311,6 +316,18 @@ async def _run_calls(
         {"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": c["shown"]} for c in skipped
     ]
     return records, skipped, tool_messages
+
+
+def cut_observation(text: str, limit: int) -> str:
+    """What the explorer is shown of a tool result: at most `limit` characters (0: all), saying how many were left
+    out. Why: one call that dumps a table or a web page (or the python sandbox's 20 kB of output) would push the
+    conversation past the model's context, and the episode would stop on that error again at every resume; the
+    log keeps the whole result.
+    """
+    text = str(text)
+    if limit <= 0 or len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n[... {len(text) - limit} more characters not shown]"
 
 
 def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bool) -> dict[str, Any]:

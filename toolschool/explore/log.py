@@ -10,21 +10,20 @@ Fields of one line (version 1):
 - `v`: 1; `tool`, `episode`, `slot`: which tool was explored, in which episode and short-term-memory slot;
 - `status`: "ok", or "empty_query" (the explorer imagined nothing usable; no attempt was made);
 - `query` (cleaned imagined query), `query_raw` (the model's text);
-- `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`,
-  `arguments`, `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw),
-  `skipped_calls` (only when a reply held more calls than the budget of `max_turns` calls had left: each with
-  `id`, `name`, `arguments` and `shown`, the "not run" notice the model got), `final`, `parse_error`, `error`
-  (a parse error or any failed call), `executed` (false for a reply written after the budget ran out),
-  `finish_reason`, `completion_tokens`;
+- `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`, `arguments`,
+  `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw: the observation text,
+  cut at `max_observation_chars`), `skipped_calls` (only when a reply held more calls than the budget of `max_turns`
+  calls had left: each with `id`, `name`, `arguments` and `shown`, the "not run" notice the model got), `final`,
+  `parse_error`, `error` (a parse error or any failed call), `executed` (false for a reply written after the budget
+  ran out), `finish_reason`, `completion_tokens`;
 - `final_answer`: the final answer or null; `reflection` (the model's text or null) and `solved`
   (true / false / null when reflection was off or unclear);
 - `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the
   query, the attempt, the reflection) — replayed on resume and used by distillation; `tools`: the OpenAI
   schemas offered;
-- `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm,
-  no_reflection}, `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens,
-  reflection_max_tokens, demonstrations, force_call, seed), `started_at`, `finished_at` (ISO 8601 UTC),
-  `seconds`.
+- `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm, no_reflection},
+  `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens, reflection_max_tokens,
+  demonstrations, force_call, max_observation_chars, seed), `started_at`, `finished_at` (ISO 8601 UTC), `seconds`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,8 @@ def check_resumable(
     """A resumed log must continue the same experiment: mixing models, formats, ablations, the settings that
     shape a trial (`ExploreSettings.trial_shape`) or the offered tool set is an error. Only `episodes` (and
     which tools to explore) may change: more episodes explore further. Lines written before `settings` was
-    logged are checked on model, format, ablations and tools only.
+    logged are checked on model, format, ablations and tools only, and a setting added since a log was written
+    (absent from its `settings`) is not checked, so an older run can still be resumed.
     """
     if not records:
         return
@@ -76,7 +77,7 @@ def check_resumable(
     ]
     logged_settings = first.get("settings")
     if settings is not None and isinstance(logged_settings, dict):
-        checks += [(key, logged_settings.get(key), value) for key, value in settings.items()]
+        checks += [(key, logged_settings[key], value) for key, value in settings.items() if key in logged_settings]
     if tools is not None and isinstance(first.get("tools"), list):
         offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
         checks.append(("offered tools", offered, tools))
