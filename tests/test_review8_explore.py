@@ -147,3 +147,44 @@ def test_a_log_written_before_a_setting_existed_can_still_be_resumed() -> None:
     check_resumable(records, model="m", fmt="hermes", ablations={}, settings={**old, "max_observation_chars": 2000})
     with pytest.raises(ToolschoolError, match="max_turns = 4, this run has 3"):
         check_resumable(records, model="m", fmt="hermes", ablations={}, settings={"stm_slots": 2, "max_turns": 3})
+
+
+async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_stopped_episode(tmp_path) -> None:
+    """A `Tool` subclass in a --module whose execute returns a plain string (not an Observation) reaches
+    exploration as is through the registry; the episode must go on with an error observation (before: an
+    AttributeError stopped the episode, and again at every resume)."""
+    from toolschool.tools.base import Tool
+    from toolschool.tools.registry import ToolRegistry
+
+    class Sloppy(Tool):
+        name = "calculator"
+        description = "Evaluate an arithmetic expression."
+        parameters = {"type": "object", "properties": {"expression": {"type": "string"}}}
+
+        def execute(self, args: dict[str, Any]) -> Observation:
+            return "42"  # type: ignore[return-value]
+
+    registry = ToolRegistry()
+    registry.add(Sloppy(), "module")
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        last = request.messages[-1]
+        content = last.get("content") or ""
+        if _is_imagination(content):
+            return "What is 6 * 7?"
+        if _is_reflection(content):
+            return "No"
+        if last["role"] == "tool":
+            return "I could not tell."
+        return _hermes_calls("6 * 7")
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=registry, episodes=1, stm_slots=1)
+    ctx.fmt = get_format("hermes")
+    result = await run_exploration(ctx, ["calculator"], concurrency=1)
+    ctx.log.close()
+    assert result.failures == []
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    observation = record["steps"][0]["calls"][0]["observation"]
+    assert observation["is_error"] and observation["error_kind"] == "execution"
+    assert "returned str, not an Observation" in observation["text"]
+    assert record["final_answer"] == "I could not tell."

@@ -263,9 +263,14 @@ class _Trial:
 async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Observation:
     """Run one call; whatever goes wrong becomes an error observation so the episode goes on."""
     try:
-        return await ctx.registry.acall(name, args)  # a call that hangs comes back as a timeout observation
+        observation = await ctx.registry.acall(name, args)  # a call that hangs comes back as a timeout observation
     except Exception as exc:  # a registry/tool bug must not stop exploration; the model sees the error
         return Observation(f"Error: the tool '{name}' failed: {exc}", None, is_error=True, error_kind="execution")
+    if not isinstance(observation, Observation):  # a third-party Tool whose execute broke its contract
+        kind = type(observation).__name__
+        message = f"Error: the tool '{name}' returned {kind}, not an Observation (a bug in the tool)"
+        return Observation(message, None, is_error=True, error_kind="execution")
+    return observation
 
 
 async def _run_calls(
