@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from toolschool.errors import ToolschoolError
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends import local as local_module
 from toolschool.models.backends.local import LocalBackend
@@ -76,3 +77,16 @@ def test_a_stop_string_of_many_byte_tokens_is_found(backend: LocalBackend, monke
     (completion,) = _generate(backend, max_tokens=len(tokens) + 5, stop=[stop])
     assert completion.finish_reason == "stop"
     assert completion.text == "Answer: 42"
+
+
+def test_an_empty_stop_string_is_refused(backend: LocalBackend) -> None:
+    with pytest.raises(ToolschoolError, match="stop strings must not be empty"):
+        _generate(backend, max_tokens=4, stop=["Observation:", ""])
+
+
+def test_a_single_stop_string_is_one_stop_not_its_characters(backend: LocalBackend) -> None:
+    assert SamplingParams(stop="Observation:").stop == ["Observation:"]
+    (plain,) = _generate(backend, max_tokens=8, temperature=1.0, seed=1)
+    stop = "\x00" + plain.text[-1]  # never in the text as a whole, while its last character is
+    (same,) = _generate(backend, max_tokens=8, temperature=1.0, seed=1, stop=stop)
+    assert same.text == plain.text and same.finish_reason == plain.finish_reason

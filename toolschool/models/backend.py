@@ -38,6 +38,10 @@ class SamplingParams:
     # budget is an upper bound). False: it is a ContextLengthError, as vLLM answers a request that sends one.
     cap_max_tokens: bool = True
 
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):  # one stop string, as vLLM and the OpenAI API accept it (not its characters)
+            self.stop = [self.stop]
+
     def check(self) -> None:
         """Refuse values no sampler can honour (the bounds vLLM's SamplingParams checks), with one clear line."""
         if self.n < 1:
@@ -48,6 +52,8 @@ class SamplingParams:
             raise ToolschoolError(f"temperature must be non-negative, got {self.temperature}", hint="0 is greedy")
         if not 0.0 < self.top_p <= 1.0:
             raise ToolschoolError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):  # "" is in every text: each completion would end before it began
+            raise ToolschoolError(f"stop strings must not be empty, got {self.stop!r}", hint="leave the empty one out")
 
 
 @dataclass
