@@ -96,3 +96,22 @@ def test_react_final_answer_may_start_with_a_step_keyword(answer: str) -> None:
     reply = get_format("react").parse(f"Thought: I know it.\nFinal Answer: {answer}\nThought: extra")
     assert reply.error is None, reply.error
     assert reply.final == answer
+
+
+def test_a_template_that_drops_the_tool_schemas_is_not_taken_for_a_tool_template(tokenizer: Any) -> None:
+    """The tool's name also appears in the probe's call, so finding it proved nothing: a ChatML template that
+    renders calls and results but ignores `tools=` passed the check, and the model was then prompted without
+    its tools' descriptions (load_tokenizer keeps a template that passes)."""
+    import copy
+
+    from toolschool.models.chat_template import renders_tool_calls
+
+    assert renders_tool_calls(tokenizer) == (True, "tools, tool calls and tool results are rendered")
+    no_schemas = copy.deepcopy(tokenizer)
+    no_schemas.chat_template = (
+        "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content or '' }}"
+        "{%- for c in m.tool_calls or [] %}<tool_call>{{ c.function | tojson }}</tool_call>{%- endfor %}"
+        "<|im_end|>\n{%- endfor %}"
+    )
+    ok, reason = renders_tool_calls(no_schemas)
+    assert not ok and reason == "the template drops the tool schema"
