@@ -7,12 +7,16 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from toolschool.chat.types import tool_call
+from toolschool.cli import app
 from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
+from toolschool.evaluate.items import EvalItem
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
-from toolschool.evaluate.session import make_options
+from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 
@@ -123,3 +127,90 @@ def test_icl_skips_the_item_written_with_other_case_or_spacing() -> None:
     examples = [json.loads(_chat_line(q)) for q in queries]
     picked = DemoPool(examples).demonstrations("What is 2 + 2?", 2)
     assert [ex["messages"][0]["content"] for ex in picked] == ["What is 3 + 3?", "What is 4 + 4?"]
+
+
+class _FlakyBackend(Backend):
+    """Answers from a script; raises on `fail_on` (an interruption) and records what it was asked."""
+
+    name = "flaky"
+
+    def __init__(self, script: dict[str, str], fail_on: str | None = None) -> None:
+        self.script, self.fail_on, self.asked = script, fail_on, []
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        query = str(request.messages[-1].get("content"))
+        if query == self.fail_on:
+            raise RuntimeError("interrupted")
+        self.asked.append(query)
+        return [Completion(text=self.script.get(query, "I don't know."))]
+
+
+def _calc_item(index: int) -> EvalItem:
+    query = f"What is {index} + {index}?"
+    gold = [tool_call("calculator", {"expression": f"{index} + {index}"})]
+    return EvalItem(id=f"q{index}", messages=[{"role": "user", "content": query}], tools=[], gold_calls=gold)
+
+
+def test_an_interrupted_eval_resumes_without_lost_or_duplicated_items(tmp_path: Path) -> None:
+    items = [_calc_item(i) for i in range(5)]
+    script = {f"What is {i} + {i}?": _hermes("calculator", {"expression": f"{i} + {i}"}) for i in range(0, 5, 2)}
+    options = EvalOptions(concurrency=1)
+    bench = [Benchmark("data", items)]
+    out = tmp_path / "eval"
+    with pytest.raises(RuntimeError, match="interrupted"):  # item q3 breaks off the first run
+        run_evaluation(["m"], bench, options, out, make_backend=lambda _m: _FlakyBackend(script, "What is 3 + 3?"))
+    items_file = out / "m" / "data.items.jsonl"
+    kept = [json.loads(line)["id"] for line in items_file.read_text().splitlines()]
+    assert kept[:3] == ["q0", "q1", "q2"] and "q3" not in kept, "finished items are on disk as they finish"
+    with items_file.open("a") as handle:
+        handle.write('{"index": 3, "id": "q3", "raw_ou')  # killed mid-write: a torn last line
+    second = _FlakyBackend(script)
+    summary = run_evaluation(["m"], bench, options, out, make_backend=lambda _m: second, resume=True)
+    left = [f"What is {i} + {i}?" for i in range(5) if f"q{i}" not in kept]
+    assert second.asked == left and "What is 3 + 3?" in left, "only the unfinished items run again"
+    records = [json.loads(line) for line in items_file.read_text().splitlines()]
+    assert [r["id"] for r in records] == ["q0", "q1", "q2", "q3", "q4"]
+    fresh = run_evaluation(["m"], bench, options, tmp_path / "fresh", make_backend=lambda _m: _FlakyBackend(script))
+    for key in ("overall", "per_tool"):
+        assert summary["models"]["m"]["data"][key] == fresh["models"]["m"]["data"][key]
+    assert summary["models"]["m"]["data"]["overall"]["correct"] == pytest.approx(3 / 5)
+
+
+def test_resume_refuses_other_settings_or_other_items(tmp_path: Path) -> None:
+    items = [_calc_item(i) for i in range(3)]
+    out = tmp_path / "eval"
+    run_evaluation(["m"], [Benchmark("data", items)], EvalOptions(), out, make_backend=lambda _m: _FlakyBackend({}))
+    with pytest.raises(ConfigError, match=r"cannot resume .*data.items.jsonl.*format: 'hermes' -> 'json'"):
+        run_evaluation(
+            ["m"], [Benchmark("data", items)], EvalOptions(format="json"), out, make_backend=None, resume=True
+        )
+    other = [_calc_item(i) for i in (0, 7, 2)]
+    with pytest.raises(ConfigError, match=r"cannot resume .*item 1 is 'q7' now, 'q1' in the file"):
+        run_evaluation(["m"], [Benchmark("data", other)], EvalOptions(), out, make_backend=None, resume=True)
+    calls = []
+    run_evaluation(  # everything finished: nothing to generate, so no backend is even created
+        ["m"], [Benchmark("data", items)], EvalOptions(), out, make_backend=calls.append, resume=True
+    )
+    assert calls == []
+
+
+def test_eval_cli_resume_runs_only_the_missing_items(tiny_model_dir: Path, tmp_path: Path) -> None:
+    data = tmp_path / "test.jsonl"
+    lines = [
+        {"messages": [{"role": "user", "content": f"Say {w}."}, {"role": "assistant", "content": w}]} for w in "ab"
+    ]
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "eval"
+    args = ["eval", "-m", str(tiny_model_dir), "--data", str(data), "--max-tokens", "4", "--out", str(out)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    items_file = next(out.rglob("data.items.jsonl"))
+    first, second = items_file.read_text().splitlines()
+    items_file.write_text(first + "\n")  # as if interrupted after the first item
+    result = CliRunner().invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    records = items_file.read_text().splitlines()
+    assert records[0] == first and [json.loads(r)["index"] for r in records] == [0, 1]
+    summary = json.loads((out / "summary.json").read_text())["models"][str(tiny_model_dir)]["data"]
+    assert summary["overall"]["n"] == 2 and summary["resumed_items"] == 1
+    result = CliRunner().invoke(app, [*args, "--resume", "--format", "json"])
+    assert result.exit_code == 2 and "cannot resume" in result.output and "format: 'hermes' -> 'json'" in result.output

@@ -12,10 +12,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from toolschool.cli.console import console, err_console
 
+RESUME_HELP = "Keep the items an interrupted eval in the output folder finished (same settings); run the rest."
 MODEL_HELP = "Model or checkpoint (embedded name, HF id, folder, openai:URL#name); repeat to compare side by side."
 
 
-def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] | None, out: Path | None) -> None:
+def _run(
+    config_path: Path | None,
+    overrides: dict[str, Any],
+    models: list[str] | None,
+    out: Path | None,
+    resume: bool = False,
+) -> None:
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
@@ -55,7 +62,14 @@ def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] 
         try:
             if not any(model_toolkens(m) for m in chosen):
                 summary = run_evaluation(
-                    chosen, benchmarks, options, out_dir, make_backend=backend_for, settings=settings, progress=progress
+                    chosen,
+                    benchmarks,
+                    options,
+                    out_dir,
+                    make_backend=backend_for,
+                    settings=settings,
+                    progress=progress,
+                    resume=resume,
                 )
             else:  # a toolken model sees the items with toolken names, the others as they are
                 summary = {"models": {}, "settings": settings}
@@ -64,7 +78,14 @@ def _run(config_path: Path | None, overrides: dict[str, Any], models: list[str] 
                     if model_toolkens(model):
                         own = [dataclasses.replace(b, items=toolken_items(b.items)) for b in benchmarks]
                     one = run_evaluation(
-                        [model], own, options, out_dir, make_backend=backend_for, settings=settings, progress=progress
+                        [model],
+                        own,
+                        options,
+                        out_dir,
+                        make_backend=backend_for,
+                        settings=settings,
+                        progress=progress,
+                        resume=resume,
                     )
                     summary["models"].update(one["models"])
                 (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -105,6 +126,7 @@ def eval_command(
     concurrency: int = typer.Option(None, help="Items in flight at once (1: one at a time)."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/eval)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/eval)."),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
     """Evaluate models on a test set and/or benchmarks; writes per-item JSONL, summary.json and summary.md."""
     overrides = {
@@ -121,7 +143,7 @@ def eval_command(
         "eval.concurrency": concurrency,
         "run.name": run_name,
     }
-    _run(config_path, overrides, list(model) if model else None, out)
+    _run(config_path, overrides, list(model) if model else None, out, resume)
 
 
 def _default_data(checkpoint: Path) -> Path | None:
@@ -160,6 +182,7 @@ def evaluate_command(
         None, "--format", help="hermes | json | react (default: the format the checkpoint's run trained with)"
     ),
     out: Path = typer.Option(None, help="Output folder (default: CHECKPOINT/eval)."),
+    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
     """Evaluate one checkpoint on N test items (a shortcut for `toolschool eval --model CHECKPOINT --limit N`)."""
     from toolschool.errors import ConfigError, ModelLoadError
@@ -189,7 +212,7 @@ def evaluate_command(
             err_console.print(f"[dim]evaluate: format '{format}', as the run was trained (--format overrides)[/dim]")
     default_out = path / "eval" if path.is_dir() else None
     overrides = {"eval.data": data, "eval.limit": num_samples, "eval.format": format}
-    _run(None, overrides, [checkpoint], out or default_out)
+    _run(None, overrides, [checkpoint], out or default_out, resume)
 
 
 def report_command(

@@ -9,6 +9,7 @@ Outputs in the eval folder:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import time
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolschool.errors import ConfigError, ToolschoolError
+from toolschool.chat.types import ParsedReply
+from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
+from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
 
@@ -118,17 +121,21 @@ def run_evaluation(
     make_backend: Callable[[str], Any],
     settings: dict[str, Any] | None = None,
     progress: Callable[[str, int], Callable[[ItemResult], None]] | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Evaluate each model on each benchmark (one backend at a time), write items/summary files, return the summary.
 
-    `progress(label, total)` may return a per-item callback (the CLI's progress bar).
+    `progress(label, total)` may return a per-item callback (the CLI's progress bar). Each item's line is appended
+    to its items file as soon as it is scored, so an interrupted evaluation keeps what it finished; `resume` then
+    keeps those items and evaluates only the others (a backend is created only for a model with items left).
     """
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     for model in models:
-        backend = make_backend(model)
-        summary["models"][model] = asyncio.run(_run_model(backend, model, benchmarks, options, out_dir, progress))
+        summary["models"][model] = asyncio.run(
+            _run_model(make_backend, model, benchmarks, options, out_dir, progress, settings, resume)
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
     from toolschool.evaluate.report import summary_markdown
@@ -137,30 +144,150 @@ def run_evaluation(
     return summary
 
 
+# What decides an item's verdicts besides the model and the item: a resumed evaluation must keep them all.
+RESUME_KEYS = ("format", "max_tokens", "temperature", "seed", "mode", "semantic", "icl_k", "execute", "max_turns")
+
+
+def _fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"model": model, **{key: getattr(options, key) for key in RESUME_KEYS}}
+    if options.icl_k:
+        state["demos"] = (settings or {}).get("demos")
+        state["retriever"] = (settings or {}).get("retriever")
+    return state
+
+
+def _record_line(index: int, result: ItemResult) -> str:
+    return json.dumps({"index": index, **result.record()}, ensure_ascii=False, default=str) + "\n"
+
+
+def _restore(item: EvalItem, record: dict[str, Any]) -> ItemResult:
+    """An item result from its line in the items file (what summarize and the items file need)."""
+    parsed = record.get("parsed") or {}
+    raw = str(record.get("raw_output") or "")
+    return ItemResult(
+        item=item,
+        prompt=record.get("prompt") or [],
+        tools=None,
+        raw=raw,
+        parsed=ParsedReply(
+            text=raw, calls=parsed.get("calls") or [], final=parsed.get("final"), error=parsed.get("error")
+        ),
+        score=ItemScore(**record["verdicts"]),
+        verdict=record.get("benchmark_verdict"),
+        transcript=record.get("transcript") or [],
+        final_answer=record.get("final_answer"),
+        seconds=float(record.get("seconds") or 0.0),
+    )
+
+
+def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
+    """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped."""
+    state_path = path.with_name(path.name.removesuffix(".items.jsonl") + ".state.json")
+    if not path.is_file():
+        return {}
+    fix = "rerun without --resume to start this evaluation over"
+    try:
+        saved = json.loads(state_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise ConfigError(f"cannot resume {path}: its settings file {state_path.name} is missing", hint=fix) from None
+    if saved != state:
+        keys = sorted(set(saved) | set(state))
+        changed = "; ".join(f"{k}: {saved.get(k)!r} -> {state.get(k)!r}" for k in keys if saved.get(k) != state.get(k))
+        raise ConfigError(f"cannot resume {path}: it was evaluated with other settings ({changed})", hint=fix)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    done: dict[int, ItemResult] = {}
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):  # killed mid-write
+                break
+            raise DataError(f"{path}:{number}: not a JSON line", hint=fix) from None
+        index = record.get("index")
+        if not isinstance(index, int) or not 0 <= index < len(items) or items[index].id != record.get("id"):
+            now = items[index].id if isinstance(index, int) and 0 <= index < len(items) else None
+            raise ConfigError(
+                f"cannot resume {path}: the items changed since (item {index} is {now!r} now, "
+                f"{record.get('id')!r} in the file)",
+                hint=fix,
+            )
+        try:
+            done[index] = _restore(items[index], record)
+        except (KeyError, TypeError) as exc:
+            raise DataError(f"{path}:{number}: not an item record ({exc})", hint=fix) from None
+    return done
+
+
 async def _run_model(
-    backend: Any,
+    make_backend: Callable[[str], Any],
     model: str,
     benchmarks: list[Benchmark],
     options: EvalOptions,
     out_dir: Path,
     progress: Callable[[str, int], Callable[[ItemResult], None]] | None,
+    settings: dict[str, Any] | None,
+    resume: bool,
 ) -> dict[str, Any]:
     """All benchmarks for one model in one event loop (the backend's worker answers on that loop)."""
+    state = _fingerprint(model, options, settings)
+    paths = [out_dir / model_slug(model) / f"{bench.name}.items.jsonl" for bench in benchmarks]
+    finished = [_finished_items(p, b.items, state) if resume else {} for p, b in zip(paths, benchmarks, strict=True)]
+    backend = None
     per_benchmark: dict[str, Any] = {}
     try:
-        for bench in benchmarks:
+        for bench, path, done in zip(benchmarks, paths, finished, strict=True):
             callback = progress(f"{model} · {bench.name}", len(bench.items)) if progress else None
+            for result in done.values():
+                if callback is not None:
+                    callback(result)
+            # distinct objects per position, so a finished result finds its index
+            todo = {i: dataclasses.replace(item) for i, item in enumerate(bench.items) if i not in done}
+            position = {id(item): i for i, item in todo.items()}
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_name(path.name.removesuffix(".items.jsonl") + ".state.json").write_text(
+                json.dumps(state, indent=2), encoding="utf-8"
+            )
+            _write_ordered(path, done)  # also drops a torn last line before appending
             started = time.perf_counter()
-            results = await evaluate_items(backend, bench.items, options, on_done=callback)
+            if todo:
+                if backend is None:
+                    backend = make_backend(model)
+                with path.open("a", encoding="utf-8") as handle:
+
+                    def on_done(
+                        result: ItemResult, handle: Any = handle, callback: Any = callback, position=position
+                    ) -> None:
+                        handle.write(_record_line(position[id(result.item)], result))
+                        handle.flush()
+                        if callback is not None:
+                            callback(result)
+
+                    new = await evaluate_items(backend, list(todo.values()), options, on_done=on_done)
+                done = done | {position[id(r.item)]: r for r in new}
             seconds = time.perf_counter() - started
-            write_items(out_dir / model_slug(model) / f"{bench.name}.items.jsonl", results)
+            _write_ordered(path, done)
+            results = [done[i] for i in sorted(done)]
             block = summarize(results)
             block["seconds"] = round(seconds, 3)
-            block["items_per_second"] = round(len(results) / seconds, 4) if seconds > 0 else 0.0
+            block["items_per_second"] = round(len(todo) / seconds, 4) if todo and seconds > 0 else 0.0
+            if len(todo) < len(results):
+                block["resumed_items"] = len(results) - len(todo)
             per_benchmark[bench.name] = block
     finally:
-        await backend.aclose()
+        if backend is not None:
+            await backend.aclose()
     return per_benchmark
+
+
+def _write_ordered(path: Path, done: dict[int, ItemResult]) -> None:
+    """The items file in item order, replaced atomically."""
+    partial = path.with_name(path.name + ".tmp")
+    with partial.open("w", encoding="utf-8") as handle:
+        for index in sorted(done):
+            handle.write(_record_line(index, done[index]))
+    partial.replace(path)
 
 
 def load_summary(path: Path) -> dict[str, Any]:
