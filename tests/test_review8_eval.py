@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from toolschool.chat.types import tool_call
+from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.cli import app
 from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
 from toolschool.evaluate.items import EvalItem
+from toolschool.evaluate.metrics import score_item
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
 from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
@@ -214,3 +215,15 @@ def test_eval_cli_resume_runs_only_the_missing_items(tiny_model_dir: Path, tmp_p
     assert summary["overall"]["n"] == 2 and summary["resumed_items"] == 1
     result = CliRunner().invoke(app, [*args, "--resume", "--format", "json"])
     assert result.exit_code == 2 and "cannot resume" in result.output and "format: 'hermes' -> 'json'" in result.output
+
+
+def test_parallel_calls_are_matched_in_any_order() -> None:
+    # Extra predicted keys are allowed, so a gold call can match more than one predicted call: a greedy pairing
+    # gave the first gold call the fuller prediction and then failed, though a one-to-one pairing exists.
+    gold = [tool_call("convert", {"value": 5}), tool_call("convert", {"value": 5, "unit": "km"})]
+    full, short = tool_call("convert", {"value": 5, "unit": "km"}), tool_call("convert", {"value": 5})
+    for calls in ([short, full], [full, short]):
+        score = score_item(ParsedReply(text="", calls=calls), gold)
+        assert score.args_exact and score.correct, calls
+    assert score_item(ParsedReply(text="", calls=[full, full]), gold).correct, "extra keys are allowed"
+    assert not score_item(ParsedReply(text="", calls=[short, short]), gold).correct, "unit km is missing once"

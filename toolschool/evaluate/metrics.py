@@ -257,24 +257,33 @@ def _words(text: str) -> str:
 
 
 def _match_calls(pred: list[dict[str, Any]], gold: list[dict[str, Any]], mode: ArgMode) -> bool:
-    """Every gold call matched one-to-one by a predicted call with the same name and matching arguments."""
+    """Every gold call matched one-to-one by a predicted call with the same name and matching arguments, in any
+    order. A gold call may match several predictions (extra predicted keys are allowed), so the pairing is a
+    bipartite matching (augmenting paths), not first-come: greedy would depend on the order of the calls."""
     if len(pred) != len(gold):
         return False
-    unused = list(range(len(pred)))
-    for gold_call in gold:
-        name, gold_args = _call_name(gold_call), _call_args(gold_call)
-        hit = next(
-            (
-                i
-                for i in unused
-                if _call_name(pred[i]) == name and arguments_match(name, _call_args(pred[i]), gold_args, mode)
-            ),
-            None,
-        )
-        if hit is None:
-            return False
-        unused.remove(hit)
-    return True
+    pred_args = [_call_args(call) for call in pred]
+    fits = [
+        [
+            j
+            for j, call in enumerate(pred)
+            if _call_name(call) == _call_name(gold_call)
+            and arguments_match(_call_name(gold_call), pred_args[j], _call_args(gold_call), mode)
+        ]
+        for gold_call in gold
+    ]
+    owner: dict[int, int] = {}  # predicted call -> the gold call it is paired with
+
+    def assign(g: int, seen: set[int]) -> bool:
+        for j in fits[g]:
+            if j not in seen:
+                seen.add(j)
+                if j not in owner or assign(owner[j], seen):
+                    owner[j] = g
+                    return True
+        return False
+
+    return all(assign(g, set()) for g in range(len(gold)))
 
 
 def json_reply_checks(text: str) -> tuple[bool, bool]:
