@@ -115,3 +115,14 @@ def test_a_template_that_drops_the_tool_schemas_is_not_taken_for_a_tool_template
     )
     ok, reason = renders_tool_calls(no_schemas)
     assert not ok and reason == "the template drops the tool schema"
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+@pytest.mark.parametrize("tool", ["calculator", "wetter_prüfen", "天气"])
+def test_call_prefix_is_the_start_of_the_reply_the_model_was_trained_to_write(name: str, tool: str) -> None:
+    """A forced call (serve's named tool_choice, explore's force_call) prefills `call_prefix`; it must be the text
+    the chat template and format_reply write, or the model continues from a prefix it never saw (the name was
+    written as JSON \\u escapes for a non-ASCII tool name while training wrote the name itself)."""
+    fmt = get_format(name)
+    reply = fmt.format_reply({"role": "assistant", "content": "", "tool_calls": [tool_call(tool, {"a": 1})]})
+    assert reply.startswith(fmt.call_prefix(tool)), (reply, fmt.call_prefix(tool))

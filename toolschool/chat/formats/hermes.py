@@ -12,7 +12,6 @@ JSON string, a JSON list of calls, "parameters" for "arguments", OpenAI-style `{
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel
@@ -63,7 +62,7 @@ class HermesFormat(ChatFormat):
     name = "hermes"
 
     def call_prefix(self, name: str) -> str:
-        return '<tool_call>\n{"name": ' + json.dumps(name) + ', "arguments": '
+        return '<tool_call>\n{"name": ' + dumps(name) + ', "arguments": '
 
     def to_messages(
         self, messages: list[Any], tools: list[Any] | None

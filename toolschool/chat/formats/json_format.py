@@ -11,7 +11,6 @@ object) is a precise error.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -37,7 +36,7 @@ class JsonFormat(TextToolFormat):
     name = "json"
 
     def call_prefix(self, name: str) -> str:
-        return '{"tool": ' + json.dumps(name) + ', "args": '
+        return '{"tool": ' + dumps(name) + ', "args": '
 
     def instructions(self, tools: list[ToolSchemaDict] | None) -> str:
         return (
