@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends import local as local_module
 from toolschool.models.backends.local import LocalBackend
@@ -90,3 +90,20 @@ def test_a_single_stop_string_is_one_stop_not_its_characters(backend: LocalBacke
     stop = "\x00" + plain.text[-1]  # never in the text as a whole, while its last character is
     (same,) = _generate(backend, max_tokens=8, temperature=1.0, seed=1, stop=stop)
     assert same.text == plain.text and same.finish_reason == plain.finish_reason
+
+
+@pytest.mark.parametrize(
+    ("base", "message"),
+    [
+        (None, "names no base model"),
+        ("", "names no base model"),
+        (7, "names no base model"),
+        ("/machine/it/was/trained/on/merged", "is not an existing folder"),
+    ],
+)
+def test_an_adapter_whose_base_cannot_be_found_is_one_clear_error(tmp_path: Path, base: object, message: str) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": base}))
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load_model(str(tmp_path))
+    assert f"adapter folder '{tmp_path}'" in str(info.value)
+    assert "base_model_name_or_path" in str(info.value)

@@ -63,7 +63,7 @@ def resolve_chain(spec: ModelSpec) -> tuple[str, list[str]]:
                     f"adapter folder '{folder}' has an unreadable adapter_config.json ({exc})",
                     hint="re-save the adapter with peft's save_pretrained",
                 ) from exc
-            base_spec = parse_model_spec(base)
+            base_spec = _adapter_base_spec(folder, base)
             base_source, inner = resolve_chain(base_spec)
             if str(folder) in inner or len(inner) > 8:
                 raise ModelLoadError(
@@ -79,6 +79,26 @@ def resolve_chain(spec: ModelSpec) -> tuple[str, list[str]]:
             )
         return str(folder), []
     return spec.path_or_id, []
+
+
+def _adapter_base_spec(folder: Path, base: object) -> ModelSpec:
+    """The model an adapter folder names as its base, or one error that says it is the adapter's record at fault."""
+    fix = f"set base_model_name_or_path in {folder / 'adapter_config.json'} to the model the adapter was trained from"
+    if not isinstance(base, str) or not base.strip():
+        raise ModelLoadError(
+            f"adapter folder '{folder}' names no base model (adapter_config.json base_model_name_or_path is "
+            f"{json.dumps(base)})",
+            hint=fix,
+        )
+    try:
+        return parse_model_spec(base)
+    except ModelLoadError as exc:
+        reason = exc.message.removeprefix(f"model '{base.strip()}' ")  # the spec parser's "model 'X' is not ..."
+        raise ModelLoadError(
+            f"adapter folder '{folder}' names the base model '{base}' (adapter_config.json base_model_name_or_path), "
+            f"which {reason}",
+            hint=fix,
+        ) from None
 
 
 def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -> Any:
