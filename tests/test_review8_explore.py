@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -188,3 +189,74 @@ async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_
     assert observation["is_error"] and observation["error_kind"] == "execution"
     assert "returned str, not an Observation" in observation["text"]
     assert record["final_answer"] == "I could not tell."
+
+
+class ContextOf(ScriptedBackend):
+    """A model whose context holds `limit` characters of conversation: past it, ContextLengthError (the local
+    backend's answer when a prompt has more tokens than the model's positions)."""
+
+    def __init__(self, limit: int, policy=None) -> None:
+        super().__init__(*([policy] if policy else []))
+        self.limit = limit
+
+    async def generate(self, request: GenerationRequest):
+        size = len(json.dumps(request.messages))
+        if size > self.limit:
+            raise ContextLengthError(f"the prompt has {size} tokens, more than the {self.limit} positions", param="x")
+        return await super().generate(request)
+
+
+async def test_an_episode_that_outgrows_the_context_ends_with_its_trial_logged_and_is_not_retried(tmp_path) -> None:
+    """A long episode on a small-context model: the trial that no longer fits is logged (status "context_full")
+    and the episode ends there, as a finished one. Before, the episode stopped as a backend failure, and --resume
+    ran it into the same wall again and again (its seeds are fixed), so the run could never complete."""
+    ctx = make_ctx(tmp_path, ContextOf(4500), episodes=2, stm_slots=6)
+    result = await run_exploration(ctx, ["calculator"], concurrency=2)
+    ctx.log.close()
+    assert result.failures == []
+    records = read_trials(tmp_path / TRIALS_FILE)
+    for episode in (0, 1):
+        trials = [r for r in records if r["episode"] == episode]
+        assert 1 <= len(trials) < 6
+        assert [r["status"] for r in trials] == ["ok"] * (len(trials) - 1) + ["context_full"]
+        assert "more than the 4500 positions" in trials[-1]["error"]
+        assert trials[-1]["final_answer"] is None and trials[-1]["solved"] is None
+    full = sum(r["status"] == "context_full" for r in records)
+    assert result.summary["tools"]["calculator"]["context_full"] == full == 2
+    assert result.summary["tools"]["calculator"]["trials"] == len(records)
+    # a resume has nothing left to do: those episodes are finished
+    ctx = make_ctx(tmp_path, ContextOf(4500), resume=True, episodes=2, stm_slots=6)
+    again = await run_exploration(ctx, ["calculator"], concurrency=2)
+    ctx.log.close()
+    assert again.trials_run == 0 and again.failures == []
+    assert len(read_trials(tmp_path / TRIALS_FILE)) == len(records)
+
+
+async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_not_end_the_episode(tmp_path) -> None:
+    """With --no-stm every trial starts afresh, so one trial that outgrew the context says nothing of the next."""
+    calls = {"n": 0}
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        last = request.messages[-1]
+        content = last.get("content") or ""
+        if _is_imagination(content):
+            counter["q"] += 1
+            return f"What is {counter['q']} * 7?"
+        if _is_reflection(content):
+            return "Yes"
+        if last["role"] == "tool":
+            return "Done."
+        calls["n"] += 1
+        padding = "x" * (5000 if calls["n"] == 1 else 0)  # the first trial's reply alone overflows what follows
+        return f'CALL calculator {{"expression": "1 * 7", "pad": "{padding}"}}'
+
+    class Registry(FakeRegistry):
+        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+            return Observation("7", None)
+
+    ctx = make_ctx(tmp_path, ContextOf(4500, policy), registry=Registry(), episodes=1, stm_slots=3, no_stm=True)
+    result = await run_exploration(ctx, ["calculator"], concurrency=1)
+    ctx.log.close()
+    assert result.failures == []
+    statuses = [r["status"] for r in read_trials(tmp_path / TRIALS_FILE)]
+    assert statuses == ["context_full", "ok", "ok"]

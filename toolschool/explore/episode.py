@@ -29,9 +29,9 @@ from typing import Any, Protocol
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
-from toolschool.explore.memory import LongTermMemory
+from toolschool.explore.memory import LongTermMemory, MemoryEntry
 from toolschool.explore.templates import PromptSet
-from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
+from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.tools.base import Observation
 
 # Imagination must end with the query: cut where a model starts solving it instead.
@@ -231,6 +231,7 @@ class _Trial:
         self.steps: list[dict[str, Any]] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        self.final_answer: str | None = None
         self._generations = 0
 
     async def generate(
@@ -373,19 +374,27 @@ async def run_trial(
     memory = [] if ablations.no_ltm else ctx.memory.shown(tool, with_outcome=not ablations.no_reflection)
     shown_prompt = ctx.prompts.render(imagine, memory=memory, **variables)
     kept_prompt = ctx.prompts.render(imagine, memory=[], **variables)
-    completion = await trial.generate(
-        [*conversation, {"role": "user", "content": shown_prompt}],
-        stop=IMAGINE_STOP,
-        prefill="",
-        max_tokens=settings.max_tokens,
-    )
-    query_raw = completion.text
-    query = clean_query(query_raw)
-    trial.messages += [{"role": "user", "content": kept_prompt}, _verbatim(query)]
-    entry = ctx.memory.add(tool, query, pending=True) if query else None
-
+    query_raw = query = ""
+    entry: MemoryEntry | None = None
+    reflection: str | None = None
+    solved: bool | None = None
+    context_error: str | None = None
     try:
-        final_answer, reflection, solved = await _attempt(ctx, trial, conversation, query, first, variables)
+        completion = await trial.generate(
+            [*conversation, {"role": "user", "content": shown_prompt}],
+            stop=IMAGINE_STOP,
+            prefill="",
+            max_tokens=settings.max_tokens,
+        )
+        query_raw = completion.text
+        query = clean_query(query_raw)
+        trial.messages += [{"role": "user", "content": kept_prompt}, _verbatim(query)]
+        entry = ctx.memory.add(tool, query, pending=True) if query else None
+        reflection, solved = await _attempt(ctx, trial, conversation, query, first, variables)
+    except ContextLengthError as exc:
+        # The conversation no longer fits the model: this trial ends here and is logged as it stands (the
+        # episode ends too, see run_episode). Raised as a failure, --resume would hit the same wall forever.
+        context_error = str(exc)
     except BaseException:
         if entry is not None:
             ctx.memory.discard(tool, entry)
@@ -393,15 +402,16 @@ async def run_trial(
     if entry is not None:
         ctx.memory.resolve(entry, solved)
 
+    status = "context_full" if context_error is not None else "ok" if query else "empty_query"
     record = {
         "tool": tool,
         "episode": episode,
         "slot": slot,
-        "status": "ok" if query else "empty_query",
+        "status": status,
         "query": query,
         "query_raw": query_raw,
         "steps": trial.steps,
-        "final_answer": final_answer,
+        "final_answer": trial.final_answer,
         "reflection": reflection,
         "solved": solved,
         "messages": trial.messages,
@@ -415,6 +425,8 @@ async def run_trial(
         "finished_at": _now(),
         "seconds": round(time.perf_counter() - clock, 3),
     }
+    if context_error is not None:
+        record["error"] = context_error
     ctx.log.write(record)
     if ctx.on_trial is not None:
         ctx.on_trial(record)
@@ -428,11 +440,11 @@ async def _attempt(
     query: str,
     first: bool,
     variables: dict[str, Any],
-) -> tuple[str | None, str | None, bool | None]:
-    """Steps 2 and 3: try to fulfil the query, then reflect. Returns (final answer, reflection, solved)."""
+) -> tuple[str | None, bool | None]:
+    """Steps 2 and 3: try to fulfil the query (the final answer goes to `trial.final_answer`, kept even when the
+    reflection no longer fits the context), then reflect. Returns (reflection, solved)."""
     settings = ctx.settings
     ablations = settings.ablations
-    final_answer: str | None = None
     reflection: str | None = None
     solved: bool | None = None
     if query:
@@ -454,7 +466,7 @@ async def _attempt(
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
                 trial.messages.append(parsed.as_message())
-                final_answer = parsed.final
+                trial.final_answer = parsed.final
                 break
             if last:  # the call (or reply) budget is spent: record the reply, do not execute it (as in the paper)
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
@@ -488,7 +500,7 @@ async def _attempt(
             reflection = completion.text.strip()
             solved = parse_reflection(reflection)
             trial.messages.append(_verbatim(reflection))
-    return final_answer, reflection, solved
+    return reflection, solved
 
 
 def forced_call_prefix(ctx: ExploreContext, tool: str) -> str:
@@ -540,24 +552,41 @@ def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
     return messages
 
 
+def ends_episode(record: dict[str, Any], *, no_stm: bool) -> bool:
+    """A trial that outgrew the model's context ends its episode: the short-term memory only grows, so every
+    later trial of the conversation would too. Without short-term memory each trial starts afresh."""
+    return record.get("status") == "context_full" and not no_stm
+
+
+def episode_finished(slots: dict[int, dict[str, Any]], stm_slots: int, *, no_stm: bool) -> bool:
+    """Every slot of the episode is logged, or a logged trial ended it (`ends_episode`)."""
+    return len(slots) >= stm_slots or any(ends_episode(r, no_stm=no_stm) for r in slots.values())
+
+
 async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[int, dict[str, Any]]) -> int:
     """Run the slots of one episode not in `done` (slot -> logged record); return how many trials ran.
 
     Resume replays the logged trials' messages into the conversation, so a resumed episode continues exactly
     where its short-term memory stopped (with `no_stm`, every trial starts from the system message anyway).
+    A trial that no longer fits the model's context ends the episode (`ends_episode`).
     """
     system = {"role": "system", "content": ctx.prompts.render("system", tool=tool)}
     preamble = [system, *demonstration_messages(ctx)]
     conversation: list[dict[str, Any]] = list(preamble)
+    ablations = ctx.settings.ablations
     ran = 0
     for slot in range(ctx.settings.stm_slots):
-        if ctx.settings.ablations.no_stm:
+        if ablations.no_stm:
             conversation = list(preamble)
         if slot in done:
+            if ends_episode(done[slot], no_stm=ablations.no_stm):
+                break
             conversation += done[slot].get("messages", [])
             continue
         # The worked examples hold assistant turns too: "first" means no trial of this tool in the conversation.
         record = await run_trial(ctx, tool, episode, slot, conversation, first=len(conversation) == len(preamble))
         conversation += record["messages"]
         ran += 1
+        if ends_episode(record, no_stm=ablations.no_stm):
+            break
     return ran

@@ -8,7 +8,8 @@ and `TrialLog.open(..., resume=True)` cuts it off before appending, so the file 
 Fields of one line (version 1):
 
 - `v`: 1; `tool`, `episode`, `slot`: which tool was explored, in which episode and short-term-memory slot;
-- `status`: "ok", or "empty_query" (the explorer imagined nothing usable; no attempt was made);
+- `status`: "ok", "empty_query" (the explorer imagined nothing usable; no attempt was made) or "context_full"
+  (the conversation outgrew the model's context: the trial stopped there, its episode ended; `error` says why);
 - `query` (cleaned imagined query), `query_raw` (the model's text);
 - `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`, `arguments`,
   `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw: the observation text,

@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from toolschool.errors import ToolschoolError
-from toolschool.explore.episode import ExploreContext, run_episode
+from toolschool.explore.episode import ExploreContext, episode_finished, run_episode
 from toolschool.explore.log import completed_slots, read_trials
 from toolschool.explore.summary import summarize
 
@@ -41,14 +42,19 @@ class ExploreResult:
 
 
 def plan_episodes(
-    tools: list[str], episodes: int, stm_slots: int, done: dict[tuple[str, int], dict[int, Any]]
+    tools: list[str],
+    episodes: int,
+    stm_slots: int,
+    done: dict[tuple[str, int], dict[int, Any]],
+    *,
+    no_stm: bool = False,
 ) -> list[tuple[str, int]]:
-    """(tool, episode) pairs still to run, episode-major."""
+    """(tool, episode) pairs still to run, episode-major (an episode a trial ended early is finished)."""
     return [
         (tool, episode)
         for episode in range(episodes)
         for tool in tools
-        if len(done.get((tool, episode), {})) < stm_slots
+        if not episode_finished(done.get((tool, episode), {}), stm_slots, no_stm=no_stm)
     ]
 
 
@@ -96,7 +102,8 @@ async def run_exploration(
     """Run the missing episodes of `tools`, then summarise the whole log and save `summary.json`."""
     settings = ctx.settings
     done = completed_slots(ctx.log.existing)
-    plan = plan_episodes(tools, settings.episodes, settings.stm_slots, done)
+    no_stm = settings.ablations.no_stm
+    plan = plan_episodes(tools, settings.episodes, settings.stm_slots, done, no_stm=no_stm)
     if ctx.log.existing and console is not None:
         console.print(
             f"resuming: {len(ctx.log.existing)} finished trial(s) kept, {len(plan)} episode(s) to run",
@@ -114,7 +121,9 @@ async def run_exploration(
         total = len(tools) * settings.episodes * settings.stm_slots
         finished = {  # within this run's plan: a resume with fewer episodes must not show 4/2
             t: sum(
-                sum(1 for slot in slots if slot < settings.stm_slots)
+                settings.stm_slots
+                if episode_finished(slots, settings.stm_slots, no_stm=no_stm)
+                else sum(1 for slot in slots if slot < settings.stm_slots)
                 for (tool, episode), slots in done.items()
                 if tool == t and episode < settings.episodes
             )
@@ -138,7 +147,20 @@ async def run_exploration(
     async def guarded(tool: str, episode: int) -> None:
         async with semaphore:
             try:
-                await run_episode(ctx, tool, episode, done.get((tool, episode), {}))
+                logged = done.get((tool, episode), {})
+                ran = await run_episode(ctx, tool, episode, logged)
+                left = settings.stm_slots - len(logged) - ran
+                if left > 0:  # a trial outgrew the model's context and ended the episode
+                    if progress is not None and overall is not None and per_tool is not None:
+                        progress.advance(overall, left)
+                        progress.advance(per_tool[tool], left)
+                    if console is not None:
+                        message = (
+                            f"{tool} episode {episode} ended after {settings.stm_slots - left} trial(s): its "
+                            "conversation no longer fits the model's context (lower --stm-slots, --max-turns, "
+                            "--max-tokens or [explore] max_observation_chars)"
+                        )
+                        console.print(f"[yellow]warning:[/yellow] {escape(message)}", markup=True, highlight=False)
             except Exception as exc:  # one broken episode must not end the run; it is logged and retried on resume
                 failure = {
                     "tool": tool,

@@ -21,6 +21,7 @@ COUNTS = (
     "final_answers",
     "successes",
     "empty_queries",
+    "context_full",
     "distinct_queries",
     "prompt_tokens",
     "completion_tokens",
@@ -46,6 +47,7 @@ def trial_counts(record: dict[str, Any]) -> dict[str, int]:
         "final_answers": int(record.get("final_answer") is not None),
         "successes": int(record.get("solved") is True),
         "empty_queries": int(record.get("status") == "empty_query"),
+        "context_full": int(record.get("status") == "context_full"),
         "prompt_tokens": int(record.get("tokens", {}).get("prompt", 0)),
         "completion_tokens": int(record.get("tokens", {}).get("completion", 0)),
     }
