@@ -329,13 +329,18 @@ def format_validation_error(
     return "; ".join(lines)
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str = "defaults") -> None:
     parts = dotted.split(".")
     node = data
-    for part in parts[:-1]:
+    for i, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override '{dotted}': '{part}' is not a section")
+            section = ".".join(parts[: i + 1])
+            raise ConfigError(
+                f"{source}: '{section}' = {child!r} is not a [{section}] table, so the command-line flag for "
+                f"'{dotted}' has nowhere to go",
+                hint=f"write '{section}' as a [{section}] section in the file",
+            )
         node = child
     node[parts[-1]] = value
 
@@ -369,7 +374,7 @@ def load_config(
     flag_keys = []
     for dotted, value in (overrides or {}).items():
         if value is not None:
-            _set_dotted(data, dotted, value)
+            _set_dotted(data, dotted, value, source)
             flag_keys.append(dotted)
     try:
         return schema.model_validate(data)
