@@ -283,8 +283,15 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
         return path
     if config.pipeline.eval_data:
         path = Path(config.pipeline.eval_data)
-    else:
-        path = config.run_dir() / "distill" / "validation.jsonl"
+        if not path.is_file() or not path.read_text(encoding="utf-8").strip():
+            state = "is empty" if path.is_file() else "does not exist"
+            raise ToolschoolError(
+                f"[pipeline] eval_data = '{path}' {state}",
+                hint="point it at a test JSONL of conversations, set it to 'builtin' for the generated built-in "
+                "toolbox test set, or remove it to evaluate on the distill validation split",
+            )
+        return path
+    path = config.run_dir() / "distill" / "validation.jsonl"
     if not path.is_file() or not path.read_text(encoding="utf-8").strip():
         raise ToolschoolError(
             f"the held-out set {path} is missing or empty",
