@@ -260,3 +260,22 @@ async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_n
     assert result.failures == []
     statuses = [r["status"] for r in read_trials(tmp_path / TRIALS_FILE)]
     assert statuses == ["context_full", "ok", "ok"]
+
+
+async def test_an_episode_error_whose_text_looks_like_rich_markup_is_printed_not_a_crash(tmp_path) -> None:
+    """The warning for a stopped episode quotes the error; '[/v1/...]' in it is text, not a closing markup tag
+    (before: rich's MarkupError escaped the error handler and ended the whole run without its summary)."""
+    import io
+
+    from rich.console import Console
+
+    def fail(request: GenerationRequest, count: int) -> None:
+        raise RuntimeError("POST [/v1/chat/completions] failed")
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(fail_when=fail), episodes=1, stm_slots=1)
+    console = Console(file=io.StringIO(), width=200)
+    result = await run_exploration(ctx, ["calculator"], concurrency=1, console=console)
+    ctx.log.close()
+    assert len(result.failures) == 1
+    assert "calculator episode 0 stopped: RuntimeError: POST [/v1/chat/completions] failed" in console.file.getvalue()
+    assert (tmp_path / "summary.json").exists()

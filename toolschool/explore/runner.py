@@ -172,8 +172,9 @@ async def run_exploration(
                 failures.append(failure)
                 ctx.log.write_error(failure)
                 if console is not None:
+                    stopped = escape(f"{tool} episode {episode} stopped: {failure['error']}")  # the error is text
                     console.print(
-                        f"[yellow]warning:[/yellow] {tool} episode {episode} stopped: {failure['error']}",
+                        f"[yellow]warning:[/yellow] {stopped}",
                         markup=True,
                         highlight=False,
                     )
