@@ -107,3 +107,22 @@ def test_an_adapter_whose_base_cannot_be_found_is_one_clear_error(tmp_path: Path
         load_model(str(tmp_path))
     assert f"adapter folder '{tmp_path}'" in str(info.value)
     assert "base_model_name_or_path" in str(info.value)
+
+
+def test_a_vanishing_temperature_is_greedy_and_fails_no_one(backend: LocalBackend) -> None:
+    """1e-50 is a positive float but 0 in fp32: dividing the logits by it made NaN probabilities, and the sampler's
+    error failed every request in the batch. Like vLLM, temperatures below 1e-5 decode greedily."""
+
+    async def both():
+        tiny = GenerationRequest(
+            [{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=6, temperature=1e-50)
+        )
+        other = GenerationRequest(
+            [{"role": "user", "content": "ho"}], params=SamplingParams(max_tokens=6, temperature=1.0)
+        )
+        return await asyncio.gather(backend.generate(tiny), backend.generate(other))
+
+    (tiny,), (other,) = asyncio.run(both())
+    (greedy,) = _generate(backend, max_tokens=6)
+    assert tiny.token_ids == greedy.token_ids
+    assert other.token_ids

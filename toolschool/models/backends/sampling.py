@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import torch
 
+# Below this a temperature decodes greedily, as in vLLM: dividing by it overflows the logits (a tiny float is 0 in
+# fp32), and the NaN probabilities would fail the sampling of every row in the batch.
+GREEDY_BELOW = 1e-5
+
 
 def sample_next(
     logits_BV: torch.Tensor,
@@ -20,7 +24,7 @@ def sample_next(
     """Return (token id, raw log-prob) per row. Sampling draws on the CPU with each row's generator."""
     logits_BV = logits_BV.float()
     tokens_B = torch.argmax(logits_BV, dim=-1)
-    sampled_rows = [i for i, t in enumerate(temperature_B) if t > 0]
+    sampled_rows = [i for i, t in enumerate(temperature_B) if t >= GREEDY_BELOW]
     if sampled_rows:
         rows = torch.tensor(sampled_rows, device=logits_BV.device)
         temps = torch.tensor([temperature_B[i] for i in sampled_rows], device=logits_BV.device)
