@@ -8,9 +8,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from toolschool.cli import app
+from toolschool.errors import ConfigError, DataError, ToolschoolError
 
 runner = CliRunner()
 
@@ -95,3 +97,105 @@ def test_pipeline_missing_distill_split_says_how_to_get_one(tmp_path: Path) -> N
     line = cli_error(["run", str(config), "--run", str(run_dir)])
     assert "validation.jsonl is missing or empty" in line
     assert "distill.validation_fraction" in line and "[pipeline] eval_data" in line
+
+
+# ------------------------------------------------------------------------------------------------ tools
+
+
+def test_tool_module_that_is_not_python_says_so(tmp_path: Path) -> None:
+    not_python = tmp_path / "tools.txt"
+    not_python.write_text("def f(): pass\n", encoding="utf-8")
+    line = cli_error(["tools", "list", "--module", str(not_python)])
+    assert f"tool module file '{not_python}'" in line
+    assert "not a Python file" in line and ".py" in line
+
+
+def test_empty_mcp_command_is_one_line() -> None:
+    line = cli_error(["tools", "list", "--mcp", " "])
+    assert 'empty MCP server command — pass --mcp "COMMAND ARGS"' in line
+
+
+def test_docstring_documenting_a_missing_parameter_names_both(tmp_path: Path) -> None:
+    module = tmp_path / "mytools.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n"
+        "@tool\n"
+        "def double(number: int) -> int:\n"
+        '    """Twice the number.\n\n    Args:\n        numbr: a number.\n    """\n'
+        "    return 2 * number\n",
+        encoding="utf-8",
+    )
+    line = cli_error(["tools", "list", "--module", str(module)])
+    assert "double: the docstring documents 'numbr', which double does not take (its parameters: number)" in line
+    assert "fix the name in the docstring's Args: section" in line
+
+
+def test_unresolvable_type_hint_names_the_function_and_the_name(tmp_path: Path) -> None:
+    module = tmp_path / "hinted.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n"
+        "@tool\n"
+        "def lookup(key: 'Missing') -> str:\n"
+        '    """Look a key up.\n\n    Args:\n        key: the key.\n    """\n'
+        "    return str(key)\n",
+        encoding="utf-8",
+    )
+    line = cli_error(["tools", "list", "--module", str(module)])
+    assert "cannot read the type hints of lookup" in line and "'Missing' is not defined" in line
+
+
+# ------------------------------------------------------------------------------------------------ serve
+
+
+@pytest.mark.parametrize("host", ["256.0.0.1", "no-such-host.invalid"])
+def test_serve_on_a_host_it_cannot_listen_on(host: str) -> None:
+    from toolschool.serve.server import bind_socket
+
+    with pytest.raises(ToolschoolError) as info:
+        bind_socket(host, 0)
+    assert f"cannot listen on {host}:0 (" in str(info.value)
+    assert "check --host and --port" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ data
+
+
+def test_distill_trial_log_line_that_is_not_a_trial(tmp_path: Path) -> None:
+    trials = _write_jsonl(tmp_path / "trials.jsonl", [{"tool": "calculator", "episode": 0}])
+    line = cli_error(["distill", "--trials", str(trials), "--out", str(tmp_path / "out")])
+    assert f"{trials}:1: not a trial record (needs tool, episode and slot)" in line
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"validation_fraction": 1.0}, "validation_fraction 1.0 must be in [0, 1)"),
+        ({"max_paraphrases": -1}, "max_paraphrases=-1 must be >= 0 and dedupe_threshold=0.9 must be in (0, 1]"),
+        ({"dedupe_threshold": 0.0}, "dedupe_threshold=0.0 must be in (0, 1]"),
+    ],
+)
+def test_distill_api_refuses_out_of_range_options(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
+    from toolschool.data.distill import DistillOptions, distill
+
+    opts = DistillOptions(trials=tmp_path / "trials.jsonl", out=tmp_path / "out", **changes)
+    trial = {
+        "tool": "calculator",
+        "episode": 0,
+        "slot": 0,
+        "query": "What is 2+2?",
+        "status": "ok",
+        "calls": [{"name": "calculator", "arguments": {"expression": "2+2"}, "observation": "4", "is_error": False}],
+        "final": "4",
+    }
+    with pytest.raises(DataError) as info:
+        distill([trial], opts)
+    assert message in str(info.value)
+
+
+def test_dataset_builder_api_refuses_out_of_range_values() -> None:
+    from toolschool.data.build_calc_python import category_targets, split_ids
+
+    with pytest.raises(DataError, match=r"validation_fraction 1.0 must be in \[0, 1\)"):
+        split_ids(["a"], 1.0, 0)
+    with pytest.raises(DataError, match="size -1 must be >= 0"):
+        category_targets(-1, {"calculator": 1.0})

@@ -188,7 +188,11 @@ def _import(spec: str) -> types.ModuleType:
         module_name = f"toolschool_user_tools_{abs(hash(str(path.resolve())))}"
         loader_spec = importlib.util.spec_from_file_location(module_name, path)
         if loader_spec is None or loader_spec.loader is None:
-            raise ToolschoolError(f"cannot load tool module file {spec!r}")
+            # importlib knows no loader for this suffix (.txt, no suffix, ...)
+            raise ToolschoolError(
+                f"cannot load tool module file {spec!r}: it is not a Python file",
+                hint="pass a .py file of @tool functions, or a dotted module name (pkg.mod)",
+            )
         module = importlib.util.module_from_spec(loader_spec)
         sys.modules[module_name] = module
         try:
