@@ -279,3 +279,27 @@ async def test_an_episode_error_whose_text_looks_like_rich_markup_is_printed_not
     assert len(result.failures) == 1
     assert "calculator episode 0 stopped: RuntimeError: POST [/v1/chat/completions] failed" in console.file.getvalue()
     assert (tmp_path / "summary.json").exists()
+
+
+def test_a_prompt_override_using_a_variable_its_template_does_not_get_fails_before_any_work(tmp_path) -> None:
+    """`{{ query }}` in imagine.jinja (the query does not exist yet when imagining) must be refused when the
+    prompts are loaded, naming the file and what it may use — not as a failure of every episode, after the
+    model has loaded."""
+    import pytest
+
+    from toolschool.errors import ConfigError
+    from toolschool.explore.templates import PromptSet
+
+    (tmp_path / "imagine.jinja").write_text("Explore {{ tool }} with {{ query }}.\nUser request:")
+    with pytest.raises(ConfigError, match=r"'imagine.jinja' uses an unknown variable: 'query' is undefined") as info:
+        PromptSet("hermes", tmp_path)
+    assert "tool, description, parameters, tool_names, max_turns, memory" in str(info.value)
+    (tmp_path / "imagine.jinja").write_text("Explore {{ tool }}{% for m in memory %} {{ m.outcome }}{% endfor %}")
+    with pytest.raises(ConfigError, match="'imagine.jinja' uses an unknown variable"):
+        PromptSet("hermes", tmp_path)
+    (tmp_path / "imagine.jinja").write_text("Explore {{ tool }} ({{ max_turns }} calls).\nUser request:")
+    assert PromptSet("hermes", tmp_path).render("imagine", **_variables()) == "Explore t (4 calls).\nUser request:"
+
+
+def _variables() -> dict[str, Any]:
+    return {"tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"], "max_turns": 4, "memory": []}

@@ -33,6 +33,31 @@ TEMPLATE_NAMES = (
 
 DEMONSTRATIONS_FILE = "demonstrations.json"
 
+# The variables each template is rendered with (see toolschool.explore.episode), and sample values to try them
+# with when the prompts are loaded: an override using one its template does not get fails before any work.
+_TOOL_VARIABLES = ("tool", "description", "parameters", "tool_names", "max_turns")
+TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
+    "system": ("tool",),
+    "imagine": (*_TOOL_VARIABLES, "memory"),
+    "imagine_followup": (*_TOOL_VARIABLES, "memory"),
+    "trial": (*_TOOL_VARIABLES, "query"),
+    "trial_followup": (*_TOOL_VARIABLES, "query"),
+    "parse_error": (*_TOOL_VARIABLES, "error"),
+    "no_feedback": (),
+    "call_limit": ("max_turns", "tool"),
+    "reflect": _TOOL_VARIABLES,
+}
+_SAMPLE_VALUES: dict[str, Any] = {
+    "tool": "example_tool",
+    "description": "An example tool.",
+    "parameters": '{"type": "object", "properties": {"x": {"type": "string"}}}',
+    "tool_names": ["example_tool", "other_tool"],
+    "max_turns": 4,
+    "memory": [{"query": "An earlier request.", "solved": "Yes"}, {"query": "Another one.", "solved": "No"}],
+    "query": "A request.",
+    "error": "the reply could not be parsed",
+}
+
 
 def format_prompt_dir(format_name: str) -> Path:
     directory = PROMPTS_DIR / format_name
@@ -68,14 +93,16 @@ class PromptSet:
                 self._env.get_template(f"{name}.jinja")
             except jinja2.TemplateSyntaxError as exc:
                 raise ConfigError(f"prompt template {exc.filename}:{exc.lineno}: {exc.message}") from None
+            self.render(name, **{key: _SAMPLE_VALUES[key] for key in TEMPLATE_VARIABLES[name]})
 
     def render(self, name: str, **variables: Any) -> str:
         try:
             return self._env.get_template(f"{name}.jinja").render(**variables).strip()
         except jinja2.UndefinedError as exc:
+            available = TEMPLATE_VARIABLES.get(name, tuple(variables))
             raise ConfigError(
                 f"prompt template '{name}.jinja' uses an unknown variable: {exc.message}",
-                hint="available: tool, description, parameters, memory, query, tool_names, max_turns, error",
+                hint=f"{name}.jinja gets: {', '.join(available) or 'no variables'}",
             ) from None
 
     def demonstrations(self) -> list[dict[str, Any]]:
