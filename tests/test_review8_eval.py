@@ -13,7 +13,7 @@ from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.cli import app
 from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
-from toolschool.evaluate.items import EvalItem
+from toolschool.evaluate.items import EvalItem, item_from_example
 from toolschool.evaluate.metrics import score_item
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
@@ -227,3 +227,55 @@ def test_parallel_calls_are_matched_in_any_order() -> None:
         assert score.args_exact and score.correct, calls
     assert score_item(ParsedReply(text="", calls=[full, full]), gold).correct, "extra keys are allowed"
     assert not score_item(ParsedReply(text="", calls=[short, short]), gold).correct, "unit km is missing once"
+
+
+def _calc_example(a: int, b: int) -> dict:
+    from helpers import CALC
+
+    call = tool_call("calculator", {"expression": f"{a} * {b}"}, "c1")
+    return {
+        "messages": [
+            {"role": "user", "content": f"What is {a} * {b}?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": str(a * b)},
+            {"role": "assistant", "content": f"{a * b}"},
+        ],
+        "tools": [CALC],
+        "meta": {"id": f"{a}x{b}"},
+    }
+
+
+@pytest.mark.parametrize("format_name", ["json", "react"])
+def test_a_line_already_written_in_a_text_format_is_scored_like_its_canonical_line(format_name: str) -> None:
+    # `dataset build-calc-python --formats json,react` writes such lines (meta.format): their calls are text, so
+    # every call item was read as "answer without a tool" with the raw JSON/ReAct text as the gold answer, and the
+    # prompt got the format's instructions a second time.
+    from toolschool.chat.formats import get_format
+    from toolschool.data.records import example_to_format
+
+    canonical = _calc_example(12, 34)
+    written = example_to_format(canonical, format_name)
+    item, plain = item_from_example(written, 0), item_from_example(canonical, 0)
+    assert item.gold_calls and item.gold_calls[0]["function"]["name"] == "calculator"
+    assert item.gold_calls[0]["function"]["arguments"] == {"expression": "12 * 34"}
+    assert item.gold_final is None and item.expected_answer == "408"
+    fmt = get_format(format_name)
+    reply = fmt.format_reply({"role": "assistant", "content": "", "tool_calls": canonical["messages"][1]["tool_calls"]})
+    backend = _OneReplyBackend(reply)
+    options = EvalOptions(format=format_name)
+    (result,) = asyncio.run(evaluate_items(backend, [item], options))
+    (reference,) = asyncio.run(evaluate_items(backend, [plain], options))
+    assert result.prompt == reference.prompt, "the same prompt as the canonical line converted once"
+    assert result.score.correct and result.score.gold_called
+    with pytest.raises(DataError, match=f"item '12x34' is written in the '{format_name}' format.*--format hermes"):
+        asyncio.run(evaluate_items(backend, [item], EvalOptions(format="hermes")))
+
+
+def test_demonstrations_already_written_in_a_text_format_are_refused() -> None:
+    # The format converts demonstrations like any turn: a json line's call text {"tool": ...} became
+    # {"final": "{\"tool\": ...}"}, a ReAct one "Final Answer: Thought: ... Action: ...".
+    from toolschool.data.records import example_to_format
+
+    written = example_to_format(_calc_example(2, 3), "json")
+    with pytest.raises(DataError, match="demonstration '2x3' is written in the 'json' format.*canonical"):
+        DemoPool([_calc_example(1, 1), written])

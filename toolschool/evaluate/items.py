@@ -62,11 +62,10 @@ def item_from_example(example: dict[str, Any], index: int, *, source: str = "dat
     if turn is None:
         return None
     gold = messages[turn]
-    calls = list(gold.get("tool_calls") or [])
-    final = None if calls else (gold.get("content") or "")
-    last_text = next(
-        (m.get("content") for m in reversed(messages) if m.get("role") == "assistant" and m.get("content")), None
-    )
+    read = _text_reader(meta.get("format"))
+    calls, final = read(gold)
+    finals = (_final_text(read, m) for m in reversed(messages) if m.get("role") == "assistant" and m.get("content"))
+    last_text = next((text for text in finals if text), None)
     expected = meta.get("expected_answer", last_text)
     return EvalItem(
         id=str(meta.get("id", index)),
@@ -79,6 +78,38 @@ def item_from_example(example: dict[str, Any], index: int, *, source: str = "dat
         category=str(meta.get("category", "")),
         meta=meta,
     )
+
+
+def _text_reader(written_in: Any) -> Callable[[dict[str, Any]], tuple[list[dict[str, Any]], str | None]]:
+    """(calls, final text) of an assistant message. A line already written in a text format (`meta.format` json
+    or react, as `dataset build-calc-python --formats` writes them) holds its calls in the text, not in
+    `tool_calls`: that format's parser reads them, as SFT's validation does."""
+    if written_in in (None, "hermes"):
+
+        def canonical(message: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+            calls = list(message.get("tool_calls") or [])
+            return calls, None if calls else (message.get("content") or "")
+
+        return canonical
+    from toolschool.chat.formats import get_format
+
+    fmt = get_format(str(written_in))
+
+    def from_text(message: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+        if message.get("tool_calls"):
+            return list(message["tool_calls"]), None
+        text = message.get("content") or ""
+        parsed = fmt.parse(text)
+        if parsed.calls:
+            return list(parsed.calls), None
+        return [], parsed.final if parsed.final is not None else text
+
+    return from_text
+
+
+def _final_text(read: Callable[[dict[str, Any]], tuple[list[dict[str, Any]], str | None]], message: dict) -> Any:
+    calls, final = read(message)
+    return None if calls else final
 
 
 def items_from_file(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:

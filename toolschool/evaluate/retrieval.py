@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import DataError, ToolschoolError
 
 RetrieverKind = Literal["bm25", "dense"]
 RETRIEVERS: tuple[str, ...] = ("bm25", "dense")
@@ -121,6 +121,16 @@ class DemoPool:
     """Training conversations to draw demonstrations from, indexed by their first user message."""
 
     def __init__(self, examples: list[dict[str, Any]], *, retriever: str = "bm25") -> None:
+        for example in examples:
+            # the eval format converts each demonstration like any turn: text that is already in a format
+            # would be wrapped again ({"final": "{\"tool\": ...}"}, "Final Answer: Thought: ... Action: ...")
+            written_in = (example.get("meta") or {}).get("format")
+            if written_in not in (None, "hermes"):
+                raise DataError(
+                    f"demonstration '{(example.get('meta') or {}).get('id', '?')}' is written in the "
+                    f"'{written_in}' format (meta.format)",
+                    hint="pass the dataset's canonical (hermes) file with --demos; --format converts it",
+                )
         self.examples = [ex for ex in examples if first_user_text(ex)]
         if not self.examples:
             raise ToolschoolError("the demonstrations file has no conversation with a user message")

@@ -18,6 +18,7 @@ from typing import Any
 
 from toolschool.chat.formats import get_format
 from toolschool.chat.types import ParsedReply
+from toolschool.errors import DataError
 from toolschool.evaluate.items import EvalItem
 from toolschool.evaluate.metrics import ArgMode, ItemScore, aggregate, answer_matches, per_tool_accuracy, score_item
 from toolschool.evaluate.retrieval import DemoPool, with_demonstrations
@@ -87,10 +88,30 @@ def _with_ids(calls: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
     return out
 
 
+def written_in(item: EvalItem) -> str | None:
+    """The text format a dataset line is already written in (`meta.format` json/react), or None if canonical."""
+    value = item.meta.get("format")
+    return None if value in (None, "hermes") else str(value)
+
+
+def _to_messages(
+    fmt: Any, item: EvalItem, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The conversation as the format sends it. A line already written in the format keeps its own system
+    message, which holds the format's instructions and tools already (converting it again would repeat them);
+    the turns after it (demonstrations, --execute's calls and results) are converted as for any line."""
+    if written_in(item) is None:
+        return fmt.to_messages(messages, tools)
+    sent, _ = fmt.to_messages(messages, None)
+    if messages and messages[0].get("role") == "system":
+        sent[0] = {"role": "system", "content": messages[0].get("content") or ""}
+    return sent, None
+
+
 async def _generate(
-    backend: Backend, fmt: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]], options: EvalOptions
+    backend: Backend, fmt: Any, item: EvalItem, messages: list[dict[str, Any]], options: EvalOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
-    sent, sent_tools = fmt.to_messages(messages, tools)
+    sent, sent_tools = _to_messages(fmt, item, messages, item.tools)
     params = SamplingParams(
         max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
     )
@@ -104,7 +125,7 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
     messages = [dict(m) for m in item.messages]
     if options.icl_k and options.demos is not None:
         messages = with_demonstrations(messages, options.demos.demonstrations(item.query, options.icl_k))
-    sent, sent_tools, raw = await _generate(backend, fmt, messages, item.tools, options)
+    sent, sent_tools, raw = await _generate(backend, fmt, item, messages, options)
     parsed = fmt.parse(raw)
     score = score_item(
         parsed,
@@ -168,7 +189,7 @@ async def _execute(
             break
         if turn == options.max_turns - 1:
             break
-        _, _, raw = await _generate(backend, fmt, conversation, item.tools, options)
+        _, _, raw = await _generate(backend, fmt, item, conversation, options)
         reply = fmt.parse(raw)
     result.transcript = conversation
     expected = item.expected_answer
@@ -185,6 +206,13 @@ async def evaluate_items(
     """All items, at most `options.concurrency` in flight; results in item order."""
     if options.execute and options.registry is None:
         raise ValueError("evaluate_items: execute=True needs options.registry")
+    wrong = next((item for item in items if written_in(item) not in (None, options.format)), None)
+    if wrong is not None:
+        raise DataError(
+            f"item '{wrong.id}' is written in the '{written_in(wrong)}' format (meta.format), but the evaluation "
+            f"uses --format {options.format}",
+            hint=f"pass --format {written_in(wrong)}, or evaluate the dataset's canonical (hermes) file",
+        )
     gate = asyncio.Semaphore(max(1, options.concurrency))
 
     async def one(item: EvalItem) -> ItemResult:
