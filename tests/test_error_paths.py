@@ -199,3 +199,107 @@ def test_dataset_builder_api_refuses_out_of_range_values() -> None:
         split_ids(["a"], 1.0, 0)
     with pytest.raises(DataError, match="size -1 must be >= 0"):
         category_targets(-1, {"calculator": 1.0})
+
+
+# ------------------------------------------------------------------------------------------------ RL
+
+
+def test_rl_ref_model_without_kl_is_refused_before_loading(tmp_path: Path) -> None:
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example()])
+    args = ["rl", "--model", str(tmp_path / "none"), "--train", str(train), "--out", str(tmp_path / "out")]
+    line = cli_error([*args, "--ref-model", "other", "--beta", "0"])
+    assert "rl.ref_model = 'other' is unused with rl.beta = 0 (no KL penalty) — set --beta above 0" in line
+
+
+def test_rl_empty_reward_list_lists_the_names(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text("[rl]\nrewards = []\n", encoding="utf-8")
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example()])
+    line = cli_error(["rl", str(config), "--model", str(tmp_path / "none"), "--train", str(train)])
+    assert "rl.rewards is empty — choose from: format, tool, arguments" in line
+
+
+def test_rl_use_vllm_on_cpu() -> None:
+    from toolschool.config import RLSection
+    from toolschool.train.rl import check_settings
+
+    with pytest.raises(ConfigError, match=r"rl.use_vllm needs a CUDA GPU; this run is on 'mps' — drop --use-vllm"):
+        check_settings(RLSection(use_vllm=True), device="mps")
+
+
+def test_rl_multi_turn_without_expected_answers_names_the_lines(tmp_path: Path) -> None:
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example(), _call_example(answer=None)])
+    args = ["rl", "--model", str(tmp_path / "none"), "--train", str(train), "--out", str(tmp_path / "out")]
+    line = cli_error([*args, "--mode", "multi_turn"])
+    assert f"1 example(s) have no meta.expected_answer: {train}:2" in line
+    assert "use --mode single_turn" in line
+
+
+def test_rl_multi_turn_with_a_tool_the_run_lacks(tmp_path: Path) -> None:
+    from toolschool.config import load_config
+    from toolschool.train.rl import multi_turn_tools
+
+    shout = {"type": "function", "function": {"name": "shout", "parameters": {"type": "object", "properties": {}}}}
+    config = load_config(None, {"tools.only": ["calculator"]})
+    with pytest.raises(ConfigError) as info:
+        multi_turn_tools(config, [_call_example(tool=shout)], "train.jsonl")
+    message = str(info.value)
+    assert "train.jsonl offers tool(s) shout that the run's tool set does not have (it has: calculator)" in message
+    assert "[tools] modules/mcp/toolbox" in message
+
+
+def test_rl_resume_from_another_mode_is_refused(tmp_path: Path) -> None:
+    from toolschool.train.rl import META_FILE, _check_resume
+
+    identity = {"model": "m", "vocab_size": 10}
+    (tmp_path / META_FILE).write_text(json.dumps({"base": identity, "mode": "single_turn", "method": "lora"}))
+    with pytest.raises(ToolschoolError) as info:
+        _check_resume(tmp_path, identity, "multi_turn", "lora")
+    assert f"the checkpoints in {tmp_path} come from 'm' in single_turn mode, not 'm' in multi_turn mode" in str(
+        info.value
+    )
+    assert "same --model and --mode" in str(info.value)
+
+
+def test_rl_multi_turn_refuses_a_template_without_tool_calls(tokenizer: Any) -> None:
+    import copy
+
+    from toolschool.train.rl import _set_response_parser
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tok.response_template = None  # what a model with its own (non-ChatML) template has: toolschool adds none
+    with pytest.raises(ConfigError, match="multi-turn RL needs a ChatML chat template .* use --mode single_turn"):
+        _set_response_parser(tok)
+
+
+# ------------------------------------------------------------------------------------------------ SFT
+
+
+def test_sft_api_refuses_examples_without_an_assistant_turn() -> None:
+    from toolschool.train.sft import check_has_assistant, split_at_first_assistant
+
+    examples = [_call_example(), {"messages": [{"role": "user", "content": "hi"}]}]
+    with pytest.raises(DataError, match="1 example\\(s\\) have no assistant turn, so there is nothing to learn: t:2"):
+        check_has_assistant(examples, "t")
+    with pytest.raises(DataError, match="conversation has no assistant turn"):
+        split_at_first_assistant([{"role": "user", "content": "hi"}])
+
+
+def test_sft_max_length_that_cuts_every_assistant_token(tmp_path: Path, tiny_model_dir: Path) -> None:
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example()])
+    args = ["sft", "--model", str(tiny_model_dir), "--train", str(train), "--out", str(tmp_path / "out")]
+    line = cli_error([*args, "--max-length", "16", "--num-steps", "1"])
+    assert "no training example keeps an assistant token within max_length=16 — raise --max-length" in line
+
+
+# ------------------------------------------------------------------------------------------------ continual
+
+
+def test_continual_with_an_empty_dataset(tmp_path: Path) -> None:
+    batches = tmp_path / "batches.json"
+    batches.write_text('[["calculator"]]', encoding="utf-8")
+    data = tmp_path / "data.jsonl"
+    data.write_text("", encoding="utf-8")
+    line = cli_error(["continual", "--batches", str(batches), "--data", str(data), "--out", str(tmp_path / "out")])
+    assert f"dataset '{data}' holds no examples — pass a JSONL of conversations with --data" in line

@@ -104,7 +104,7 @@ def check_settings(settings: RLSection, *, device: str | None = None) -> None:
         )
     if settings.use_vllm:
         if device is not None and not device.startswith("cuda"):
-            raise ConfigError("rl.use_vllm needs a CUDA GPU; this run is on the CPU", hint="drop --use-vllm")
+            raise ConfigError(f"rl.use_vllm needs a CUDA GPU; this run is on '{device}'", hint="drop --use-vllm")
         try:
             import vllm  # noqa: F401
         except ImportError:
