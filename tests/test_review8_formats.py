@@ -126,3 +126,37 @@ def test_call_prefix_is_the_start_of_the_reply_the_model_was_trained_to_write(na
     fmt = get_format(name)
     reply = fmt.format_reply({"role": "assistant", "content": "", "tool_calls": [tool_call(tool, {"a": 1})]})
     assert reply.startswith(fmt.call_prefix(tool)), (reply, fmt.call_prefix(tool))
+
+
+@pytest.mark.parametrize("tool", ["call", "response"])
+def test_a_tool_whose_toolken_is_a_chat_tag_is_refused_with_a_clear_error(tool: str) -> None:
+    """toolken('call') was '<tool_call>', the hermes call tag itself: SFT added it as a token and evaluation's
+    `plain_names_in_text` turned every `<tool_call>` tag of the model's replies into 'call', so no call parsed."""
+    from toolschool.chat.toolkens import plain_names_in_text, toolken
+    from toolschool.errors import DataError
+
+    with pytest.raises(DataError, match=f"tool name '{tool}' cannot become a toolken: <tool_{tool}> is a tag"):
+        toolken(tool)
+    reply = '<tool_call>\n{"name": "<tool_calculator>", "arguments": {}}\n</tool_call>'
+    assert get_format("hermes").parse(plain_names_in_text(reply, {"calculator", tool})).calls == [
+        tool_call("calculator", {})
+    ]
+
+
+def test_a_tokenizer_with_its_own_tool_call_tags_is_not_a_toolken_model(tokenizer: Any, tmp_path: Any) -> None:
+    """Qwen2.5/Qwen3 tokenizers ship `<tool_call>` and `<tool_response>` as added tokens. Read as toolkens, every
+    local Qwen folder (a download, or an SFT merged/checkpoint of a Qwen base) was evaluated as a toolken model
+    for tools 'call' and 'response': its tools were renamed and each `<tool_call>` tag of its replies became
+    'call', so no call parsed."""
+    import copy
+
+    from toolschool.chat.toolkens import plain_names_in_text
+    from toolschool.evaluate.toolkens import model_toolkens
+
+    qwen_like = copy.deepcopy(tokenizer)
+    qwen_like.add_tokens(["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tool_weekday>"])
+    qwen_like.save_pretrained(tmp_path)
+    assert model_toolkens(str(tmp_path)) == {"weekday"}
+    reply = '<tool_call>\n{"name": "<tool_weekday>", "arguments": {}}\n</tool_call>'
+    names = {"call", "response", "weekday"}  # even if a caller passes the tag names, the tags stay tags
+    assert get_format("hermes").parse(plain_names_in_text(reply, names)).calls == [tool_call("weekday", {})]

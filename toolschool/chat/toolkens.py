@@ -10,11 +10,22 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-TOOLKEN = re.compile(r"<tool_([^<>\s]+)>")
+from toolschool.errors import DataError
+
+# Tags chat templates and tokenizers already write in the `<tool_NAME>` shape (Hermes/Qwen `<tool_call>`,
+# `<tool_response>`; others `<tool_calls>`, `<tool_result>`). They are never toolkens: a Qwen tokenizer's own
+# added `<tool_call>` is not a tool named "call", and the tags in a reply are left as they are.
+CHAT_TAG_NAMES: tuple[str, ...] = ("call", "calls", "response", "result")
+TOOLKEN = re.compile(r"<tool_(?!(?:" + "|".join(CHAT_TAG_NAMES) + r")>)([^<>\s]+)>")
 
 
 def toolken(name: str) -> str:
     """`<tool_NAME>` for a plain tool name (a name already in that form is returned as it is)."""
+    if name in CHAT_TAG_NAMES:
+        raise DataError(
+            f"tool name {name!r} cannot become a toolken: <tool_{name}> is a tag of chat templates (Hermes/Qwen)",
+            hint="rename the tool, or train without toolkens (sft.toolkens = false)",
+        )
     return name if TOOLKEN.fullmatch(name) else f"<tool_{name}>"
 
 
