@@ -126,3 +126,25 @@ def test_a_vanishing_temperature_is_greedy_and_fails_no_one(backend: LocalBacken
     (greedy,) = _generate(backend, max_tokens=6)
     assert tiny.token_ids == greedy.token_ids
     assert other.token_ids
+
+
+def test_a_seed_torch_cannot_take_is_refused_without_failing_its_neighbours(backend: LocalBackend) -> None:
+    """torch.Generator takes 64-bit seeds; a larger one raised inside the shared prefill pass, failing every
+    request prefilled beside it (they shared the cached chat-template prefix) with 'Overflow when unpacking'."""
+
+    def request(seed: int | float) -> GenerationRequest:
+        params = SamplingParams(max_tokens=4, temperature=1.0, seed=seed)  # type: ignore[arg-type]
+        return GenerationRequest([{"role": "user", "content": "hi"}], params=params)
+
+    async def together():
+        await backend.generate(request(0))  # caches the prompt, so the next two share one prefill pass
+        return await asyncio.gather(
+            backend.generate(request(2**64)), backend.generate(request(1)), return_exceptions=True
+        )
+
+    bad, good = asyncio.run(together())
+    assert isinstance(bad, ToolschoolError)
+    assert "seed must be an integer in [-2**63, 2**64), got 18446744073709551616" in str(bad)
+    assert not isinstance(good, BaseException) and good[0].token_ids
+    with pytest.raises(ToolschoolError, match="seed must be an integer"):
+        asyncio.run(backend.generate(request(1.5)))

@@ -52,6 +52,10 @@ class SamplingParams:
             raise ToolschoolError(f"temperature must be non-negative, got {self.temperature}", hint="0 is greedy")
         if not 0.0 < self.top_p <= 1.0:
             raise ToolschoolError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or not -(2**63) <= self.seed < 2**64
+        ):  # what torch.Generator.manual_seed takes
+            raise ToolschoolError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         if any(not s for s in self.stop):  # "" is in every text: each completion would end before it began
             raise ToolschoolError(f"stop strings must not be empty, got {self.stop!r}", hint="leave the empty one out")
 

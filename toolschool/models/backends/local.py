@@ -395,7 +395,7 @@ class LocalBackend(Backend):
             params = pending.request.params
             seed = params.seed if params.seed is not None else secrets.randbits(62)
             for i in range(params.n):
-                generator = torch.Generator().manual_seed(seed + i) if params.temperature > 0 else None
+                generator = torch.Generator().manual_seed((seed + i) % 2**64) if params.temperature > 0 else None
                 rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens, prompt=prompt))
                 positions_n.append(len(prompt))
             pending.completions = [None] * params.n
