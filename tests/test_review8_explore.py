@@ -303,3 +303,52 @@ def test_a_prompt_override_using_a_variable_its_template_does_not_get_fails_befo
 
 def _variables() -> dict[str, Any]:
     return {"tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"], "max_turns": 4, "memory": []}
+
+
+def _stage_with_prompts(tmp_path, demonstrations: int):
+    from toolschool.config import load_config
+    from toolschool.explore import stage
+
+    loaded: list[str] = []
+
+    def backend_factory(config):
+        loaded.append(config.model.name)
+        return ScriptedBackend()
+
+    overrides = {
+        "explore.prompts": str(tmp_path / "prompts"),
+        "explore.demonstrations": demonstrations,
+        "explore.episodes": 1,
+        "explore.stm_slots": 1,
+        "explore.tools": ["calculator"],
+    }
+    config = load_config(None, overrides)
+    run = lambda: stage.run_explore_stage(config, out=tmp_path / "out", backend_factory=backend_factory)  # noqa: E731
+    return run, loaded
+
+
+def test_a_broken_demonstrations_file_is_refused_before_the_model_loads(tmp_path) -> None:
+    """An override's worked example without "answer" failed every episode with a bare KeyError: 'answer'."""
+    import pytest
+
+    from toolschool.errors import ConfigError
+
+    (tmp_path / "prompts").mkdir()
+    example = {"tool": "t", "description": "d", "parameters": {}, "query": "q", "arguments": {}, "result": "r"}
+    (tmp_path / "prompts" / "demonstrations.json").write_text(json.dumps({"examples": [example]}))
+    run, loaded = _stage_with_prompts(tmp_path, 1)
+    with pytest.raises(ConfigError, match=r"demonstrations.json: example 1 has no 'answer'"):
+        run()
+    assert loaded == []
+
+
+def test_more_demonstrations_than_the_file_holds_is_refused_not_silently_fewer(tmp_path) -> None:
+    import pytest
+
+    from toolschool.errors import ConfigError
+
+    (tmp_path / "prompts").mkdir()
+    run, loaded = _stage_with_prompts(tmp_path, 3)
+    with pytest.raises(ConfigError, match=r"demonstrations = 3, but .*demonstrations.json holds 2 example\(s\)"):
+        run()
+    assert loaded == []

@@ -94,6 +94,7 @@ def run_explore_stage(
     fmt = get_format(section.format)
     prompts = PromptSet(fmt.name, section.prompts)
     settings = ExploreSettings.from_section(section, seed=config.run.seed)
+    prompts.check_demonstrations(settings.demonstrations)
     registry = (registry_factory or default_registry_factory)(config)
     try:
         targets = resolve_targets(registry.names(), section.tools, where=_describe_tool_sources(config))

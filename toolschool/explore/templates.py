@@ -47,6 +47,15 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "call_limit": ("max_turns", "tool"),
     "reflect": _TOOL_VARIABLES,
 }
+_DEMONSTRATION_FIELDS: dict[str, type] = {
+    "tool": str,
+    "description": str,
+    "parameters": dict,
+    "query": str,
+    "arguments": dict,
+    "result": str,
+    "answer": str,
+}
 _SAMPLE_VALUES: dict[str, Any] = {
     "tool": "example_tool",
     "description": "An example tool.",
@@ -105,20 +114,52 @@ class PromptSet:
                 hint=f"{name}.jinja gets: {', '.join(available) or 'no variables'}",
             ) from None
 
-    def demonstrations(self) -> list[dict[str, Any]]:
-        """Worked examples (`demonstrations.json`, first found on the search path, then the packaged one)."""
-        import json
-
+    def demonstrations_path(self) -> Path | None:
+        """`demonstrations.json`: the first found on the search path, else the packaged one."""
         for folder in [*self.searchpath, str(PROMPTS_DIR)]:
             path = Path(folder) / DEMONSTRATIONS_FILE
             if path.is_file():
-                try:
-                    examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
-                except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                return path
+        return None
+
+    def demonstrations(self) -> list[dict[str, Any]]:
+        """The worked examples, each checked for the fields the episode renders (a ConfigError naming the file)."""
+        import json
+
+        path = self.demonstrations_path()
+        if path is None:
+            return []
+        hint = (
+            'write {"examples": [{"tool", "description", "parameters" (a JSON schema object), "query", '
+            '"arguments" (an object), "result", "answer"}, ...]}'
+        )
+        try:
+            examples = json.loads(path.read_text(encoding="utf-8"))["examples"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}: not a demonstrations file ({exc})", hint=hint) from None
+        if not isinstance(examples, list):
+            raise ConfigError(f'{path}: "examples" must be a list', hint=hint)
+        for number, example in enumerate(examples, start=1):
+            if not isinstance(example, dict):
+                raise ConfigError(f"{path}: example {number} is not an object", hint=hint)
+            for key, kind in _DEMONSTRATION_FIELDS.items():
+                if key not in example:
+                    raise ConfigError(f"{path}: example {number} has no '{key}'", hint=hint)
+                if not isinstance(example[key], kind):
                     raise ConfigError(
-                        f"{path}: not a demonstrations file ({exc})",
-                        hint='write {"examples": [{"tool", "description", "parameters", "query", "arguments", '
-                        '"result", "answer"}, ...]}',
-                    ) from None
-                return list(examples)
-        return []
+                        f"{path}: example {number}: '{key}' must be a {'JSON object' if kind is dict else 'string'}",
+                        hint=hint,
+                    )
+        return list(examples)
+
+    def check_demonstrations(self, count: int) -> None:
+        """Fail before any work when `count` worked examples cannot be shown as asked."""
+        if count <= 0:
+            return
+        examples = self.demonstrations()
+        if len(examples) < count:
+            raise ConfigError(
+                f"[explore] demonstrations = {count}, but {self.demonstrations_path()} holds {len(examples)} "
+                "example(s)",
+                hint=f"set demonstrations = {len(examples)} or fewer, or add examples to that file",
+            )
