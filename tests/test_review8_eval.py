@@ -17,7 +17,7 @@ from toolschool.evaluate.items import EvalItem, item_from_example
 from toolschool.evaluate.metrics import score_item
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
-from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
+from toolschool.evaluate.session import Benchmark, make_options, resolve_benchmarks, run_evaluation
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 
@@ -279,3 +279,11 @@ def test_demonstrations_already_written_in_a_text_format_are_refused() -> None:
     written = example_to_format(_calc_example(2, 3), "json")
     with pytest.raises(DataError, match="demonstration '2x3' is written in the 'json' format.*canonical"):
         DemoPool([_calc_example(1, 1), written])
+
+
+def test_data_given_with_a_bfcl_benchmark_is_evaluated_too(tmp_path: Path) -> None:
+    # `eval -b bfcl --data test.jsonl` silently left the test file out.
+    data = tmp_path / "test.jsonl"
+    data.write_text(_chat_line("Say a.") + "\n")
+    resolved = resolve_benchmarks(["bfcl:simple_python"], str(data), 1)
+    assert [(b.name, len(b.items)) for b in resolved] == [("bfcl", 1), ("data", 1)]

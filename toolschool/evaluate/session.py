@@ -56,9 +56,9 @@ def resolve_benchmarks(benchmarks: list[str], data: str | None, limit: int | Non
                 f"unknown benchmark '{spec}'",
                 hint="choose from: bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance], ste",
             )
-    if not benchmarks:
-        if not data:
-            raise ConfigError("nothing to evaluate", hint="pass --data test.jsonl and/or --benchmark bfcl|ste")
+    if not benchmarks and not data:
+        raise ConfigError("nothing to evaluate", hint="pass --data test.jsonl and/or --benchmark bfcl|ste")
+    if data and not any(b.name == "ste" for b in resolved):  # with ste, --data is the STE test file
         resolved.append(Benchmark("data", items_from_file(data, limit=limit)))
     return resolved
 
