@@ -287,3 +287,21 @@ def test_data_given_with_a_bfcl_benchmark_is_evaluated_too(tmp_path: Path) -> No
     data.write_text(_chat_line("Say a.") + "\n")
     resolved = resolve_benchmarks(["bfcl:simple_python"], str(data), 1)
     assert [(b.name, len(b.items)) for b in resolved] == [("bfcl", 1), ("data", 1)]
+
+
+def test_two_models_never_share_an_items_folder(tmp_path: Path) -> None:
+    # Both wrote <out>/runs_a_merged/data.items.jsonl: the second model's items replaced the first's.
+    items = [_calc_item(0)]
+    with pytest.raises(ConfigError, match="'runs/a/merged' and 'runs_a/merged' would write to the same folder"):
+        run_evaluation(
+            ["runs/a/merged", "runs_a/merged"], [Benchmark("data", items)], EvalOptions(), tmp_path, make_backend=None
+        )
+    with pytest.raises(ConfigError, match="model 'm' is given twice"):
+        run_evaluation(["m", "m"], [Benchmark("data", items)], EvalOptions(), tmp_path, make_backend=None)
+
+
+def test_eval_cli_refuses_a_model_given_twice_before_writing(tmp_path: Path) -> None:
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", "-m", "x/m", "-m", "x/m", "-b", "bfcl:simple_python", "--out", str(out)])
+    assert result.exit_code == 2 and "model 'x/m' is given twice" in result.output
+    assert not out.exists()

@@ -25,7 +25,7 @@ def _run(
 ) -> None:
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
-    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.session import check_models_distinct, make_options, resolve_benchmarks, run_evaluation
     from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens, toolken_items
     from toolschool.models.backends import make_backend
 
@@ -41,6 +41,7 @@ def _run(
         tools = config.tools
         registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
     options = make_options(settings, registry)
+    check_models_distinct(chosen)
     _check_models(chosen)
     out_dir = stage_dir(config, "eval", out or config.eval.out)
     total = sum(len(b.items) for b in benchmarks)

@@ -131,6 +131,7 @@ def run_evaluation(
     """
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
+    check_models_distinct(models)
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     for model in models:
         summary["models"][model] = asyncio.run(
@@ -142,6 +143,21 @@ def run_evaluation(
 
     (out_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
     return summary
+
+
+def check_models_distinct(models: list[str]) -> None:
+    """Each model writes its items under its own folder: a second model there would replace the first's items."""
+    seen: dict[str, str] = {}
+    for model in models:
+        slug = model_slug(model)
+        if model in seen.values():
+            raise ConfigError(f"model '{model}' is given twice", hint="pass each --model once")
+        if slug in seen:
+            raise ConfigError(
+                f"models '{seen[slug]}' and '{model}' would write to the same folder '{slug}'",
+                hint="evaluate them with separate --out folders",
+            )
+        seen[slug] = model
 
 
 # What decides an item's verdicts besides the model and the item: a resumed evaluation must keep them all.
