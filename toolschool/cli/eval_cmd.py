@@ -177,7 +177,7 @@ def _trained_format(checkpoint: Path) -> str | None:
 
 def evaluate_command(
     checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
-    num_samples: int = typer.Option(50, "--num-samples", "-n", help="Evaluate the first N items."),
+    num_samples: int = typer.Option(50, "--num-samples", "-n", min=1, help="Evaluate the first N items."),
     data: str = typer.Option(None, help="Test JSONL (default: the run's distill/test.jsonl or validation.jsonl)."),
     format: str = typer.Option(
         None, "--format", help="hermes | json | react (default: the format the checkpoint's run trained with)"
