@@ -227,12 +227,15 @@ def test_rl_use_vllm_on_cpu() -> None:
         check_settings(RLSection(use_vllm=True), device="mps")
 
 
-def test_rl_multi_turn_without_expected_answers_names_the_lines(tmp_path: Path) -> None:
-    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example(), _call_example(answer=None)])
-    args = ["rl", "--model", str(tmp_path / "none"), "--train", str(train), "--out", str(tmp_path / "out")]
-    line = cli_error([*args, "--mode", "multi_turn"])
-    assert f"1 example(s) have no meta.expected_answer: {train}:2" in line
-    assert "use --mode single_turn" in line
+def test_rl_multi_turn_without_expected_answers_names_the_lines() -> None:
+    from toolschool.train.rl import check_expected_answers
+
+    with pytest.raises(DataError) as info:
+        check_expected_answers([_call_example(), _call_example(answer=None)], "train.jsonl")
+    assert "multi-turn RL rewards the final answer, but 1 example(s) have no meta.expected_answer: train.jsonl:2" in (
+        str(info.value)
+    )
+    assert "use --mode single_turn" in str(info.value)
 
 
 def test_rl_multi_turn_with_a_tool_the_run_lacks(tmp_path: Path) -> None:
@@ -303,3 +306,237 @@ def test_continual_with_an_empty_dataset(tmp_path: Path) -> None:
     data.write_text("", encoding="utf-8")
     line = cli_error(["continual", "--batches", str(batches), "--data", str(data), "--out", str(tmp_path / "out")])
     assert f"dataset '{data}' holds no examples — pass a JSONL of conversations with --data" in line
+
+
+# ------------------------------------------------------------------------------------------------ dataset records
+
+
+def _record(**changes: Any) -> Any:
+    from toolschool.data.records import Record
+
+    fields = {
+        "id": "calc-1",
+        "source": "test",
+        "category": "calculator",
+        "tool_needed": True,
+        "tool": "calculator",
+        "tool_args": {"expression": "48+(48/2)"},
+        "prompt": "What is 48 plus half of it?",
+        "expected_answer": "72",
+    }
+    return Record(**{**fields, **changes})
+
+
+def test_record_conversions_name_the_record_and_what_it_lacks() -> None:
+    from toolschool.data.records import example_to_record, record_from_replies, record_to_example
+
+    with pytest.raises(DataError, match="record 'calc-1' has no observation; run its call first"):
+        record_to_example(_record(), [CALC_TOOL])
+    example = _call_example()
+    example["meta"] = {"id": "x1"}
+    two_prompts = {**example, "messages": [*example["messages"], {"role": "user", "content": "and 3+3?"}]}
+    with pytest.raises(DataError, match="example 'x1': a record holds one user prompt, found 2"):
+        example_to_record(two_prompts)
+    call = example["messages"][1]
+    two_calls = {**example, "messages": [example["messages"][0], {**call, "tool_calls": call["tool_calls"] * 2}]}
+    with pytest.raises(DataError, match="example 'x1': a record holds at most one call, found 2"):
+        example_to_record(two_calls)
+    other = {**example, "messages": [example["messages"][0], {**call, "tool_calls": [_renamed(call, "shout")]}]}
+    with pytest.raises(DataError, match="example 'x1': tool 'shout' has no record category"):
+        example_to_record(other)
+    with pytest.raises(DataError, match="reply '<tool_call>oops' does not parse as hermes: "):
+        record_from_replies(["<tool_call>oops"], "hermes", prompt="p", observation="o", id="i", source="s")
+
+
+def _renamed(assistant: dict[str, Any], name: str) -> dict[str, Any]:
+    call = assistant["tool_calls"][0]
+    return {**call, "function": {**call["function"], "name": name}}
+
+
+def test_builder_names_the_record_whose_checked_call_fails() -> None:
+    from toolschool.data.build_calc_python import attach_observations, calc_python_tools
+
+    record = _record(tool_args={"expression": "1/0"})
+    with pytest.raises(DataError) as info:
+        attach_observations([record], calc_python_tools())
+    assert "record 'calc-1': the calculator tool failed on a checked call: " in str(info.value)
+    assert "division by zero" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'[{"a": "\xe9"}]', "is not UTF-8 text"),
+        (b'"just a string"', "expected a JSON list of records, got str"),
+    ],
+)
+def test_raw_json_records_that_cannot_be_read(tmp_path: Path, content: bytes, message: str) -> None:
+    from toolschool.data.dataset import read_raw_records
+
+    path = tmp_path / "raw.json"
+    path.write_bytes(content)
+    with pytest.raises(DataError) as info:
+        read_raw_records(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_raw_jsonl_records_that_are_not_utf8(tmp_path: Path) -> None:
+    from toolschool.data.dataset import read_raw_records
+
+    path = tmp_path / "raw.jsonl"
+    path.write_bytes(b'{"question": "caf\xe9"}\n')
+    with pytest.raises(DataError, match=f"data file '{path}' is not UTF-8 text"):
+        read_raw_records(path)
+
+
+# ------------------------------------------------------------------------------------------------ chat formats
+
+
+def test_malformed_messages_and_calls_name_what_is_wrong() -> None:
+    from toolschool.chat.formats.base import as_dict, call_parts, reply_parts
+
+    with pytest.raises(DataError, match="expected a message/tool dict, got int: 3"):
+        as_dict(3)
+    with pytest.raises(DataError, match=r"tool call without a function name: \{'function': \{'arguments'"):
+        call_parts({"function": {"arguments": {}}})
+    with pytest.raises(DataError, match="assistant content must be a string, got list"):
+        reply_parts({"role": "assistant", "content": [{"type": "text", "text": "hi"}]})
+
+
+def test_model_reply_with_a_non_json_number_says_how_to_write_it() -> None:
+    from toolschool.chat.formats import get_format
+
+    reply = '<tool_call>\n{"name": "calculator", "arguments": {"x": Infinity}}\n</tool_call>'
+    error = get_format("hermes").parse(reply).error
+    assert error is not None and "Infinity is not a JSON value; write a number or a string" in error
+
+
+def test_tokenizer_without_a_chat_template(tokenizer: Any) -> None:
+    import copy
+
+    from toolschool.chat.formats.rendering import render_conversation
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = None
+    with pytest.raises(ToolschoolError) as info:
+        render_conversation([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], None, tok)
+    assert "the tokenizer has no usable chat template" in str(info.value)
+    assert "use a chat (instruct) model" in str(info.value)
+
+
+def test_chat_template_that_renders_a_prefix_differently(tokenizer: Any) -> None:
+    import copy
+
+    from toolschool.chat.formats.rendering import render_conversation
+
+    tok = copy.deepcopy(tokenizer)
+    # The turn count up front: a conversation prefix starts with another number than the whole conversation.
+    tok.chat_template = "{{ messages | length }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    with pytest.raises(ToolschoolError) as info:
+        render_conversation(messages, None, tok, method="prefix")
+    assert "cannot find assistant message 1 in the rendered conversation" in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------------ models
+
+
+def test_model_settings_that_do_not_exist() -> None:
+    from toolschool.errors import ModelLoadError
+    from toolschool.models.device import parse_dtype
+    from toolschool.models.embedded import ensure_embedded
+    from toolschool.models.loading import resolve_chain
+    from toolschool.models.spec import parse_model_spec
+
+    with pytest.raises(ConfigError, match="unknown dtype 'int3' — use auto, bf16, fp16 or fp32"):
+        parse_dtype("int3", "cpu")
+    with pytest.raises(ModelLoadError, match="unknown embedded model 'nano' — choose one of: smollm2-135m"):
+        ensure_embedded("nano")
+    with pytest.raises(ModelLoadError, match="model 'openai:http://h:1/v1#m' is an OpenAI-compatible endpoint"):
+        resolve_chain(parse_model_spec("openai:http://h:1/v1#m"))
+
+
+def test_local_folder_whose_weights_do_not_load(tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}), encoding="utf-8")
+    line = cli_error(["models", "info", "--model", str(folder)])
+    assert f"could not load model '{folder}'" in line
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def test_eval_settings_and_inputs_that_are_refused(tmp_path: Path) -> None:
+    from toolschool.evaluate.retrieval import DemoPool
+
+    test = _write_jsonl(tmp_path / "test.jsonl", [_call_example()])
+    line = cli_error(["eval", "--model", "none", "--data", str(test), "--arguments", "fuzzy"])
+    assert "eval.arguments = 'fuzzy' is not a matching mode — use exact or semantic" in line
+    with pytest.raises(ToolschoolError, match="the demonstrations file has no conversation with a user message"):
+        DemoPool([{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}])
+
+
+def test_evaluate_checkpoint_without_test_data(tiny_model_dir: Path) -> None:
+    line = cli_error(["evaluate", str(tiny_model_dir)])
+    assert f"no test data found for checkpoint '{tiny_model_dir}'" in line
+    assert "pass --data test.jsonl" in line
+
+
+def test_eval_summary_that_cannot_be_read(tmp_path: Path) -> None:
+    from toolschool.evaluate.session import load_summary
+
+    with pytest.raises(ToolschoolError, match="cannot read eval summary"):
+        load_summary(tmp_path / "missing.json")
+    (tmp_path / "summary.json").write_text('{"items": []}', encoding="utf-8")
+    with pytest.raises(ToolschoolError, match="is not an eval summary \\(no 'models' key\\)"):
+        load_summary(tmp_path / "summary.json")
+
+
+def test_eval_resume_with_a_damaged_items_file(tmp_path: Path) -> None:
+    from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.session import _finished_items
+
+    item = item_from_example(_call_example(), 0)
+    path = tmp_path / "m.data.items.jsonl"
+    (tmp_path / "m.data.state.json").write_text('{"k": 1}', encoding="utf-8")
+    path.write_text("{oops\n{}\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"{path}:1: not a JSON line — rerun without --resume"):
+        _finished_items(path, [item], {"k": 1})
+    path.write_text(json.dumps({"index": 0, "id": item.id}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError, match=f"{path}:1: not an item record \\("):
+        _finished_items(path, [item], {"k": 1})
+
+
+def test_bfcl_category_without_its_data_file(tmp_path: Path) -> None:
+    from toolschool.evaluate.benchmarks.bfcl import _data_file
+
+    (tmp_path / "BFCL_v4_parallel_multiple.json").write_text("[]", encoding="utf-8")
+    with pytest.raises(ToolschoolError, match=f"BFCL data for category 'multiple' not found in {tmp_path}"):
+        _data_file(tmp_path, "multiple")
+
+
+# ------------------------------------------------------------------------------------------------ exploration
+
+
+def test_explore_trial_log_line_that_is_not_a_trial(tmp_path: Path) -> None:
+    from toolschool.explore.log import read_trials
+
+    log = _write_jsonl(tmp_path / "trials.jsonl", [{"tool": "calculator", "slot": 0}, {"tool": "x"}])
+    with pytest.raises(DataError, match=f"{log}:1: not a trial record \\(needs tool, episode and slot\\)"):
+        read_trials(log)
+
+
+def test_explore_prompt_overrides_that_are_broken(tmp_path: Path) -> None:
+    from toolschool.explore.templates import PromptSet
+
+    syntax = tmp_path / "syntax"
+    syntax.mkdir()
+    (syntax / "system.jinja").write_text("Hello {{ tools ", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"prompt template .*system.jinja:1: "):
+        PromptSet("hermes", syntax)
+    demos = tmp_path / "demos"
+    demos.mkdir()
+    (demos / "demonstrations.json").write_text('{"examples": [', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"demonstrations.json: not a demonstrations file \(.*— write \{\"examples\""):
+        PromptSet("hermes", demos).demonstrations()
