@@ -14,6 +14,7 @@ import torch
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends import local as local_module
+from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.loading import load_model
 
@@ -148,3 +149,27 @@ def test_a_seed_torch_cannot_take_is_refused_without_failing_its_neighbours(back
     assert not isinstance(good, BaseException) and good[0].token_ids
     with pytest.raises(ToolschoolError, match="seed must be an integer"):
         asyncio.run(backend.generate(request(1.5)))
+
+
+def test_a_model_without_a_chat_template_is_refused_when_the_backend_is_made(tmp_path: Path) -> None:
+    """A base model's tokenizer (no chat_template, no ChatML tokens to install one for) used to fail each request
+    with 'check the messages: roles system/user/assistant/tool...', which blames the conversation."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", "hello", "world"])}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>", unk_token="[UNK]").save_pretrained(tmp_path)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=f"model '{tmp_path}' has no chat template") as info:
+        make_backend(str(tmp_path), dtype="fp32")
+    assert "chat_template" in str(info.value)

@@ -181,6 +181,13 @@ class LocalBackend(Backend):
         self.tokenizer = loaded.tokenizer
         self.device = torch.device(loaded.device)
         self.name = loaded.spec.name
+        if not getattr(self.tokenizer, "chat_template", None):  # every request is rendered with it
+            raise ModelLoadError(
+                f"model '{self.name}' has no chat template (its tokenizer_config.json sets no chat_template), so "
+                "the local backend cannot turn conversations into prompts for it",
+                hint="use an instruct/chat model (e.g. smollm2-135m), or save a tokenizer with a chat_template "
+                "into the model folder",
+            )
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_token_ids = _end_of_turn_ids(self.tokenizer, self.model)
