@@ -160,3 +160,33 @@ def test_a_tokenizer_with_its_own_tool_call_tags_is_not_a_toolken_model(tokenize
     reply = '<tool_call>\n{"name": "<tool_weekday>", "arguments": {}}\n</tool_call>'
     names = {"call", "response", "weekday"}  # even if a caller passes the tag names, the tags stay tags
     assert get_format("hermes").parse(plain_names_in_text(reply, names)).calls == [tool_call("weekday", {})]
+
+
+@pytest.mark.parametrize("name", FORMAT_NAMES)
+def test_generation_markers_that_leave_the_end_token_outside_still_weight_it(tokenizer: Any, name: str) -> None:
+    """Many TRL-patched templates close `{% endgeneration %}` before `<|im_end|>`. The end-of-turn token is what
+    teaches the model to stop; with such a template the markers method gave it weight 0 (the prefix method and our
+    own template give it 1.0), so a model trained on it ran on to its token budget."""
+    import copy
+
+    conv = [
+        {"role": "user", "content": "What is 6*7?"},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call("calculator", {"expression": "6*7"}, "c0")]},
+        {"role": "tool", "tool_call_id": "c0", "content": "42"},
+        {"role": "assistant", "content": "42"},
+    ]
+    outside = copy.deepcopy(tokenizer)
+    template = tokenizer.chat_template.replace(
+        "(message.content or '') + '<|im_end|>\\n' }}", "(message.content or '') }}"
+    )
+    template = template.replace(
+        "{{- '<|im_end|>\\n' }}\n        {%- endif %}\n        {%- endgeneration %}",
+        "{%- endif %}\n        {%- endgeneration %}\n        {{- '<|im_end|>\\n' }}",
+    )
+    assert template.count("{%- endgeneration %}\n        {{- '<|im_end|>") == 1
+    outside.chat_template = template
+    marked = get_format(name).render(conv, [CALC], outside, method="markers")
+    assert marked.text == get_format(name).render(conv, [CALC], tokenizer).text  # same text, only the markers moved
+    expected = get_format(name).render(conv, [CALC], outside, method="prefix")
+    assert _weighted_text(tokenizer, marked).count("<|im_end|>") == 2
+    assert (marked.input_ids, marked.loss_weights) == (expected.input_ids, expected.loss_weights)

@@ -8,7 +8,8 @@ is part of the reply (the model must learn to stop); whatever the template puts 
 and neither is the role header.
 
 Finding the replies: with `{% generation %}` markers in the template (ours has them, for TRL) the marked
-spans are used, trimmed to exclude the assistant header and anything after the end-of-turn token. Without
+spans are used, trimmed to exclude the assistant header and anything after the end-of-turn token, and
+extended over that token when the template writes it just after `{% endgeneration %}`. Without
 markers, each reply is the difference between the conversation rendered up to the reply with a generation
 prompt and rendered including the reply ("incremental prefix"), which works for any ChatML-like template
 whose rendering of a conversation prefix is a prefix of the whole.
@@ -146,8 +147,18 @@ def _marker_spans(
             pos = text.find(header, lo, min(len(text), start + len(header)))
             if pos != -1 and pos <= start <= pos + len(header) <= end:
                 start = pos + len(header)
-        spans.append((start, _trim_end(text, start, end, end_tokens)))
+        spans.append((start, _through_end_token(text, _trim_end(text, start, end, end_tokens), end_tokens)))
     return text, spans
+
+
+def _through_end_token(text: str, end: int, end_tokens: list[str]) -> int:
+    """Extend a marked span over the end-of-turn token right after it (`{% endgeneration %}<|im_end|>`, a common
+    way to mark templates): that token is what teaches the model to stop, so it is part of the reply."""
+    pos = end
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    token = next((tok for tok in end_tokens if text.startswith(tok, pos)), None)
+    return pos + len(token) if token is not None else end
 
 
 def _prefix_spans(
