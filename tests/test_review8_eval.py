@@ -311,3 +311,17 @@ def test_evaluate_num_samples_below_one_names_the_flag(tmp_path: Path) -> None:
     # It was reported as "command-line flag: 'eval.limit' = 0", a name the user never typed.
     result = CliRunner().invoke(app, ["evaluate", "some-model", "-n", "0", "--data", str(tmp_path / "t.jsonl")])
     assert result.exit_code == 2 and "--num-samples" in result.output and "eval.limit" not in result.output
+
+
+def test_eval_prints_the_same_table_it_saves(tiny_model_dir: Path, tmp_path: Path) -> None:
+    # rich wrapped the printed markdown at the console width (80 columns when piped): `eval ... > table.md` gave
+    # rows broken over several lines, unlike summary.md.
+    data = tmp_path / "test.jsonl"
+    data.write_text(_chat_line("Say a.") + "\n")
+    out = tmp_path / "eval"
+    args = ["eval", "-m", str(tiny_model_dir), "--data", str(data), "--max-tokens", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    saved = (out / "summary.md").read_text()
+    assert max(len(line) for line in saved.splitlines()) > 80
+    assert saved.strip() in result.stdout

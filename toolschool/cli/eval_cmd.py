@@ -94,7 +94,7 @@ def _run(
         finally:
             if registry is not None:
                 registry.close()
-    console.print(summary_markdown(summary), markup=False, highlight=False)
+    console.print(summary_markdown(summary), markup=False, highlight=False, soft_wrap=True)  # no wrapping: markdown
     err_console.print(f"[dim]wrote {out_dir / 'summary.json'}, summary.md and per-item JSONL[/dim]")
 
 
