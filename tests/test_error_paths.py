@@ -540,3 +540,27 @@ def test_explore_prompt_overrides_that_are_broken(tmp_path: Path) -> None:
     (demos / "demonstrations.json").write_text('{"examples": [', encoding="utf-8")
     with pytest.raises(ConfigError, match=r"demonstrations.json: not a demonstrations file \(.*— write \{\"examples\""):
         PromptSet("hermes", demos).demonstrations()
+
+
+def test_sft_template_without_role_headers_trains_padding_free_and_refuses_only_shared_prefix(
+    tokenizer: Any,
+) -> None:
+    """A template whose reply starts at token 1 leaves no prompt token to share: shared-prefix batching must refuse
+    it, naming the batching that works, and the other batchings must still get the rows (the hint said to use
+    padding_free while preparing the rows refused the data for every batching)."""
+    import copy
+
+    from toolschool.chat.formats import get_format
+    from toolschool.train.sft import prepare_examples
+    from toolschool.train.sft_batching import check_prefixes_shareable
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    example = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo there"}]}
+    prepared = prepare_examples([example], get_format("hermes"), tok, 512)
+    assert len(prepared.rows) == 1 and prepared.rows[0]["prefix_length"] == 0
+    with pytest.raises(DataError) as info:
+        check_prefixes_shareable(prepared.rows)
+    message = str(info.value)
+    assert "1 training example(s) have a learned token at position 1" in message
+    assert "sft.batching = 'shared_prefix'" in message and "--batching padding_free" in message

@@ -383,6 +383,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     from toolschool.models.loading import load_model
     from toolschool.train.sft_batching import (
         SharedPrefixCollator,
+        check_prefixes_shareable,
         shared_prefix_trainer,
         with_resumable_token_counts,
     )
@@ -499,6 +500,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     trainer_class: type = SFTTrainer
     extra: dict[str, Any] = {}
     if batching == "shared_prefix":
+        check_prefixes_shareable(prepared.rows)
         keys = [tuple(row["input_ids"][: row["prefix_length"]]) for row in prepared.rows]
         lengths = [len(row["input_ids"]) - row["prefix_length"] for row in prepared.rows]
         trainer_class = shared_prefix_trainer(keys, lengths if settings.group_by_length else None)

@@ -77,14 +77,24 @@ def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
 def prefix_length(ids: Sequence[int], labels: Sequence[int], block: Sequence[int]) -> int:
     """How many leading tokens of `ids` may be shared: the part of `block` that `ids` really starts with, ending
     before the position that predicts the first label (that position's hidden state must come from the suffix).
+    0 when the first learned token is at position 0 or 1: nothing can be shared (only shared-prefix batching
+    needs a prefix, and `check_prefixes_shareable` refuses such rows for it).
     """
     first_label = next(i for i, lab in enumerate(labels) if lab != -100)
     if first_label < 2:
-        raise DataError(
-            "an example has a learned token at position 1, so no prompt token can be shared",
-            hint="chat templates start with a role header; for such data use sft.batching = 'padding_free'",
-        )
+        return 0
     return max(1, min(common_prefix_length(ids, block), first_label - 1))
+
+
+def check_prefixes_shareable(rows: Sequence[dict[str, Any]]) -> None:
+    """Shared-prefix batching runs every row's prefix once per batch: a row without one cannot be batched so."""
+    unshareable = sum(1 for row in rows if row["prefix_length"] == 0)
+    if unshareable:
+        raise DataError(
+            f"{unshareable} training example(s) have a learned token at position 1 (the chat template writes no "
+            "role header before the reply), so sft.batching = 'shared_prefix' has no prompt token to share",
+            hint="train them with --batching padding_free (sft.batching = 'padding_free')",
+        )
 
 
 class PrefixGroupedSampler(torch.utils.data.Sampler[int]):
