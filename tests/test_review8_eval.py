@@ -325,3 +325,9 @@ def test_eval_prints_the_same_table_it_saves(tiny_model_dir: Path, tmp_path: Pat
     saved = (out / "summary.md").read_text()
     assert max(len(line) for line in saved.splitlines()) > 80
     assert saved.strip() in result.stdout
+
+
+def test_a_missing_demonstrations_file_names_demos(tmp_path: Path) -> None:
+    # The message said "data file ... pass a JSONL file of conversations with --data" for a missing --demos file.
+    with pytest.raises(DataError, match=r"demonstrations file '.*nope.jsonl' does not exist.*--demos"):
+        make_options(_settings(icl=1, demos=str(tmp_path / "nope.jsonl")))

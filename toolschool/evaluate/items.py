@@ -42,14 +42,15 @@ class EvalItem:
         return ""
 
 
-def read_examples(path: str | Path) -> list[dict[str, Any]]:
+def read_examples(path: str | Path, *, role: str = "data", flag: str = "--data") -> list[dict[str, Any]]:
     """Dataset lines, validated by the data loader; the first bad line stops with its `file:line: reason`.
 
-    As in SFT and RL: skipping a bad line here would silently change what a score is measured over.
+    As in SFT and RL: skipping a bad line here would silently change what a score is measured over. `role` and
+    `flag` name the file in the message (the test data, or the demonstrations of --demos).
     """
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"data file '{path}' does not exist", hint="pass a JSONL file of conversations with --data")
+        raise DataError(f"{role} file '{path}' does not exist", hint=f"pass a JSONL file of conversations with {flag}")
     examples, _report = load_dataset_jsonl(path, on_error="stop")
     return examples
 

@@ -89,7 +89,8 @@ def make_options(settings: dict[str, Any], registry: Any = None) -> EvalOptions:
                 f"--demos {settings['demos']} is the evaluated file (--data)",
                 hint="retrieve demonstrations from the training split, e.g. --demos train.jsonl",
             )
-        demos = DemoPool(read_examples(settings["demos"]), retriever=settings["retriever"])
+        examples = read_examples(settings["demos"], role="demonstrations", flag="--demos")
+        demos = DemoPool(examples, retriever=settings["retriever"])
     return EvalOptions(
         format=settings["format"],
         max_tokens=settings["max_tokens"],
