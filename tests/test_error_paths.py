@@ -564,3 +564,35 @@ def test_sft_template_without_role_headers_trains_padding_free_and_refuses_only_
     message = str(info.value)
     assert "1 training example(s) have a learned token at position 1" in message
     assert "sft.batching = 'shared_prefix'" in message and "--batching padding_free" in message
+
+
+def test_calculator_expression_with_a_null_byte_has_no_bogus_column() -> None:
+    from toolschool.tools.calculator import CalculatorError, evaluate_expression
+
+    with pytest.raises(CalculatorError) as info:
+        evaluate_expression("1\x00+2")
+    assert "cannot parse the expression: source code string cannot contain null bytes" in str(info.value)
+    assert "column None" not in str(info.value)
+
+
+def test_rl_use_vllm_without_vllm_installed() -> None:
+    import importlib.util
+
+    from toolschool.config import RLSection
+    from toolschool.train.rl import check_settings
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(ConfigError, match="rl.use_vllm is set but vllm is not installed — pip install vllm, or drop"):
+        check_settings(RLSection(use_vllm=True), device="cuda")
+
+
+def test_device_that_this_machine_lacks() -> None:
+    import torch
+
+    from toolschool.models.device import resolve_device
+
+    if torch.backends.mps.is_available():
+        pytest.skip("this machine has an mps device")
+    with pytest.raises(ConfigError, match="device 'mps' is not available here — use --device cpu or leave it out"):
+        resolve_device("mps")

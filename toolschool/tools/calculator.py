@@ -139,7 +139,8 @@ def _parse(text: str) -> ast.Expression:
     try:
         tree = ast.parse(text, mode="eval")
     except SyntaxError as exc:
-        raise CalculatorError(hint or f"cannot parse the expression: {exc.msg} (at column {exc.offset})") from None
+        where = f" (at column {exc.offset})" if exc.offset is not None else ""  # None: not at one place (a NUL byte)
+        raise CalculatorError(hint or f"cannot parse the expression: {exc.msg}{where}") from None
     except (ValueError, MemoryError, RecursionError) as exc:  # e.g. an integer literal beyond the digit limit
         raise CalculatorError(f"cannot parse the expression: {exc}") from None
     if hint and isinstance(tree.body, ast.Tuple):
