@@ -596,3 +596,18 @@ def test_device_that_this_machine_lacks() -> None:
         pytest.skip("this machine has an mps device")
     with pytest.raises(ConfigError, match="device 'mps' is not available here — use --device cpu or leave it out"):
         resolve_device("mps")
+
+
+def test_local_backend_names_the_cache_it_cannot_batch() -> None:
+    from transformers import DynamicCache, MistralConfig
+
+    from toolschool.errors import ModelLoadError
+    from toolschool.models.backends.local import _check_plain_layers
+
+    config = MistralConfig(
+        num_hidden_layers=1, sliding_window=8, hidden_size=16, num_attention_heads=2, num_key_value_heads=1
+    )
+    with pytest.raises(ModelLoadError) as info:
+        _check_plain_layers(DynamicCache(config=config))
+    assert "batches full-attention KV caches only; this model uses DynamicSlidingWindowLayer" in str(info.value)
+    assert "openai:http://HOST:PORT/v1#NAME" in str(info.value)
