@@ -352,3 +352,44 @@ def test_more_demonstrations_than_the_file_holds_is_refused_not_silently_fewer(t
     with pytest.raises(ConfigError, match=r"demonstrations = 3, but .*demonstrations.json holds 2 example\(s\)"):
         run()
     assert loaded == []
+
+
+class Utf8OnlyBackend(ScriptedBackend):
+    """Refuses text that is not valid Unicode, as a Hugging Face tokenizer does (a lone surrogate: TypeError)."""
+
+    async def generate(self, request: GenerationRequest):
+        json.dumps(request.messages, ensure_ascii=False).encode("utf-8")
+        return await super().generate(request)
+
+
+async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the_episode_nor_the_log(tmp_path) -> None:
+    """A Node MCP server that cuts its output inside an emoji (UTF-16) sends a lone surrogate; a model can write
+    one as a JSON escape in its arguments. Before: the log line could not be encoded (UnicodeEncodeError) and the
+    tokenizer refused the next prompt, so the episode stopped, at every resume."""
+
+    class Registry(FakeRegistry):
+        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+            self.calls.append((name, args))
+            return Observation("smile \ud83d", None)
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        last = request.messages[-1]
+        content = last.get("content") or ""
+        if _is_imagination(content):
+            return "Show a smiley."
+        if _is_reflection(content):
+            return "Yes"
+        if last["role"] == "tool":
+            return "Here it is."
+        return 'CALL calculator {"expression": "\\ud83d"}'
+
+    registry = Registry()
+    ctx = make_ctx(tmp_path, Utf8OnlyBackend(policy), registry=registry, episodes=1, stm_slots=2)
+    result = await run_exploration(ctx, ["calculator"], concurrency=1)
+    ctx.log.close()
+    assert result.failures == []
+    records = read_trials(tmp_path / TRIALS_FILE)
+    assert len(records) == 2
+    call = records[0]["steps"][0]["calls"][0]
+    assert call["observation"]["text"] == call["shown"] == "smile \ufffd"
+    assert call["arguments"] == {"expression": "\ufffd"} and registry.calls[0][1] == {"expression": "\ufffd"}

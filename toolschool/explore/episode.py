@@ -22,13 +22,13 @@ import re
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
-from toolschool.explore.log import TrialLog
+from toolschool.explore.log import TrialLog, valid_unicode
 from toolschool.explore.memory import LongTermMemory, MemoryEntry
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
@@ -271,6 +271,9 @@ async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Obse
         kind = type(observation).__name__
         message = f"Error: the tool '{name}' returned {kind}, not an Observation (a bug in the tool)"
         return Observation(message, None, is_error=True, error_kind="execution")
+    if isinstance(observation.text, str) and valid_unicode(observation.text) != observation.text:
+        # a lone surrogate would stop the episode: the tokenizer refuses it in the next prompt
+        observation = replace(observation, text=valid_unicode(observation.text))
     return observation
 
 
@@ -288,7 +291,7 @@ async def _run_calls(
     tool_messages: list[dict[str, Any]] = []
     calls = []
     for index, call in enumerate(parsed.calls):
-        call = json.loads(json.dumps(call, default=str))  # own copy; the conversation keeps it
+        call = valid_unicode(json.loads(json.dumps(call, default=str)))  # own copy; the conversation keeps it
         call.setdefault("type", "function")
         if not call.get("id"):
             call["id"] = f"call_{trial.slot}_{turn}_{index}"
