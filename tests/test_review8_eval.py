@@ -331,3 +331,17 @@ def test_a_missing_demonstrations_file_names_demos(tmp_path: Path) -> None:
     # The message said "data file ... pass a JSONL file of conversations with --data" for a missing --demos file.
     with pytest.raises(DataError, match=r"demonstrations file '.*nope.jsonl' does not exist.*--demos"):
         make_options(_settings(icl=1, demos=str(tmp_path / "nope.jsonl")))
+
+
+def test_resume_checks_every_model_before_running_any(tmp_path: Path) -> None:
+    items = [_calc_item(i) for i in range(2)]
+    bench, out = [Benchmark("data", items)], tmp_path / "eval"
+    run_evaluation(["a", "b"], bench, EvalOptions(), out, make_backend=lambda _m: _FlakyBackend({}))
+    first = (out / "a" / "data.items.jsonl").read_text().splitlines()[0]
+    (out / "a" / "data.items.jsonl").write_text(first + "\n")  # model a was interrupted
+    state = out / "b" / "data.state.json"
+    state.write_text(state.read_text().replace('"max_tokens": 256', '"max_tokens": 64'))
+    created = []
+    with pytest.raises(ConfigError, match=r"b/data.items.jsonl.*max_tokens: 64 -> 256"):
+        run_evaluation(["a", "b"], bench, EvalOptions(), out, make_backend=created.append, resume=True)
+    assert created == [], "model a did not run before model b's folder was refused"

@@ -133,10 +133,12 @@ def run_evaluation(
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
     check_models_distinct(models)
+    # every model's finished items are read (and their settings checked) before any model runs
+    finished = {model: _finished(model, benchmarks, options, out_dir, settings) if resume else None for model in models}
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     for model in models:
         summary["models"][model] = asyncio.run(
-            _run_model(make_backend, model, benchmarks, options, out_dir, progress, settings, resume)
+            _run_model(make_backend, model, benchmarks, options, out_dir, progress, settings, finished[model])
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -197,6 +199,18 @@ def _restore(item: EvalItem, record: dict[str, Any]) -> ItemResult:
     )
 
 
+def _items_paths(model: str, benchmarks: list[Benchmark], out_dir: Path) -> list[Path]:
+    return [out_dir / model_slug(model) / f"{bench.name}.items.jsonl" for bench in benchmarks]
+
+
+def _finished(
+    model: str, benchmarks: list[Benchmark], options: EvalOptions, out_dir: Path, settings: dict[str, Any] | None
+) -> list[dict[int, ItemResult]]:
+    state = _fingerprint(model, options, settings)
+    paths = _items_paths(model, benchmarks, out_dir)
+    return [_finished_items(path, bench.items, state) for path, bench in zip(paths, benchmarks, strict=True)]
+
+
 def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
     """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped."""
     state_path = path.with_name(path.name.removesuffix(".items.jsonl") + ".state.json")
@@ -245,12 +259,13 @@ async def _run_model(
     out_dir: Path,
     progress: Callable[[str, int], Callable[[ItemResult], None]] | None,
     settings: dict[str, Any] | None,
-    resume: bool,
+    finished: list[dict[int, ItemResult]] | None,
 ) -> dict[str, Any]:
-    """All benchmarks for one model in one event loop (the backend's worker answers on that loop)."""
+    """All benchmarks for one model in one event loop (the backend's worker answers on that loop); `finished`:
+    per benchmark, the items a resumed evaluation keeps."""
     state = _fingerprint(model, options, settings)
-    paths = [out_dir / model_slug(model) / f"{bench.name}.items.jsonl" for bench in benchmarks]
-    finished = [_finished_items(p, b.items, state) if resume else {} for p, b in zip(paths, benchmarks, strict=True)]
+    paths = _items_paths(model, benchmarks, out_dir)
+    finished = finished or [{} for _ in benchmarks]
     backend = None
     per_benchmark: dict[str, Any] = {}
     try:
