@@ -611,3 +611,9 @@ def test_local_backend_names_the_cache_it_cannot_batch() -> None:
         _check_plain_layers(DynamicCache(config=config))
     assert "batches full-attention KV caches only; this model uses DynamicSlidingWindowLayer" in str(info.value)
     assert "openai:http://HOST:PORT/v1#NAME" in str(info.value)
+
+
+def test_dataset_build_negative_ratio_names_the_flag_and_an_example(tmp_path: Path) -> None:
+    line = cli_error(["dataset", "build-calc-python", "--ratio", "calculator=-1", "--out", str(tmp_path / "d")])
+    assert "--ratio / [dataset] ratios {'calculator': -1.0}: each share must be >= 0 with a positive sum" in line
+    assert "e.g. --ratio calculator=0.5 --ratio python_exec=0.3 --ratio no_tool=0.2" in line

@@ -233,7 +233,10 @@ def category_targets(size: int, ratios: dict[str, float]) -> dict[str, int]:
     if unknown:
         raise DataError(f"unknown category ratio(s) {', '.join(unknown)}", hint=f"use {', '.join(CATEGORIES)}")
     if any(r < 0 for r in ratios.values()) or sum(ratios.values()) <= 0:
-        raise DataError(f"ratios {ratios} must be >= 0 with a positive sum")
+        raise DataError(
+            f"--ratio / [dataset] ratios {ratios}: each share must be >= 0 with a positive sum",
+            hint="e.g. --ratio calculator=0.5 --ratio python_exec=0.3 --ratio no_tool=0.2",
+        )
     if size < 0:
         raise DataError(f"size {size} must be >= 0")
     total = sum(ratios.values())
