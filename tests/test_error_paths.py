@@ -617,3 +617,24 @@ def test_dataset_build_negative_ratio_names_the_flag_and_an_example(tmp_path: Pa
     line = cli_error(["dataset", "build-calc-python", "--ratio", "calculator=-1", "--out", str(tmp_path / "d")])
     assert "--ratio / [dataset] ratios {'calculator': -1.0}: each share must be >= 0 with a positive sum" in line
     assert "e.g. --ratio calculator=0.5 --ratio python_exec=0.3 --ratio no_tool=0.2" in line
+
+
+def test_sampling_budget_below_one_is_refused() -> None:
+    from toolschool.models.backend import SamplingParams
+
+    with pytest.raises(ToolschoolError, match="max_tokens must be at least 1, got 0"):
+        SamplingParams(max_tokens=0).check()
+
+
+def test_bfcl_without_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from toolschool.evaluate.benchmarks import bfcl
+
+    bfcl._bfcl.cache_clear()
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # import bfcl_eval -> ImportError
+    try:
+        with pytest.raises(ToolschoolError, match="the BFCL benchmark needs the 'bfcl-eval' package — "):
+            bfcl.load_items("bfcl:simple_python", limit=1)
+    finally:
+        bfcl._bfcl.cache_clear()
