@@ -173,3 +173,14 @@ def test_a_model_without_a_chat_template_is_refused_when_the_backend_is_made(tmp
     with pytest.raises(ModelLoadError, match=f"model '{tmp_path}' has no chat template") as info:
         make_backend(str(tmp_path), dtype="fp32")
     assert "chat_template" in str(info.value)
+
+
+def test_a_prompt_that_fills_the_context_exactly_is_not_said_to_exceed_it(backend: LocalBackend) -> None:
+    request = GenerationRequest([{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=4))
+    backend.max_positions = len(backend.render_prompt(request))
+    with pytest.raises(ToolschoolError) as info:
+        asyncio.run(backend.generate(request))
+    assert f"the prompt has {backend.max_positions} tokens, as many as the {backend.max_positions} positions" in str(
+        info.value
+    )
+    assert "no room for a reply" in str(info.value)

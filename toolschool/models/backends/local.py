@@ -318,9 +318,10 @@ class LocalBackend(Backend):
         if self.max_positions is not None:
             room = self.max_positions - len(prompt)
             if room < 1:
+                than = "more than" if room < 0 else "as many as"
                 raise ContextLengthError(
-                    f"the prompt has {len(prompt)} tokens, more than the {self.max_positions} positions "
-                    f"'{self.name}' supports",
+                    f"the prompt has {len(prompt)} tokens, {than} the {self.max_positions} positions "
+                    f"'{self.name}' supports, leaving no room for a reply",
                     param="messages",
                     hint="shorten the conversation or the tool list",
                 )
