@@ -638,3 +638,26 @@ def test_bfcl_without_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
             bfcl.load_items("bfcl:simple_python", limit=1)
     finally:
         bfcl._bfcl.cache_clear()
+
+
+def test_hub_model_that_cannot_be_fetched_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Online, a hub id missing from the cache is fetched; when that fails too, one line names the id and the cause."""
+    from toolschool.errors import ModelLoadError
+    from toolschool.models.loading import _from_pretrained
+    from toolschool.models.spec import parse_model_spec
+
+    class Loader:
+        @staticmethod
+        def from_pretrained(source: str, local_files_only: bool = False, **kwargs: Any) -> Any:
+            if local_files_only:
+                raise OSError("not cached")
+            raise ConnectionError("Failed to resolve the hub host\nretrying...")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    spec = parse_model_spec("nobody/no-such-model")
+    with pytest.raises(ModelLoadError) as info:
+        _from_pretrained(Loader, "nobody/no-such-model", spec)
+    message = str(info.value)
+    assert "could not load model 'nobody/no-such-model' from the Hugging Face Hub or its local cache" in message
+    assert "(ConnectionError: Failed to resolve the hub host)" in message and "retrying" not in message
+    assert "check the id and your connection" in message
