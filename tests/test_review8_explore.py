@@ -393,3 +393,17 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
     call = records[0]["steps"][0]["calls"][0]
     assert call["observation"]["text"] == call["shown"] == "smile \ufffd"
     assert call["arguments"] == {"expression": "\ufffd"} and registry.calls[0][1] == {"expression": "\ufffd"}
+
+
+def test_an_output_folder_that_is_a_file_is_one_clear_line(tmp_path) -> None:
+    """--out naming an existing file ended in a FileExistsError traceback."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    result = CliRunner().invoke(app, ["explore", "--tools", "calculator", "--out", str(taken)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot write the exploration log in '{taken}'" in result.output and "--out" in result.output
+    assert "Traceback" not in result.output

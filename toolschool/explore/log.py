@@ -132,9 +132,15 @@ class TrialLog:
         run the same missing trials and write them twice, so it is refused.
         """
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
         path = directory / TRIALS_FILE
-        handle = path.open("a", encoding="utf-8")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            handle = path.open("a", encoding="utf-8")
+        except OSError as exc:  # a file in the way, no permission, a read-only disk
+            raise DataError(
+                f"cannot write the exploration log in '{directory}': {exc.strerror or exc}",
+                hint="pass --out a folder you can write to (or another --run name)",
+            ) from None
         try:
             lock_or_refuse(
                 handle,
