@@ -210,10 +210,18 @@ async def test_an_episode_that_outgrows_the_context_ends_with_its_trial_logged_a
     """A long episode on a small-context model: the trial that no longer fits is logged (status "context_full")
     and the episode ends there, as a finished one. Before, the episode stopped as a backend failure, and --resume
     ran it into the same wall again and again (its seeds are fixed), so the run could never complete."""
+    import io
+
+    from rich.console import Console
+
     ctx = make_ctx(tmp_path, ContextOf(4500), episodes=2, stm_slots=6)
-    result = await run_exploration(ctx, ["calculator"], concurrency=2)
+    console = Console(file=io.StringIO(), width=300)
+    result = await run_exploration(ctx, ["calculator"], concurrency=2, console=console)
     ctx.log.close()
     assert result.failures == []
+    printed = console.file.getvalue()
+    assert "warning: calculator episode 0 ended after" in printed
+    assert "no longer fits the model's context (lower --stm-slots, --max-turns, --max-tokens, [explore]" in printed
     records = read_trials(tmp_path / TRIALS_FILE)
     for episode in (0, 1):
         trials = [r for r in records if r["episode"] == episode]

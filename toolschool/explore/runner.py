@@ -158,7 +158,7 @@ async def run_exploration(
                         message = (
                             f"{tool} episode {episode} ended after {settings.stm_slots - left} trial(s): its "
                             "conversation no longer fits the model's context (lower --stm-slots, --max-turns, "
-                            "--max-tokens or [explore] max_observation_chars)"
+                            "--max-tokens, [explore] demonstrations or max_observation_chars, or offer fewer tools)"
                         )
                         console.print(f"[yellow]warning:[/yellow] {escape(message)}", markup=True, highlight=False)
             except Exception as exc:  # one broken episode must not end the run; it is logged and retried on resume
