@@ -661,3 +661,12 @@ def test_hub_model_that_cannot_be_fetched_online(monkeypatch: pytest.MonkeyPatch
     assert "could not load model 'nobody/no-such-model' from the Hugging Face Hub or its local cache" in message
     assert "(ConnectionError: Failed to resolve the hub host)" in message and "retrying" not in message
     assert "check the id and your connection" in message
+
+
+def test_generate_refuses_bad_sampling_flags_before_loading_the_model(tmp_path: Path) -> None:
+    """`generate --n 0` went on to load (or fail to load) the model; the flag's own message came only after."""
+    missing = tmp_path / "no-model-here"
+    line = cli_error(["generate", "--prompt", "hi", "--model", str(missing), "--n", "0"])
+    assert "n must be at least 1, got 0" in line
+    line = cli_error(["generate", "--prompt", "hi", "--model", str(missing), "--max-tokens", "0"])
+    assert "max_tokens must be at least 1, got 0" in line

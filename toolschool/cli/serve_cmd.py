@@ -71,6 +71,7 @@ def generate(
         tools=[builtin_schema(t) for t in tool] or None,
         params=SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed),
     )
+    request.params.check()  # a bad flag ends here, not after the model has loaded
 
     async def run() -> list:
         backend = make_backend(model)
