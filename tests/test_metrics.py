@@ -116,6 +116,11 @@ def test_json_format_checks() -> None:
     assert json_reply_checks('```json\n{"final": "4"}\n```') == (True, True)
     assert json_reply_checks('{"tool": "calculator"}') == (True, False)
     assert json_reply_checks("calculator(2+2)") == (False, False)
+    # the fences and end tokens the json format's parser accepts; NaN is not JSON, as the parser says
+    assert json_reply_checks('```JSON\n{"final": "4"}\n```') == (True, True)
+    assert json_reply_checks('```js\n{"final": "4"}\n```<|im_end|>') == (True, True)
+    assert json_reply_checks('{"tool": "calculator", "args": {"x": NaN}}') == (False, False)
+    assert json_reply_checks('{"final": "4"} and more') == (False, False)
     parsed = ParsedReply(text='{"final": "4"}', final="4")
     score = score_item(parsed, [], format_name="json")
     assert score.valid_json and score.correct_format

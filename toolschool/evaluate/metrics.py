@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from toolschool.chat.formats.base import decode_json_prefix
+from toolschool.chat.formats.json_format import reply_body
 from toolschool.chat.types import ParsedReply
 
 ArgMode = Literal["exact", "semantic"]
@@ -287,14 +289,16 @@ def _match_calls(pred: list[dict[str, Any]], gold: list[dict[str, Any]], mode: A
 
 
 def json_reply_checks(text: str) -> tuple[bool, bool]:
-    """(valid_json, correct_format) for the `json` format: one JSON object, shaped {tool, args} or {final}."""
-    stripped = text.strip()
-    fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", stripped, flags=re.S)
-    if fenced:
-        stripped = fenced.group(1)
+    """(valid_json, correct_format) for the `json` format: one JSON object, shaped {tool, args} or {final}.
+
+    Read as the format's parser reads a reply (the same fences and end tokens, strict JSON: NaN is not JSON);
+    `correct_format` is stricter than the parser, which also takes a missing "args" or args as a JSON string."""
+    body = reply_body(text)
     try:
-        value = json.loads(stripped)
-    except (json.JSONDecodeError, ValueError):
+        value, end = decode_json_prefix(body, 0)
+    except ValueError:
+        return False, False
+    if body[end:].strip():
         return False, False
     if not isinstance(value, dict):
         return False, False

@@ -32,6 +32,13 @@ _FENCE = re.compile(r"^```[A-Za-z]*[ \t]*\n?(?P<body>.*?)\n?[ \t]*```$", re.DOTA
 _SHAPES = '{"tool": "<tool name>", "args": {...}} or {"final": "<answer>"}'
 
 
+def reply_body(text: str) -> str:
+    """The text the JSON object must be: the reply without end-of-turn tokens, whitespace and a ``` fence."""
+    body = strip_end_tokens(text).strip()
+    fenced = _FENCE.match(body)
+    return fenced.group("body").strip() if fenced else body
+
+
 class JsonFormat(TextToolFormat):
     name = "json"
 
@@ -60,12 +67,9 @@ class JsonFormat(TextToolFormat):
         return dumps({"final": content})
 
     def _parse(self, text: str) -> ParsedReply:
-        body = strip_end_tokens(text).strip()
+        body = reply_body(text)
         if not body:
             return ParsedReply(text=text, error="the reply is empty")
-        fenced = _FENCE.match(body)
-        if fenced:
-            body = fenced.group("body").strip()
         if not body.startswith("{"):
             return ParsedReply(
                 text=text, error=f"the reply is not a JSON object (it starts with {body[:20]!r}); reply {_SHAPES}"
