@@ -184,3 +184,32 @@ def test_a_prompt_that_fills_the_context_exactly_is_not_said_to_exceed_it(backen
         info.value
     )
     assert "no room for a reply" in str(info.value)
+
+
+@pytest.fixture
+def adapter_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    return tmp_path / "adapter"
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "unknown peft_type"])
+def test_a_damaged_adapter_folder_is_one_clear_error(adapter_dir: Path, damage: str) -> None:
+    """An adapter copied half-way, cut short, or written by another tool raised PEFT's own exception (a
+    HFValidationError about repo ids for a missing file, a SafetensorError, a KeyError) as a traceback."""
+    weights = adapter_dir / "adapter_model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        (adapter_dir / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "NOPE"}))
+    with pytest.raises(ModelLoadError, match=f"could not load the adapter in '{adapter_dir}'") as info:
+        load_model(str(adapter_dir), dtype="fp32")
+    assert "adapter_model.safetensors" in str(info.value)

@@ -194,17 +194,25 @@ def load_model(
     for index, folder in enumerate(adapters):
         from peft import PeftModel
 
+        if not any((Path(folder) / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+            raise ModelLoadError(  # PEFT would take the folder for a hub repo id and say that id is malformed
+                f"could not load the adapter in '{folder}': it holds adapter_config.json but no weights "
+                "(adapter_model.safetensors or adapter_model.bin)",
+                hint="copy the adapter folder again, whole, or save it again with peft's save_pretrained",
+            )
         try:
             hf_model = PeftModel.from_pretrained(hf_model, folder)
         except RuntimeError as exc:
             if "size mismatch" not in str(exc):
-                raise
+                raise _adapter_load_error(folder, exc) from exc
             raise ModelLoadError(
                 f"the adapter in '{folder}' does not fit its base model '{source}' (adapter_config.json "
                 "base_model_name_or_path): its weights have other shapes, so it was trained on another model",
                 hint="point base_model_name_or_path at the model the adapter was trained from, or use the run's "
                 "merged/ folder",
             ) from None
+        except Exception as exc:  # a missing or cut-short weights file, an adapter type PEFT does not know
+            raise _adapter_load_error(folder, exc) from exc
         if merge_adapter or index < len(adapters) - 1:  # an inner adapter is merged before the next goes on top
             hf_model = hf_model.merge_and_unload()
     hf_model.to(device)
@@ -223,6 +231,16 @@ def load_model(
         load_seconds=time.perf_counter() - start,
         import_seconds=import_seconds,
         adapter=adapter,
+    )
+
+
+def _adapter_load_error(folder: str, exc: BaseException) -> ModelLoadError:
+    """PEFT's failure to read an adapter folder as one line: what it said, and what the folder must hold."""
+    detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return ModelLoadError(
+        f"could not load the adapter in '{folder}' ({type(exc).__name__}: {detail})",
+        hint="the folder must hold what peft's save_pretrained writes, complete: adapter_config.json and "
+        "adapter_model.safetensors (or adapter_model.bin)",
     )
 
 
