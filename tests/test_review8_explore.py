@@ -415,3 +415,43 @@ def test_an_output_folder_that_is_a_file_is_one_clear_line(tmp_path) -> None:
     assert result.exit_code == 2, result.output
     assert f"cannot write the exploration log in '{taken}'" in result.output and "--out" in result.output
     assert "Traceback" not in result.output
+
+
+def _explore_cli(tmp_path, *extra: str):
+    from test_explore_cli import calculator_policy
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+    from toolschool.explore import stage
+
+    original = stage.default_backend_factory
+    stage.default_backend_factory = lambda config: ScriptedBackend(calculator_policy)
+    try:
+        args = ["explore", "--tools", "calculator", "--episodes", "1", "--stm-slots", "1", "--out", str(tmp_path / "x")]
+        return CliRunner().invoke(app, [*args, *extra])
+    finally:
+        stage.default_backend_factory = original
+
+
+def test_resume_with_other_prompts_or_another_long_term_memory_window_is_refused(tmp_path) -> None:
+    """Both shape every trial's prompts, yet a resume with another prompts folder (or edited templates) or another
+    ltm_max_queries silently mixed two experiments in one log."""
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    (prompts / "reflect.jinja").write_text('Did you do it? "Yes" or "No".')
+    first = tmp_path / "a.toml"
+    first.write_text(f'[explore]\nprompts = "{prompts}"\nltm_max_queries = 5\n')
+    assert _explore_cli(tmp_path, "--config", str(first)).exit_code == 0
+    (prompts / "reflect.jinja").write_text('Were you successful? "Yes" or "No".')
+    edited = _explore_cli(tmp_path, "--config", str(first), "--resume")
+    assert edited.exit_code == 2, edited.output
+    assert "cannot resume: the trial log was written with prompts (sha256 of the templates" in edited.output
+    (prompts / "reflect.jinja").write_text('Did you do it? "Yes" or "No".')
+    window = tmp_path / "b.toml"
+    window.write_text(f'[explore]\nprompts = "{prompts}"\nltm_max_queries = 3\n')
+    other = _explore_cli(tmp_path, "--config", str(window), "--resume", "--episodes", "2")
+    assert other.exit_code == 2, other.output
+    assert "ltm_max_queries = 5, this run has 3" in other.output
+    same = _explore_cli(tmp_path, "--config", str(first), "--resume", "--episodes", "2")
+    assert same.exit_code == 0, same.output
+    assert len(read_trials(tmp_path / "x" / TRIALS_FILE)) == 2

@@ -91,6 +91,8 @@ class ExploreSettings:
     demonstrations: int = 2
     force_call: bool = False
     max_observation_chars: int = 2000
+    ltm_max_queries: int = 0
+    prompts_sha256: str | None = None  # PromptSet.fingerprint: the templates and worked examples in use
     seed: int = 0
     ablations: Ablations = field(default_factory=Ablations)
 
@@ -104,7 +106,7 @@ class ExploreSettings:
         return shape
 
     @classmethod
-    def from_section(cls, section: ExploreSection, seed: int = 0) -> ExploreSettings:
+    def from_section(cls, section: ExploreSection, seed: int = 0, prompts_sha256: str | None = None) -> ExploreSettings:
         return cls(
             episodes=section.episodes,
             stm_slots=section.stm_slots,
@@ -114,6 +116,8 @@ class ExploreSettings:
             demonstrations=section.demonstrations,
             force_call=section.force_call,
             max_observation_chars=section.max_observation_chars,
+            ltm_max_queries=section.ltm_max_queries,
+            prompts_sha256=prompts_sha256,
             seed=seed,
             ablations=Ablations(
                 no_exec_feedback=section.no_exec_feedback,

@@ -24,7 +24,8 @@ Fields of one line (version 1):
   schemas offered;
 - `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm, no_reflection},
   `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens, reflection_max_tokens,
-  demonstrations, force_call, max_observation_chars, seed), `started_at`, `finished_at` (ISO 8601 UTC), `seconds`.
+  demonstrations, force_call, max_observation_chars, ltm_max_queries, prompts_sha256, seed), `started_at`,
+  `finished_at` (ISO 8601 UTC), `seconds`.
 """
 
 from __future__ import annotations

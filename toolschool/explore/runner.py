@@ -88,6 +88,8 @@ def check_resumable(
         offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
         checks.append(("offered tools", offered, tools))
     for key, was, now in checks:
+        if key == "prompts_sha256":
+            key = "prompts (sha256 of the templates and worked examples)"
         if was != now:
             raise ToolschoolError(
                 f"cannot resume: the trial log was written with {key} = {was!r}, this run has {now!r}",

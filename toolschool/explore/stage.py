@@ -93,8 +93,9 @@ def run_explore_stage(
     section = config.explore
     fmt = get_format(section.format)
     prompts = PromptSet(fmt.name, section.prompts)
-    settings = ExploreSettings.from_section(section, seed=config.run.seed)
-    prompts.check_demonstrations(settings.demonstrations)
+    prompts.check_demonstrations(section.demonstrations)
+    fingerprint = prompts.fingerprint(section.demonstrations)
+    settings = ExploreSettings.from_section(section, seed=config.run.seed, prompts_sha256=fingerprint)
     registry = (registry_factory or default_registry_factory)(config)
     try:
         targets = resolve_targets(registry.names(), section.tools, where=_describe_tool_sources(config))
@@ -115,7 +116,7 @@ def run_explore_stage(
                 fmt=fmt,
                 registry=registry,
                 prompts=prompts,
-                memory=LongTermMemory.from_records(log.existing, section.ltm_max_queries),
+                memory=LongTermMemory.from_records(log.existing, settings.ltm_max_queries),
                 log=log,
                 settings=settings,
                 tool_schemas=registry.schemas(),

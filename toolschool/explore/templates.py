@@ -114,6 +114,20 @@ class PromptSet:
                 hint=f"{name}.jinja gets: {', '.join(available) or 'no variables'}",
             ) from None
 
+    def fingerprint(self, demonstrations: int) -> str:
+        """sha256 of every template this set renders and, when worked examples are shown, of their file: logged
+        with each trial, so a resume with other or edited prompts is refused rather than mixed into the log."""
+        import hashlib
+
+        digest = hashlib.sha256()
+        for name in (*TEMPLATE_NAMES, "memory"):
+            source = self._env.loader.get_source(self._env, f"{name}.jinja")[0]  # type: ignore[union-attr]
+            digest.update(f"{name}\0{source}\0".encode())
+        path = self.demonstrations_path() if demonstrations > 0 else None
+        if path is not None:
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:16]
+
     def demonstrations_path(self) -> Path | None:
         """`demonstrations.json`: the first found on the search path, else the packaged one."""
         for folder in [*self.searchpath, str(PROMPTS_DIR)]:
