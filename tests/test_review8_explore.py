@@ -455,3 +455,26 @@ def test_resume_with_other_prompts_or_another_long_term_memory_window_is_refused
     same = _explore_cli(tmp_path, "--config", str(first), "--resume", "--episodes", "2")
     assert same.exit_code == 0, same.output
     assert len(read_trials(tmp_path / "x" / TRIALS_FILE)) == 2
+
+
+def test_json_format_prompts_ask_for_the_json_format_not_hermes_tags() -> None:
+    """--format json used the hermes prompts, which tell the model to write <tool_call>{"name": ..., "arguments":
+    ...}</tool_call> and to answer in plain text: both are parse errors in the json format, so a model doing what
+    the trial prompt says never made a valid reply. The call and answer shapes the json prompts show must parse."""
+    import re
+
+    from toolschool.explore.templates import PromptSet
+
+    json_format = get_format("json")
+    prompts = PromptSet("json")
+    variables = {**_variables(), "tool": "calculator", "tool_names": ["calculator"]}
+    for name, extra in (("trial", {"query": "q"}), ("trial_followup", {"query": "q"}), ("parse_error", {"error": "e"})):
+        text = prompts.render(name, **variables, **extra)
+        assert "<tool_call>" not in text, name
+        call = re.search(r'\{"tool": .*\}\}', text)
+        final = re.search(r'\{"final": "[^"]*"\}', text)
+        assert call and final, (name, text)
+        parsed = json_format.parse(call.group(0).replace("TOOL_NAME", "calculator"))
+        assert parsed.error is None and parsed.calls[0]["function"]["name"] == "calculator", (name, parsed)
+        answered = json_format.parse(final.group(0))
+        assert answered.error is None and answered.final is not None, (name, answered)

@@ -2,9 +2,9 @@
 
 Why files: the prompts are the part of STE a user most wants to tune (wording for a small model, another
 language, a domain), so they live as plain text in `toolschool/explore/prompts/<format>/` and a run can point
-`[explore] prompts = "DIR"` at a folder whose files replace the packaged ones by name. A format without its own
-folder (e.g. `json`) uses the `hermes` prompts, which describe calling tools without format-specific syntax
-beyond the system message the format writes.
+`[explore] prompts = "DIR"` at a folder whose files replace the packaged ones by name. A file a format's folder
+lacks comes from the `hermes` folder: `json` has its own only for the prompts that show how to write a call or
+an answer (`trial`, `trial_followup`, `parse_error`), which must match what its parser reads.
 """
 
 from __future__ import annotations
