@@ -7,11 +7,13 @@ tests/test_explore_*.py. Everything after it runs for real on the tiny model.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 from helpers import CALC
+from rich.console import Console
 
 from toolschool.config import load_config
 from toolschool.errors import ConfigError
@@ -126,6 +128,29 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
     previous = list((run_dir / ".previous").glob("*/eval/DONE.json"))
     assert previous, "the earlier eval outputs are moved aside, not deleted"
     assert all(is_done(run_config, s) for s in STAGES)
+
+    # An eval stage killed part-way keeps the items it scored: the next run resumes it ...
+    eval_dir = run_dir / "eval"
+    (eval_dir / "DONE.json").unlink()
+    base_items = next(p for p in eval_dir.glob("*/data.items.jsonl") if "merged" not in p.parent.name)
+    base_items.write_text(base_items.read_text().splitlines(keepends=True)[0])
+    resumed = run_pipeline(run_config)
+    assert {o.stage: o.status for o in resumed.outcomes}["eval"] == "done" and resumed.table == rerun.table
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    blocks = [models["data"] for models in summary["models"].values()]  # base, sft, sft+rl
+    assert blocks[0]["resumed_items"] == 1 and all(b["resumed_items"] == b["overall"]["n"] for b in blocks[1:])
+    # ... unless it ran with other settings: then it starts over rather than mixing verdicts.
+    (eval_dir / "DONE.json").unlink()
+    base_items.write_text(base_items.read_text().splitlines(keepends=True)[0])
+    changed = run_config.model_copy(deep=True)
+    changed.eval.max_tokens = 9
+    printed = io.StringIO()
+    over = run_pipeline(changed, console=Console(file=printed, width=400))
+    assert {o.stage: o.status for o in over.outcomes}["eval"] == "done"
+    summary = json.loads((eval_dir / "summary.json").read_text())
+    assert all("resumed_items" not in block["data"] for block in summary["models"].values())
+    assert "cannot resume" in printed.getvalue() and "max_tokens: 8 -> 9" in printed.getvalue()
+    assert "starting the evaluation over" in printed.getvalue()
 
 
 def test_unknown_stage_in_config_is_refused(run_config) -> None:

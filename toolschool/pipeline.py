@@ -302,7 +302,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
 
 
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, resume_problem, run_evaluation
     from toolschool.models.backends import make_backend
     from toolschool.tools.registry import build_registry
 
@@ -318,13 +318,20 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         data = _held_out(config, registry, out_dir)
         benchmarks = resolve_benchmarks([], str(data), config.eval.limit)
         options = make_options(settings, registry=registry)
+        names = [model for _, model in models]
+        eval_settings = {**settings, "data": str(data), "labels": dict((m, label) for label, m in models)}
+        # An eval stage killed part-way keeps the items it scored, unless they were scored otherwise.
+        problem = resume_problem(names, benchmarks, options, out_dir, eval_settings)
+        if problem is not None and console is not None:
+            console.print(f"eval: {problem}; starting the evaluation over", markup=False, highlight=False)
         summary = run_evaluation(
-            [model for _, model in models],
+            names,
             benchmarks,
             options,
             out_dir,
             make_backend=lambda m: make_backend(m, dtype=config.model.dtype, device=config.model.device),
-            settings={**settings, "data": str(data), "labels": dict((m, label) for label, m in models)},
+            settings=eval_settings,
+            resume=problem is None,
         )
     finally:
         registry.close()

@@ -148,6 +148,23 @@ def run_evaluation(
     return summary
 
 
+def resume_problem(
+    models: list[str],
+    benchmarks: list[Benchmark],
+    options: EvalOptions,
+    out_dir: Path,
+    settings: dict[str, Any] | None = None,
+) -> str | None:
+    """Why `run_evaluation(..., resume=True)` would refuse this folder (other settings, other items, a broken
+    items file), or None when it can keep what an interrupted evaluation finished there."""
+    try:
+        for model in models:
+            _finished(model, benchmarks, options, out_dir, settings)
+    except (ConfigError, DataError) as exc:
+        return str(exc)
+    return None
+
+
 def check_models_distinct(models: list[str]) -> None:
     """Each model writes its items under its own folder: a second model there would replace the first's items."""
     seen: dict[str, str] = {}
