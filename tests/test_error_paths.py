@@ -670,3 +670,24 @@ def test_generate_refuses_bad_sampling_flags_before_loading_the_model(tmp_path: 
     assert "n must be at least 1, got 0" in line
     line = cli_error(["generate", "--prompt", "hi", "--model", str(missing), "--max-tokens", "0"])
     assert "max_tokens must be at least 1, got 0" in line
+
+
+@pytest.mark.parametrize(
+    ("tool_calls", "reason"),
+    [(3, "messages[1]: tool_calls"), ([{"function": 3}], "messages[1]: tool_calls.0.function")],
+)
+def test_dataset_line_with_a_malformed_tool_calls_value_is_a_bad_line(
+    tmp_path: Path, tool_calls: Any, reason: str
+) -> None:
+    """`"tool_calls": 3` crashed `dataset validate` (and every loader) with a TypeError instead of naming the line."""
+    example = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "x", "tool_calls": tool_calls},
+        ]
+    }
+    path = _write_jsonl(tmp_path / "data.jsonl", [example])
+    result = runner.invoke(app, ["dataset", "validate", str(path)])
+    assert result.exit_code == 1, result.exception
+    assert f"{path}:1: {reason}" in result.output
+    assert "1 lines, 0 kept, 1 skipped" in result.output

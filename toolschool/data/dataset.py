@@ -117,8 +117,10 @@ def validate_example(example: Any) -> str | None:
                     f"messages[{i}]: unknown key {', '.join(repr(k) for k in unknown)} "
                     f"(chat templates read {', '.join(sorted(MESSAGE_KEYS))}; calls go in 'tool_calls')"
                 )
-            for call in raw.get("tool_calls") or []:
-                args = call.get("function", {}).get("arguments") if isinstance(call, dict) else None
+            calls = raw.get("tool_calls")
+            for call in calls if isinstance(calls, list) else []:  # another type: the model check below names it
+                function = call.get("function") if isinstance(call, dict) else None
+                args = function.get("arguments") if isinstance(function, dict) else None
                 if isinstance(args, str):
                     return f"messages[{i}]: tool-call arguments must be a JSON object, not a string ({args[:60]!r})"
         try:
