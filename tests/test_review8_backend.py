@@ -213,3 +213,24 @@ def test_a_damaged_adapter_folder_is_one_clear_error(adapter_dir: Path, damage: 
     with pytest.raises(ModelLoadError, match=f"could not load the adapter in '{adapter_dir}'") as info:
         load_model(str(adapter_dir), dtype="fp32")
     assert "adapter_model.safetensors" in str(info.value)
+
+
+def test_a_sliding_window_model_is_refused_when_the_backend_is_made(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The local backend batches full-attention caches only; a sliding-window model used to start and then fail
+    every request with that message (one error per exploration episode) instead of stopping once."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=16,
+    )
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="batches full-attention KV caches only; this model uses DynamicSliding"):
+        make_backend(str(tmp_path), dtype="fp32")

@@ -188,6 +188,9 @@ class LocalBackend(Backend):
                 hint="use an instruct/chat model (e.g. smollm2-135m), or save a tokenizer with a chat_template "
                 "into the model folder",
             )
+        from transformers import DynamicCache
+
+        _check_plain_layers(DynamicCache(config=self.model.config))  # refuse the model now, not on every request
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
         self.stop_token_ids = _end_of_turn_ids(self.tokenizer, self.model)
