@@ -234,3 +234,14 @@ def test_a_sliding_window_model_is_refused_when_the_backend_is_made(tiny_model_d
     tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError, match="batches full-attention KV caches only; this model uses DynamicSliding"):
         make_backend(str(tmp_path), dtype="fp32")
+
+
+def test_dtype_names_map_to_torch_dtypes_and_unknown_ones_are_refused(tiny_model_dir: Path) -> None:
+    from toolschool.errors import ConfigError
+    from toolschool.models.device import parse_dtype
+
+    assert parse_dtype("bf16", "cpu") == parse_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert parse_dtype("fp16", "cpu") == torch.float16 and parse_dtype("float32", "cpu") == torch.float32
+    assert next(load_model(str(tiny_model_dir), dtype="bf16").model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="unknown dtype 'float' — use auto, bf16, fp16 or fp32"):
+        load_model(str(tiny_model_dir), dtype="float")
