@@ -691,3 +691,18 @@ def test_dataset_line_with_a_malformed_tool_calls_value_is_a_bad_line(
     assert result.exit_code == 1, result.exception
     assert f"{path}:1: {reason}" in result.output
     assert "1 lines, 0 kept, 1 skipped" in result.output
+
+
+@pytest.mark.parametrize("broken", [{"type": 3}, {"enum": 3}])
+def test_dataset_line_whose_tool_schema_json_schema_cannot_apply_is_kept_unchecked(
+    tmp_path: Path, broken: dict[str, Any]
+) -> None:
+    """Like BFCL's `"type": "dict"`, a parameter schema JSON Schema cannot apply leaves nothing to check the call's
+    arguments against: the line is kept as it is. `"type": 3` crashed every loader with a TypeError instead."""
+    example = _call_example()
+    example["tools"][0] = json.loads(json.dumps(CALC_TOOL))
+    example["tools"][0]["function"]["parameters"]["properties"]["expression"] = broken
+    path = _write_jsonl(tmp_path / "data.jsonl", [example])
+    result = runner.invoke(app, ["dataset", "validate", str(path)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "1 lines, 1 kept, 0 skipped" in result.output
