@@ -89,3 +89,19 @@ def test_cli_reports_bad_config(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "unknown key 'model.nam'" in result.output
     assert "Traceback" not in result.output
+
+
+def test_config_show_prints_toml_that_parses_back_whatever_the_line_length(tmp_path: Path) -> None:
+    """`toolschool config show run.toml > resolved.toml` must give a TOML file: no line wrapped at the console width."""
+    import tomllib
+
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    command = "uvx mcp-server-time --local-timezone Europe/Lisbon " * 3
+    path = write(tmp_path, f'[run]\nname = "{"x" * 100}"\n[tools]\nmcp = ["{command}"]\n')
+    result = CliRunner().invoke(app, ["config", "show", str(path)])
+    assert result.exit_code == 0, result.output
+    shown = tomllib.loads(result.stdout)
+    assert shown["run"]["name"] == "x" * 100 and shown["tools"]["mcp"] == [command]

@@ -2,9 +2,13 @@
 
 Emoji codes are off: rich would otherwise print a user's text such as `a:b:c:d` (a dataset id, a path, a model
 spec) as `a🅱c:d`, and toolschool writes no `:emoji:` codes of its own.
+
+Results are not wrapped at the console width (`soft_wrap`): piped or redirected, rich would break lines at 80
+columns, so `toolschool config show run.toml > resolved.toml` gave TOML that did not parse back and long paths
+came out in pieces. Tables still fit the width.
 """
 
 from rich.console import Console
 
-console = Console(emoji=False)
+console = Console(emoji=False, soft_wrap=True)
 err_console = Console(stderr=True, emoji=False)
