@@ -245,3 +245,20 @@ def test_dtype_names_map_to_torch_dtypes_and_unknown_ones_are_refused(tiny_model
     assert next(load_model(str(tiny_model_dir), dtype="bf16").model.parameters()).dtype == torch.bfloat16
     with pytest.raises(ConfigError, match="unknown dtype 'float' — use auto, bf16, fp16 or fp32"):
         load_model(str(tiny_model_dir), dtype="float")
+
+
+def test_an_adapter_on_a_hub_base_reads_the_cache_first_and_names_the_base(
+    adapter_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adapter trained on a hub model records its id; that base was loaded like a local folder (no cache-first
+    lookup), and a base missing from the cache was reported as 'could not load model <adapter folder> ... check
+    that the folder was written by save_pretrained'."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "nobody/no-such-model-xyz"
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as info:
+        load_model(str(adapter_dir), dtype="fp32")
+    message = str(info.value)
+    assert "model 'nobody/no-such-model-xyz' (the base model of adapter" in message
+    assert "is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" in message

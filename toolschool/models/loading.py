@@ -102,14 +102,18 @@ def _adapter_base_spec(folder: Path, base: object) -> ModelSpec:
 
 
 def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -> Any:
-    """Call a from_pretrained, local cache first; turn hub/offline failures into one clear line."""
-    if spec.kind == "hub":
+    """Call a from_pretrained, local cache first; turn hub/offline failures into one clear line.
+
+    `source` is a hub id (not a folder) for a hub model, and also for an adapter folder trained on one (then
+    `spec` is the adapter's, and the message names the base it records)."""
+    if spec.kind == "hub" or not Path(source).is_dir():
+        name = f"'{source}'" if spec.kind == "hub" else f"'{source}' (the base model of adapter '{spec.name}')"
         try:
             return loader.from_pretrained(source, local_files_only=True, **kwargs)
         except OSError:
             if os.environ.get("HF_HUB_OFFLINE") == "1":
                 raise ModelLoadError(
-                    f"model '{spec.name}' is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
+                    f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
                     hint="download it on a connected machine (huggingface-cli download ID), pass a local folder, "
                     "or use --model smollm2-135m",
                 ) from None
@@ -117,7 +121,7 @@ def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -
             return loader.from_pretrained(source, **kwargs)
         except Exception as exc:
             raise ModelLoadError(
-                f"could not load model '{spec.name}' from the Hugging Face Hub or its local cache "
+                f"could not load model {name} from the Hugging Face Hub or its local cache "
                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''})",
                 hint="check the id and your connection, pass a local folder, or use --model smollm2-135m",
             ) from exc
