@@ -706,3 +706,20 @@ def test_dataset_line_whose_tool_schema_json_schema_cannot_apply_is_kept_uncheck
     result = runner.invoke(app, ["dataset", "validate", str(path)])
     assert result.exit_code == 0, (result.output, result.exception)
     assert "1 lines, 1 kept, 0 skipped" in result.output
+
+
+@pytest.mark.parametrize("broken", [{"type": 3}, {"type": "dict"}, {"$ref": "#/nowhere"}])
+def test_mcp_tool_whose_schema_cannot_be_applied_still_runs(broken: dict[str, Any]) -> None:
+    """An MCP server's parameter schema that is not applicable JSON Schema raised out of the argument check
+    (TypeError, UnknownType, Unresolvable) and ended the caller; the server checks its own arguments instead."""
+    from toolschool.tools.base import Observation
+    from toolschool.tools.mcp_source import MCPTool
+
+    class Source:
+        def call(self, name: str, args: dict[str, Any]) -> Observation:
+            return Observation(f"{name} ran with {args}")
+
+    schema = {"type": "object", "properties": {"x": broken}}
+    tool = MCPTool(Source(), "lookup", "Look up x.", schema)  # type: ignore[arg-type]
+    observation = tool.execute({"x": 1})
+    assert not observation.is_error and observation.text == "lookup ran with {'x': 1}"

@@ -12,7 +12,6 @@ Sources are a local path or, when online, a Hugging Face dataset id; the project
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections import Counter
@@ -21,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
-import referencing.exceptions
 from pydantic import ValidationError
 
 from toolschool.chat.formats import FORMAT_NAMES
@@ -173,24 +170,7 @@ def _call_problem(name: str, arguments: dict[str, Any], declared: dict[str, dict
         if not declared:
             return f"calls '{name}', but 'tools' declares no tool (add the schema of '{name}' to 'tools')"
         return f"calls '{name}', which is not in 'tools' ({', '.join(sorted(declared))})"
-    if not _applicable_schema(json.dumps(declared[name], sort_keys=True)):
-        return None
-    try:
-        return validation_error(name, declared[name], arguments)
-    except (jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable):
-        return None
-
-
-@functools.lru_cache(maxsize=512)
-def _applicable_schema(schema_json: str) -> bool:
-    """Whether a parameters schema is valid JSON Schema (`"type": 3` would raise TypeError mid-validation)."""
-    schema = json.loads(schema_json)
-    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    try:
-        validator.check_schema(schema)
-    except jsonschema.exceptions.SchemaError:
-        return False
-    return True
+    return validation_error(name, declared[name], arguments)
 
 
 def normalize_example(example: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import jsonschema
+import referencing.exceptions
 from jsonschema.exceptions import ValidationError
 
 
@@ -38,15 +39,37 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
+@functools.lru_cache(maxsize=512)
+def _applicable(schema_json: str) -> bool:
+    """Whether a schema is valid JSON Schema: BFCL's `"type": "dict"` or a stray `"type": 3` is not, and
+    validating against it raises (UnknownType, TypeError) instead of judging the arguments."""
+    schema = json.loads(schema_json)
+    try:
+        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+    except jsonschema.SchemaError:
+        return False
+    return True
+
+
 def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str | None:
-    """None when `args` fits `schema`, else one message naming the argument(s) at fault."""
+    """None when `args` fits `schema`, else one message naming the argument(s) at fault.
+
+    A schema that JSON Schema cannot apply (not valid JSON Schema, or a `$ref` that resolves nowhere) gives
+    nothing to check against: None, and the tool (an MCP server, a dataset line's call) is taken as it is.
+    """
     if not isinstance(args, dict):
         return f"invalid arguments for {tool_name}: arguments must be a JSON object, got {json_type_name(args)}"
     try:
-        validator = _validator(json.dumps(schema or {"type": "object"}, sort_keys=True))
+        schema_json = json.dumps(schema or {"type": "object"}, sort_keys=True)
+        validator = _validator(schema_json)
     except (TypeError, ValueError, jsonschema.SchemaError) as exc:
         return f"tool {tool_name} has an invalid argument schema: {exc}"
-    errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.path), e.message))
+    if not _applicable(schema_json):
+        return None
+    try:
+        errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.path), e.message))
+    except (jsonschema.exceptions.UnknownType, referencing.exceptions.Unresolvable):
+        return None
     if not errors:
         return None
     return f"invalid arguments for {tool_name}: " + "; ".join(_describe(e) for e in errors[:5])
