@@ -375,9 +375,18 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
     one as a JSON escape in its arguments. Before: the log line could not be encoded (UnicodeEncodeError) and the
     tokenizer refused the next prompt, so the episode stopped, at every resume."""
 
-    class Registry(FakeRegistry):
-        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
-            self.calls.append((name, args))
+    from toolschool.tools.base import Tool
+    from toolschool.tools.registry import ToolRegistry
+
+    received: list[dict[str, Any]] = []
+
+    class CutsEmoji(Tool):
+        name = "calculator"
+        description = "Evaluate an arithmetic expression."
+        parameters = {"type": "object", "properties": {"expression": {"type": "string"}}}
+
+        def execute(self, args: dict[str, Any]) -> Observation:
+            received.append(args)
             return Observation("smile \ud83d", None)
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
@@ -391,7 +400,8 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
             return "Here it is."
         return 'CALL calculator {"expression": "\\ud83d"}'
 
-    registry = Registry()
+    registry = ToolRegistry()
+    registry.add(CutsEmoji(), "module")
     ctx = make_ctx(tmp_path, Utf8OnlyBackend(policy), registry=registry, episodes=1, stm_slots=2)
     result = await run_exploration(ctx, ["calculator"], concurrency=1)
     ctx.log.close()
@@ -400,7 +410,7 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
     assert len(records) == 2
     call = records[0]["steps"][0]["calls"][0]
     assert call["observation"]["text"] == call["shown"] == "smile \ufffd"
-    assert call["arguments"] == {"expression": "\ufffd"} and registry.calls[0][1] == {"expression": "\ufffd"}
+    assert call["arguments"] == {"expression": "\ufffd"} and received[0] == {"expression": "\ufffd"}
 
 
 def test_an_output_folder_that_is_a_file_is_one_clear_line(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -146,6 +147,31 @@ async def test_a_tool_that_calls_sys_exit_does_not_end_the_run() -> None:
     reg.add(_Exits(), "test")
     for obs in (reg.call("exits", {}), await reg.acall("exits", {})):
         assert obs.is_error and obs.error_kind == "execution" and "exits called sys.exit(3)" in obs.text
+
+
+class _Careless(Tool):
+    """Breaks the contract in the ways third-party tools do: a plain string, or text cut inside an emoji."""
+
+    name = "careless"
+    description = "Returns whatever it was asked to."
+    parameters = {"type": "object", "properties": {"mode": {"type": "string"}}}
+
+    def execute(self, args):  # type: ignore[no-untyped-def]
+        if args["mode"] == "string":
+            return "42"
+        return Observation("cut \ud83d", {"raw": "\ud83d"})
+
+
+async def test_what_a_tool_returns_is_an_observation_every_caller_can_use() -> None:
+    """Every caller (exploration, eval --execute, multi-turn RL) gets an Observation it can log and tokenize."""
+    reg = ToolRegistry()
+    reg.add(_Careless(), "test")
+    for obs in (reg.call("careless", {"mode": "string"}), await reg.acall("careless", {"mode": "string"})):
+        assert obs.is_error and obs.error_kind == "execution"
+        assert obs.text == "Error: the tool 'careless' returned str, not an Observation (a bug in the tool)"
+    for obs in (reg.call("careless", {"mode": "cut"}), await reg.acall("careless", {"mode": "cut"})):
+        assert obs.text == "cut \ufffd" and obs.value == {"raw": "\ufffd"} and not obs.is_error
+        json.dumps(obs.to_dict(), ensure_ascii=False).encode("utf-8")  # a UTF-8 log line can hold it
 
 
 def test_duplicates_name_both_sources(tmp_path: Path) -> None:

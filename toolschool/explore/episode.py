@@ -22,17 +22,17 @@ import re
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
-from toolschool.explore.log import TrialLog, valid_unicode
+from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory, MemoryEntry
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
-from toolschool.tools.base import Observation
+from toolschool.tools.base import Observation, valid_unicode
 
 # Imagination must end with the query: cut where a model starts solving it instead.
 IMAGINE_STOP = ["Thought:", "Action:", "<tool_call>", "Final Answer:"]
@@ -268,17 +268,10 @@ class _Trial:
 async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Observation:
     """Run one call; whatever goes wrong becomes an error observation so the episode goes on."""
     try:
-        observation = await ctx.registry.acall(name, args)  # a call that hangs comes back as a timeout observation
+        # a call that hangs comes back as a timeout observation; one that breaks the Tool contract as an error one
+        return await ctx.registry.acall(name, args)
     except Exception as exc:  # a registry/tool bug must not stop exploration; the model sees the error
         return Observation(f"Error: the tool '{name}' failed: {exc}", None, is_error=True, error_kind="execution")
-    if not isinstance(observation, Observation):  # a third-party Tool whose execute broke its contract
-        kind = type(observation).__name__
-        message = f"Error: the tool '{name}' returned {kind}, not an Observation (a bug in the tool)"
-        return Observation(message, None, is_error=True, error_kind="execution")
-    if isinstance(observation.text, str) and valid_unicode(observation.text) != observation.text:
-        # a lone surrogate would stop the episode: the tokenizer refuses it in the next prompt
-        observation = replace(observation, text=valid_unicode(observation.text))
-    return observation
 
 
 async def _run_calls(

@@ -32,17 +32,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TextIO
 
 from toolschool.errors import DataError
 from toolschool.locking import lock_or_refuse
-
-# A lone UTF-16 surrogate (a code point no UTF-8 text can hold): from JSON escapes cut in half, e.g. a JavaScript
-# MCP server truncating its output inside an emoji, or a model writing "\ud83d" in its arguments.
-_SURROGATE = re.compile("[\ud800-\udfff]")
+from toolschool.tools.base import valid_unicode
 
 TRIALS_FILE = "trials.jsonl"
 ERRORS_FILE = "errors.jsonl"
@@ -77,18 +73,6 @@ def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
             raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
         records.append(record)
     return records, offset
-
-
-def valid_unicode(value: Any) -> Any:
-    """`value` with every lone surrogate in its strings (nested in dicts and lists too) replaced by U+FFFD: text a
-    UTF-8 file, a tokenizer and an HTTP request all accept, as a decoder would have made it."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, dict):
-        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [valid_unicode(v) for v in value]
-    return value
 
 
 def read_trials(path: str | Path) -> list[dict[str, Any]]:
@@ -167,7 +151,7 @@ class TrialLog:
     def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
         # A lone surrogate cannot be written as UTF-8: the whole line would fail and its episode with it. Outside
         # JSON strings there is none, so replacing them in the JSON text keeps the line valid.
-        line = _SURROGATE.sub("\ufffd", json.dumps(record, ensure_ascii=False, default=str))
+        line = valid_unicode(json.dumps(record, ensure_ascii=False, default=str))
         handle.write(line + "\n")
         handle.flush()
         if self._fsync:

@@ -8,6 +8,7 @@ unreachable server all become an `Observation` with `is_error=True` and a messag
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -15,6 +16,22 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+# A lone UTF-16 surrogate (a code point no UTF-8 text can hold): from JSON escapes cut in half, e.g. a JavaScript
+# MCP server truncating its output inside an emoji, or a model writing "\ud83d" in its arguments.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_unicode(value: Any) -> Any:
+    """`value` with every lone surrogate in its strings (nested in dicts and lists too) replaced by U+FFFD: text a
+    UTF-8 file, a tokenizer and an HTTP request all accept, as a decoder would have made it."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {valid_unicode(k): valid_unicode(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [valid_unicode(v) for v in value]
+    return value
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.tools.base import Observation, Tool, call_in_own_thread
+from toolschool.tools.base import Observation, Tool, call_in_own_thread, valid_unicode
 from toolschool.tools.sandbox import SandboxLimits
 from toolschool.tools.validation import json_type_name
 
@@ -35,7 +35,20 @@ def execute_with_timeout(tool: Tool, args: dict[str, Any]) -> Observation:
         finished, observation = call_in_own_thread(tool.execute, args, timeout=CALL_TIMEOUT_S)
     except (Exception, SystemExit) as exc:  # a third-party Tool that broke its contract must not stop the run
         return failure_observation(tool.name, exc)
-    return observation if finished and observation is not None else timeout_observation(tool.name)
+    return checked_observation(tool.name, observation) if finished else timeout_observation(tool.name)
+
+
+def checked_observation(name: str, result: Any) -> Observation:
+    """A tool's result as every caller can use it (log, tokenize, send): an Observation (a third-party Tool that
+    returned something else gets an error observation naming the bug), with no lone surrogate in its text or value."""
+    if not isinstance(result, Observation):
+        kind = type(result).__name__
+        message = f"Error: the tool '{name}' returned {kind}, not an Observation (a bug in the tool)"
+        return Observation(message, None, is_error=True, error_kind="execution")
+    if not isinstance(result.text, str):
+        message = f"Error: the tool '{name}' returned an Observation whose text is {type(result.text).__name__}"
+        return Observation(message, None, is_error=True, error_kind="execution")
+    return Observation(valid_unicode(result.text), valid_unicode(result.value), result.is_error, result.error_kind)
 
 
 def failure_observation(name: str, exc: BaseException) -> Observation:
@@ -100,7 +113,7 @@ class ToolRegistry:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a call that finishes
             # just as the caller is cancelled (Ctrl-C), swallowing the cancellation.
             async with asyncio.timeout(CALL_TIMEOUT_S):
-                return await tool.aexecute(parsed)
+                return checked_observation(name, await tool.aexecute(parsed))
         except TimeoutError:
             return timeout_observation(name)
         except (Exception, SystemExit) as exc:
