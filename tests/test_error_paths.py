@@ -723,3 +723,29 @@ def test_mcp_tool_whose_schema_cannot_be_applied_still_runs(broken: dict[str, An
     tool = MCPTool(Source(), "lookup", "Look up x.", schema)  # type: ignore[arg-type]
     observation = tool.execute({"x": 1})
     assert not observation.is_error and observation.text == "lookup ran with {'x': 1}"
+
+
+def test_serve_refuses_image_parts_instead_of_answering_without_them() -> None:
+    """A text-only model cannot see an image: dropping the part silently answered a different question (vLLM
+    refuses such a request for a text-only model)."""
+    from fastapi.testclient import TestClient
+
+    from toolschool.models.backend import Backend, Completion
+    from toolschool.serve.app import create_app
+
+    class Echo(Backend):
+        name = "echo"
+
+        async def generate(self, request: Any) -> list[Completion]:
+            return [Completion(text="ok", token_ids=[1], finish_reason="stop", prompt_tokens=1)]
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "What is in this picture?"}
+    client = TestClient(create_app(Echo(), "m"))
+    response = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [text, image]}]})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == "messages" and error["type"] == "invalid_request_error"
+    assert "messages[0].content[1] is a part of type 'image_url'" in error["message"] and "text" in error["message"]
+    only_text = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [text]}]})
+    assert only_text.status_code == 200, only_text.text

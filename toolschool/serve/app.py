@@ -406,9 +406,17 @@ def _message_from_wire(message: dict[str, Any], index: int) -> dict[str, Any]:
     if out.get("role") == "developer":  # the OpenAI API's newer name for the system role
         out["role"] = "system"
     content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
+    if isinstance(content, list):  # content parts: text only (the models served here read no images or audio)
+        for k, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind != "text":
+                raise BadRequest(
+                    f"{where}.content[{k}] is a part of type '{kind}'; the model served here reads text only — send "
+                    "text parts ({'type': 'text', 'text': ...})",
+                    "messages",
+                )
         try:
-            out["content"] = "".join(part["text"] for part in content if part.get("type") == "text")
+            out["content"] = "".join(part["text"] for part in content)
         except (AttributeError, KeyError, TypeError):
             raise BadRequest(
                 f"{where}.content parts must be objects like {{'type': 'text', 'text': ...}}", "messages"
