@@ -15,7 +15,7 @@ from helpers import CALC
 
 from toolschool.chat.formats import get_format
 from toolschool.errors import ToolschoolError
-from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.backends.openai_http import EndpointError, OpenAIBackend
@@ -236,14 +236,83 @@ async def test_a_model_the_endpoint_does_not_serve_is_named_with_the_ones_it_doe
     await wrong.aclose()
 
 
-async def test_a_rejected_request_names_the_server_reason_and_not_the_model(url: str) -> None:
+async def test_a_rejected_request_names_the_server_reason_and_not_the_model() -> None:
+    with scripted_server([400], {"in_flight": 0, "peak": 0}) as base_url:
+        http = OpenAIBackend(parse_model_spec(f"openai:{base_url}#tiny"), backoff_base=0.01)
+        with pytest.raises(EndpointError) as caught:
+            await http.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
+        await http.aclose()
+    assert "rejected the request (HTTP 400: scripted 400)" in str(caught.value)
+    assert "model name" not in str(caught.value)
+
+
+async def test_a_request_too_long_for_the_context_is_a_context_length_error_as_from_the_local_backend(
+    url: str,
+) -> None:
+    """Exploration ends an episode whose conversation outgrew the context (ContextLengthError) instead of failing
+    it at every resume: an endpoint's 400 for the same reason must be that error too, naming the field at fault."""
     http = _http(url)
     long = GenerationRequest([{"role": "user", "content": "word " * 1100}])
-    with pytest.raises(EndpointError) as caught:
+    with pytest.raises(ContextLengthError) as prompt:
         await http.generate(long)
+    short = GenerationRequest([{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=5000))
+    with pytest.raises(ContextLengthError) as budget:
+        await http.generate(short)
     await http.aclose()
-    assert "rejected the request (HTTP 400: the prompt has" in str(caught.value)
-    assert "model name" not in str(caught.value)
+    assert prompt.value.param == "messages" and budget.value.param == "max_tokens"
+    assert f"endpoint {url} cannot fit the request in the model's context (HTTP 400: the prompt has" in str(
+        prompt.value
+    )
+    assert "is too large: 5000. This model's maximum context length is 1024 tokens" in str(budget.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        # OpenAI
+        (
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens. However, your messages "
+                    "resulted in 9000 tokens.",
+                    "code": "context_length_exceeded",
+                    "param": "messages",
+                }
+            },
+            "messages",
+        ),
+        # llama.cpp server
+        (
+            {
+                "error": {
+                    "code": 400,
+                    "message": "the request exceeds the available context size, try increasing it",
+                    "type": "exceed_context_size_error",
+                }
+            },
+            "messages",
+        ),
+        # vLLM, a prompt longer than max_model_len
+        (
+            {
+                "message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096.",
+                "type": "BadRequestError",
+                "code": 400,
+            },
+            "messages",
+        ),
+    ],
+)
+def test_context_length_refusals_of_other_servers_are_recognised(body: dict[str, Any], param: str) -> None:
+    import httpx
+    import openai
+
+    from toolschool.models.backends.openai_http import context_length_param
+
+    response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
+    assert context_length_param(openai.BadRequestError("refused", response=response, body=body)) == param
+    other = {"error": {"message": "top_p must be in (0, 1]", "param": "top_p"}}
+    assert context_length_param(openai.BadRequestError("refused", response=response, body=other)) is None
 
 
 @contextlib.contextmanager

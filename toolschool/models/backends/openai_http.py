@@ -27,12 +27,13 @@ import asyncio
 import logging
 import os
 import random
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolschool.chat.types import arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
-from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest
 from toolschool.models.spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -221,6 +222,13 @@ class OpenAIBackend(Backend):
                 log.warning("endpoint %s refuses top_p: resending without it (1 is the default)", self.base_url)
                 self.send_default_top_p = False
                 return await self._chat({k: v for k, v in kwargs.items() if k != "top_p"})
+            if (param := context_length_param(exc)) is not None:
+                raise ContextLengthError(
+                    f"endpoint {self.base_url} cannot fit the request in the model's context "
+                    f"(HTTP {exc.status_code}: {_error_text(exc)})",
+                    param=param,
+                    hint="shorten the conversation or the tool list, or ask for fewer tokens (max_tokens)",
+                ) from exc
             raise self._rejected(exc) from exc
         except openai.APIStatusError as exc:
             raise self._rejected(exc) from exc
@@ -301,6 +309,34 @@ def _unsupported_param(exc: Any) -> str | None:
     if isinstance(inner, dict) and inner.get("code") == "unsupported_parameter" and inner.get("param"):
         return str(inner["param"])
     return None
+
+
+# How servers word a request that does not fit the context: OpenAI and vLLM ("maximum context length is N
+# tokens"), vLLM for a prompt over max_model_len, llama.cpp's server, toolschool serve ("positions ... supports").
+_CONTEXT_LENGTH = re.compile(
+    r"maximum context length|longer than the maximum model length|exceeds the available context size"
+    r"|positions '.*' supports, leaving no room",
+    re.IGNORECASE,
+)
+
+
+def context_length_param(exc: Any) -> str | None:
+    """The request field at fault ("messages" or "max_tokens") when a 400 says the request does not fit the
+    model's context, else None: the same ContextLengthError the local backend raises, so callers can tell it."""
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else {}
+    inner = inner if isinstance(inner, dict) else {}
+    text = _error_text(exc)
+    if not (
+        inner.get("code") == "context_length_exceeded"
+        or inner.get("type") == "exceed_context_size_error"
+        or _CONTEXT_LENGTH.search(text)
+    ):
+        return None
+    param = inner.get("param")
+    if param in ("max_tokens", "max_completion_tokens") or re.search(r"'?max_(completion_)?tokens'? .*too large", text):
+        return "max_tokens"
+    return "messages"
 
 
 def _asks_for_max_completion_tokens(exc: Any) -> bool:
