@@ -506,6 +506,9 @@ def test_eval_resume_with_a_damaged_items_file(tmp_path: Path) -> None:
     path.write_text(json.dumps({"index": 0, "id": item.id}) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"{path}:1: not an item record \\("):
         _finished_items(path, [item], {"k": 1})
+    path.write_text("[1]\n{}\n", encoding="utf-8")  # JSON, but not an object
+    with pytest.raises(DataError, match=f"{path}:1: not an item record \\(a JSON array, not an object\\)"):
+        _finished_items(path, [item], {"k": 1})
 
 
 def test_bfcl_category_without_its_data_file(tmp_path: Path) -> None:

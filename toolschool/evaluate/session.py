@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from toolschool.chat.formats.base import kind
 from toolschool.chat.types import ParsedReply
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
@@ -253,6 +254,8 @@ def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) ->
             if number == len(lines):  # killed mid-write
                 break
             raise DataError(f"{path}:{number}: not a JSON line", hint=fix) from None
+        if not isinstance(record, dict):
+            raise DataError(f"{path}:{number}: not an item record (a JSON {kind(record)}, not an object)", hint=fix)
         index = record.get("index")
         if not isinstance(index, int) or not 0 <= index < len(items) or items[index].id != record.get("id"):
             now = items[index].id if isinstance(index, int) and 0 <= index < len(items) else None
