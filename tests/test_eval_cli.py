@@ -205,3 +205,23 @@ def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp
     )
     assert result.exit_code == 0, result.output
     assert json.loads((run / "merged" / "eval" / "summary.json").read_text())["settings"]["format"] == "react"
+
+
+def test_evaluate_defaults_to_the_data_the_run_evaluated_on(tmp_path: Path) -> None:
+    """`evaluate runs/x/sft/checkpoints/checkpoint-N` scores the run's test data: what its eval stage used (the
+    built-in held-out set of the demo, eval/heldout.jsonl), else the distill split."""
+    from toolschool.cli.eval_cmd import _default_data
+
+    run = tmp_path / "runs" / "x"
+    checkpoint = run / "sft" / "checkpoints" / "checkpoint-6"
+    checkpoint.mkdir(parents=True)
+    (run / "distill").mkdir()
+    (run / "distill" / "validation.jsonl").write_text("{}\n")
+    assert _default_data(checkpoint) == run / "distill" / "validation.jsonl"
+    (run / "eval").mkdir()
+    (run / "eval" / "heldout.jsonl").write_text("{}\n")
+    assert _default_data(checkpoint) == run / "eval" / "heldout.jsonl"
+    own = tmp_path / "mine.jsonl"
+    own.write_text("{}\n")
+    (run / "eval" / "DONE.json").write_text(json.dumps({"stage": "eval", "data": str(own)}))
+    assert _default_data(checkpoint) == own

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolschool.cli.console import console, err_console
@@ -147,12 +148,25 @@ def eval_command(
     _run(config_path, overrides, list(model) if model else None, out, resume)
 
 
+# Where a run keeps its test data, looked for upwards from a checkpoint (see `_default_data`).
+DEFAULT_DATA_PLACES = "eval/DONE.json's data, eval/heldout.jsonl, distill/test.jsonl, distill/validation.jsonl"
+
+
 def _default_data(checkpoint: Path) -> Path | None:
+    """The test data of the run a checkpoint belongs to: what its eval stage evaluated on (the file named in
+    eval/DONE.json, or the built-in held-out set it wrote), else the distill split (never trained on)."""
     for folder in [checkpoint, *checkpoint.resolve().parents]:
-        for name in ("test.jsonl", "validation.jsonl"):
-            candidate = folder / "distill" / name
-            if candidate.is_file():
-                return candidate
+        marker = folder / "eval" / "DONE.json"
+        if marker.is_file():
+            try:
+                recorded = json.loads(marker.read_text(encoding="utf-8")).get("data")
+            except (OSError, json.JSONDecodeError, AttributeError):
+                recorded = None
+            if isinstance(recorded, str) and Path(recorded).is_file():
+                return Path(recorded)
+        for name in ("eval/heldout.jsonl", "distill/test.jsonl", "distill/validation.jsonl"):
+            if (folder / name).is_file():
+                return folder / name
     return None
 
 
@@ -178,7 +192,9 @@ def _trained_format(checkpoint: Path) -> str | None:
 def evaluate_command(
     checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
     num_samples: int = typer.Option(50, "--num-samples", "-n", min=1, help="Evaluate the first N items."),
-    data: str = typer.Option(None, help="Test JSONL (default: the run's distill/test.jsonl or validation.jsonl)."),
+    data: str = typer.Option(
+        None, help="Test JSONL (default: the data the run's eval stage used, else its distill split)."
+    ),
     format: str = typer.Option(
         None, "--format", help="hermes | json | react (default: the format the checkpoint's run trained with)"
     ),
@@ -203,10 +219,11 @@ def evaluate_command(
         found = _default_data(path) if path.is_dir() else None
         if found is None:
             raise ConfigError(
-                f"no test data found for checkpoint '{checkpoint}' (looked for distill/test.jsonl upwards)",
+                f"no test data found for checkpoint '{checkpoint}' (looked upwards for {DEFAULT_DATA_PLACES})",
                 hint="pass --data test.jsonl",
             )
         data = str(found)
+        err_console.print(f"[dim]evaluate: data {escape(data)}, the run's test data (--data overrides)[/dim]")
     if format is None and path.is_dir():
         format = _trained_format(path)
         if format is not None:
