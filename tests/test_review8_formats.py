@@ -46,6 +46,15 @@ def test_reply_text_that_looks_like_an_end_token_is_weighted_to_its_end(tokenize
     assert _weighted_text(tokenizer, rendered) == "".join(r + "<|im_end|>" for r in replies)
 
 
+@pytest.mark.parametrize("arguments", ['{"x": NaN}', '{"x": Infinity}', '{"x": 1e400}'])
+def test_wire_arguments_that_are_not_json_numbers_are_refused_as_the_parsers_refuse_them(arguments: str) -> None:
+    """A client (or the server's caller) sending NaN in arguments got a 200 and invalid JSON written back."""
+    from toolschool.chat.types import arguments_from_wire
+
+    with pytest.raises(ValueError, match="is not a JSON value|is out of range"):
+        arguments_from_wire(arguments)
+
+
 @pytest.mark.parametrize(("arguments", "got"), [([1, 2], "list"), (5, "int"), (True, "bool"), ("null", "null")])
 def test_wire_arguments_of_a_wrong_type_raise_the_documented_value_error(arguments: Any, got: str) -> None:
     """`arguments_from_wire` promises a ValueError with a precise message (its callers catch ValueError); a list,

@@ -13,6 +13,7 @@ Data is kept as plain dicts (JSON-ready); the pydantic models validate it.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,13 +73,31 @@ def arguments_to_wire(arguments: dict[str, Any] | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value; write a number or a string")
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):
+        raise ValueError(f"the number {literal} is out of range; write a smaller number or a string")
+    return value
+
+
+# Strict JSON: Python's json reads NaN, Infinity and 1e400 as float nan/inf, which are not JSON and would be
+# written back as invalid JSON (`{"x": NaN}`) into logs, datasets and OpenAI responses.
+STRICT_JSON = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
 def arguments_from_wire(arguments: str | dict[str, Any] | None) -> dict[str, Any]:
     """OpenAI wire arguments (a JSON string) to a dict; raises ValueError with a precise message."""
     if arguments is None or arguments == "":
         return {}
     if isinstance(arguments, dict):
         return arguments
-    value = json.loads(arguments) if isinstance(arguments, str | bytes | bytearray) else arguments
+    if isinstance(arguments, bytes | bytearray):
+        arguments = arguments.decode("utf-8")
+    value = STRICT_JSON.decode(arguments) if isinstance(arguments, str) else arguments
     if not isinstance(value, dict):
         raise ValueError(
             f"tool-call arguments must be a JSON object, got {'null' if value is None else type(value).__name__}"

@@ -11,35 +11,25 @@ A format is the text convention the model writes tool calls in. Each format know
 from __future__ import annotations
 
 import json
-import math
 from abc import ABC, abstractmethod
 from typing import Any
 
 from pydantic import BaseModel
 
 from toolschool.chat.formats.rendering import END_OF_TURN_TOKENS, Method, Rendered, render_conversation
-from toolschool.chat.types import MessageDict, ParsedReply, ToolSchemaDict, arguments_from_wire, tool_call
+from toolschool.chat.types import (
+    STRICT_JSON,
+    MessageDict,
+    ParsedReply,
+    ToolSchemaDict,
+    arguments_from_wire,
+    tool_call,
+)
 from toolschool.errors import DataError
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 # The exact text a tool result becomes in the json and react formats (a user turn): OBSERVATION_PREFIX + output.
 OBSERVATION_PREFIX = "Observation: "
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value; write a number or a string")
-
-
-def _finite_float(literal: str) -> float:
-    value = float(literal)
-    if math.isinf(value):
-        raise ValueError(f"the number {literal} is out of range; write a smaller number or a string")
-    return value
-
-
-# Strict JSON: Python's json reads NaN, Infinity and 1e400 as float nan/inf, which are not JSON and would be
-# written back as invalid JSON (`{"x": NaN}`) into logs, datasets and OpenAI responses.
-_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 class ChatFormat(ABC):
@@ -191,7 +181,7 @@ def strip_end_tokens(text: str) -> str:
 
 def decode_json_prefix(text: str, start: int) -> tuple[Any, int]:
     """Decode one strict JSON value at `start` (raises ValueError, mostly json.JSONDecodeError); (value, end)."""
-    return _DECODER.raw_decode(text, start)
+    return STRICT_JSON.raw_decode(text, start)
 
 
 def json_error(exc: ValueError, origin: int = 0) -> str:
@@ -221,7 +211,7 @@ def coerce_arguments(value: Any, field_name: str) -> tuple[dict[str, Any] | None
         if not value.strip().startswith("{"):
             return None, f'"{field_name}" must be a JSON object, got the string {dumps(value[:40])}'
         try:
-            value = _DECODER.decode(value)
+            value = STRICT_JSON.decode(value)
         except ValueError as exc:
             return None, f'"{field_name}" is a string that is not a valid JSON object: {json_error(exc)}'
     if not isinstance(value, dict):
