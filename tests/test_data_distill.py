@@ -593,3 +593,33 @@ def test_an_interrupted_judge_run_resumes_without_asking_again(tmp_path: Path) -
     fresh = distill(good_trials(), DistillOptions(**{**opts.__dict__, "out": tmp_path / "fresh"}), judge=backend)
     assert fresh["per_tool"] == summary["per_tool"]
     assert (tmp_path / "fresh" / "train.jsonl").read_text() == (opts.out / "train.jsonl").read_text()
+
+
+def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path: Path, monkeypatch) -> None:
+    """[model] dtype/device apply to every model the run loads: the judge was loaded with the defaults."""
+    import toolschool.models.backends as backends
+    from toolschool.config import load_config
+    from toolschool.data.distill import run_distill_stage
+
+    made: list[tuple[str, dict]] = []
+
+    def fake_make_backend(spec: str, **kwargs):  # noqa: ANN202
+        made.append((spec, kwargs))
+        return ScriptedBackend({})
+
+    monkeypatch.setattr(backends, "make_backend", fake_make_backend)
+    trials = tmp_path / "trials.jsonl"
+    trials.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    config = load_config(
+        None,
+        {
+            "run.root": str(tmp_path / "runs"),
+            "model.dtype": "bf16",
+            "model.device": "cpu",
+            "distill.trials": str(trials),
+            "distill.judge_model": "judge-model",
+            "distill.validation_fraction": 0.0,
+        },
+    )
+    run_distill_stage(config)
+    assert made == [("judge-model", {"concurrency": 16, "dtype": "bf16", "device": "cpu"})]

@@ -513,6 +513,8 @@ class DistillOptions:
     paraphrase_model: str | None = None
     temperature: float = 0.8
     max_tokens: int = 160
+    dtype: str | None = "auto"  # how a local judge/paraphraser loads: the run's [model] dtype and device
+    device: str | None = None
 
 
 async def _generate(
@@ -651,7 +653,7 @@ async def run_distill(trials: list[dict[str, Any]], opts: DistillOptions, *, pro
     backends: dict[str, Backend] = {}
     for spec in (opts.judge_model, opts.paraphrase_model):
         if spec and spec not in backends:
-            backends[spec] = make_backend(spec, concurrency=opts.concurrency)
+            backends[spec] = make_backend(spec, concurrency=opts.concurrency, dtype=opts.dtype, device=opts.device)
     try:
         return await adistill(
             trials,
@@ -880,6 +882,8 @@ def run_distill_stage(
         paraphrase_model=d.paraphrase_model,
         temperature=d.temperature,
         max_tokens=d.max_tokens,
+        dtype=config.model.dtype,
+        device=config.model.device,
     )
     if console is not None:
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
