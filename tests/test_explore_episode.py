@@ -386,3 +386,32 @@ async def test_cancelling_an_episode_as_its_tool_call_returns_is_not_swallowed()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+@pytest.mark.parametrize("format_name", ["hermes", "json", "react"])
+@pytest.mark.parametrize(
+    ("parameters", "arguments"),
+    [
+        (
+            {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+            {"expression": "2+2"},
+        ),
+        ({"type": "object", "properties": {}}, {}),  # a tool without parameters: "now", "list_files"
+    ],
+)
+def test_a_forced_call_starts_the_reply_the_model_is_trained_to_write(
+    format_name: str, parameters: dict, arguments: dict
+) -> None:
+    """The forced first call is a prefill: it must be the start of the format's own reply text for that call, or
+    the model continues from a token boundary it never saw (a lone trailing space for a tool without parameters)."""
+    from types import SimpleNamespace
+
+    from toolschool.chat.formats import get_format
+    from toolschool.chat.types import tool_call
+    from toolschool.explore.episode import forced_call_prefix
+
+    fmt = get_format(format_name)
+    ctx = SimpleNamespace(fmt=fmt, schema_of=lambda tool: {"name": tool, "parameters": parameters})
+    reply = fmt.format_reply({"role": "assistant", "content": "", "tool_calls": [tool_call("now", arguments)]})
+    prefix = forced_call_prefix(ctx, "now")  # type: ignore[arg-type]
+    assert reply.startswith(prefix) and not prefix.endswith(" "), (prefix, reply)

@@ -515,7 +515,9 @@ def forced_call_prefix(ctx: ExploreContext, tool: str) -> str:
     properties = parameters.get("properties") or {}
     names = list(parameters.get("required") or []) or list(properties.keys())
     if not names:
-        return prefix
+        # ' {}' is one token in training text: a prefill ending in the space would leave the model a boundary it
+        # never saw (serve's forced calls strip it too)
+        return prefix.rstrip()
     quote = '"' if (properties.get(names[0]) or {}).get("type") == "string" else ""
     return prefix + "{" + json.dumps(names[0]) + ": " + quote
 
