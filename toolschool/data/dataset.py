@@ -274,6 +274,21 @@ def load_hub_rows(dataset_id: str, *, split: str, config: str | None = None) -> 
     return [dict(row) for row in loaded]
 
 
+def without_nulls(value: Any) -> Any:
+    """`value` without the dict keys whose value is null, at any depth (list items stay as they are).
+
+    A Hugging Face dataset is Arrow: a struct column holds every key any row has, so each row comes back with the
+    others' keys as None — a calculator call's arguments as `{"expression": "2+3", "code": None}`, its schema's
+    properties with `"code": None`, `tool_calls: None` on every user message. Trained as they are, the model would
+    learn to write `"code": null`. A null in such a row cannot be told from an absent key, so it is read as one.
+    """
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
 def load_examples(
     source: str | Path, *, on_error: OnError | str = "skip", split: str = "train"
 ) -> tuple[list[dict[str, Any]], DatasetReport]:
@@ -288,7 +303,7 @@ def load_examples(
     examples = []
     for index, row in enumerate(rows):
         report.lines += 1
-        row = {key: value for key, value in row.items() if key in EXAMPLE_KEYS}
+        row = without_nulls({key: value for key, value in row.items() if key in EXAMPLE_KEYS})
         reason = validate_example(row)
         if reason is not None:
             _bad(report, f"{text}[{split}]:row {index}", reason, on_error)
