@@ -3,11 +3,15 @@ checked as a Hugging Face datasets / OpenAI user would use them."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from toolschool.data.dataset import load_examples
+from toolschool.cli import app
+from toolschool.data.dataset import load_dataset_jsonl, load_examples
+from toolschool.errors import DataError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 GSM8K = FIXTURES / "gsm8k_sample.jsonl"
@@ -81,3 +85,42 @@ def test_hub_rows_lose_the_null_keys_arrow_adds_to_every_row(tmp_path: Path, mon
         assert example["messages"] == line["messages"]
         assert example["tools"] == line["tools"]
         assert example["meta"] == line["meta"]
+
+
+def test_a_json_array_file_is_one_clear_error_not_a_bad_line_per_text_line(tmp_path: Path) -> None:
+    """`datasets` users often have a pretty-printed JSON array; read line by line, every text line was reported as
+    'not valid JSON' (hundreds of bogus bad lines) and nothing was kept."""
+    calc = schema("calculator", expression="string")
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps([call_line("calculator", {"expression": "1+1"}, "2", [calc])] * 3, indent=2))
+    with pytest.raises(DataError, match=r"data\.json holds one JSON array of 3 items, not JSON Lines") as caught:
+        load_examples(str(path))
+    assert "one example per line" in (caught.value.hint or "")
+    result = CliRunner().invoke(app, ["dataset", "validate", str(path)])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+
+
+def test_a_utf8_bom_does_not_make_the_first_line_bad(tmp_path: Path) -> None:
+    """Windows editors and some exporters start the file with a BOM; the first example was dropped as not JSON."""
+    line = {"messages": [{"role": "user", "content": "héllo 你好 🙂"}, {"role": "assistant", "content": "salut"}]}
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(line, ensure_ascii=False) + "\n").encode() * 2)
+    examples, report = load_dataset_jsonl(path, on_error="stop")
+    assert report.kept == 2 and examples[0]["messages"] == line["messages"]
+
+
+def test_a_home_relative_path_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`~/x.jsonl` counts as a local path (so it is never sent to the Hub), but was then opened without expanding
+    `~`: 'does not exist' for a file that exists (a TOML value is not expanded by any shell)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    (tmp_path / "d.jsonl").write_text(json.dumps(line) + "\n")
+    examples, report = load_examples("~/d.jsonl", on_error="stop")
+    assert report.kept == 1 and examples[0]["messages"] == line["messages"]
+
+
+def test_a_json_error_reason_reads_as_one_phrase(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"messages": "a\tb"}\n')
+    _examples, report = load_dataset_jsonl(path)
+    assert report.errors == [f"{path}:1: not valid JSON (Invalid control character at column 16)"]

@@ -183,6 +183,11 @@ def _check_on_error(on_error: str) -> None:
         raise DataError(f"on_error={on_error!r} is not valid", hint=f"use one of {', '.join(ON_ERROR_CHOICES)}")
 
 
+def json_reason(exc: json.JSONDecodeError) -> str:
+    """`not valid JSON (...)` for a line: the decoder's message ("Invalid control character at") plus the column."""
+    return f"not valid JSON ({exc.msg.removesuffix(' at')} at column {exc.colno})"
+
+
 def _bad(report: DatasetReport, where: str, reason: str, on_error: str) -> None:
     message = f"{where}: {reason}"
     if on_error == "stop":
@@ -192,8 +197,8 @@ def _bad(report: DatasetReport, where: str, reason: str, on_error: str) -> None:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text) for each non-blank line."""
-    with path.open(encoding="utf-8") as handle:
+    """Yield (1-based line number, text) for each non-blank line (a UTF-8 byte order mark is not part of line 1)."""
+    with path.open(encoding="utf-8-sig") as handle:
         for number, line in enumerate(handle, start=1):
             if line.strip():
                 yield number, line
@@ -206,23 +211,44 @@ def _require_file(path: Path) -> None:
         raise DataError(f"data path '{path}' is a folder", hint="pass a .jsonl file")
 
 
+def _refuse_json_array(path: Path) -> None:
+    """A file that is one JSON array (what `json.dump(list)` writes) is not JSON Lines: say so once.
+
+    Read line by line, each of its text lines would be a bad line of its own: hundreds of 'not valid JSON'.
+    """
+    with path.open(encoding="utf-8-sig") as handle:
+        start = handle.read(4096).lstrip()
+    if not start.startswith("["):
+        return
+    try:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except json.JSONDecodeError:
+        return  # JSON Lines whose first line is a list: the line check names it
+    if isinstance(data, list):
+        raise DataError(
+            f"{path} holds one JSON array of {len(data)} items, not JSON Lines",
+            hint="write one example per line (JSONL): `jq -c '.[]' FILE.json > FILE.jsonl`",
+        )
+
+
 def load_dataset_jsonl(
     path: str | Path, on_error: OnError | str = "skip"
 ) -> tuple[list[dict[str, Any]], DatasetReport]:
     """Read and validate a dataset JSONL file; bad lines go to the report (skip) or raise DataError (stop)."""
     _check_on_error(on_error)
-    path = Path(path)
+    path = Path(path).expanduser()
     _require_file(path)
     report = DatasetReport(source=str(path))
     examples: list[dict[str, Any]] = []
     try:
+        _refuse_json_array(path)
         for number, line in iter_jsonl(path):
             report.lines += 1
             where = f"{path}:{number}"
             try:
                 example = json.loads(line)
             except json.JSONDecodeError as exc:
-                _bad(report, where, f"not valid JSON ({exc.msg} at column {exc.colno})", on_error)
+                _bad(report, where, json_reason(exc), on_error)
                 continue
             reason = validate_example(example)
             if reason is not None:
@@ -336,7 +362,7 @@ def read_raw_records(
     try:
         if path.suffix == ".json":
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = json.loads(path.read_text(encoding="utf-8-sig"))
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})", hint="fix the file") from None
             if isinstance(data, dict):  # {"train": [...]} or column-oriented is not supported: say so
@@ -363,7 +389,7 @@ def read_raw_records(
             try:
                 item = json.loads(line)
             except json.JSONDecodeError as exc:
-                _bad(report, f"{path}:{number}", f"not valid JSON ({exc.msg} at column {exc.colno})", on_error)
+                _bad(report, f"{path}:{number}", json_reason(exc), on_error)
                 continue
             if not isinstance(item, dict):
                 _bad(report, f"{path}:{number}", f"expected a JSON object, got {type(item).__name__}", on_error)
