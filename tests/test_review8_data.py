@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolschool.cli import app
-from toolschool.data.dataset import load_dataset_jsonl, load_examples
+from toolschool.data.dataset import dataset_stats, load_dataset_jsonl, load_examples
 from toolschool.errors import DataError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
@@ -124,3 +124,43 @@ def test_a_json_error_reason_reads_as_one_phrase(tmp_path: Path) -> None:
     path.write_text('{"messages": "a\tb"}\n')
     _examples, report = load_dataset_jsonl(path)
     assert report.errors == [f"{path}:1: not valid JSON (Invalid control character at column 16)"]
+
+
+# ------------------------------------------------------------------------------------------------ stats
+
+
+def test_stats_count_calls_per_called_tool(tmp_path: Path) -> None:
+    """OpenAI-style data has no meta.tool: per_tool said {"None": 3} for lines that call get_weather three times
+    and get_time once. The calls per tool name are what a user counts by hand."""
+    weather, clock = schema("get_weather", city="string"), schema("get_time", zone="string")
+    two_calls = call_line("get_weather", {"city": "Paris"}, "sunny", [weather, clock])
+    two_calls["messages"][1]["tool_calls"].append(
+        {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "CET"}}}
+    )
+    two_calls["messages"].insert(3, {"role": "tool", "tool_call_id": "c2", "content": "12:00"})
+    examples = [
+        two_calls,
+        call_line("get_weather", {"city": "Oslo"}, "rain", [weather]),
+        call_line("get_weather", {"city": "Rome"}, "hot", [weather]),
+    ]
+    stats = dataset_stats(examples)
+    assert stats["tool_calls"] == 4
+    assert stats["calls_per_tool"] == {"get_time": 1, "get_weather": 3}
+
+
+def test_stats_counts_calls_per_tool_in_text_format_lines() -> None:
+    from toolschool.data.records import example_to_format
+
+    calc = schema("calculator", expression="string")
+    line = call_line("calculator", {"expression": "1+1"}, "2", [calc])
+    assert dataset_stats([example_to_format(line, "json")])["calls_per_tool"] == {"calculator": 1}
+
+
+def test_stats_prints_each_skipped_line_whole(tmp_path: Path) -> None:
+    """`dataset stats` wrapped each skipped-line report at 80 columns, so `file:line: reason` came out in pieces."""
+    path = tmp_path / "d.jsonl"
+    reason = "unknown key(s) extra (allowed: messages, tools, meta; put extras in meta)"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}], "extra": 1}) + "\n")
+    result = CliRunner().invoke(app, ["dataset", "stats", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"skipped {path}:1: {reason}\n" in result.output

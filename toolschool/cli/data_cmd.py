@@ -126,12 +126,12 @@ def stats_cmd(
     on_error: str = typer.Option("skip", "--on-error", help=ON_ERROR_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Counts per tool, category and source; calls and turns."""
+    """Counts: calls per tool name, lines per meta tool / category / source, calls and turns."""
     from toolschool.data.dataset import dataset_stats, load_examples
 
     examples, report = load_examples(path, on_error=on_error)
-    for error in report.errors:
-        err_console.print(f"[yellow]skipped[/yellow] {error}", highlight=False)
+    for error in report.errors:  # whole lines (no wrapping at the console width): easy to grep and to open
+        typer.echo(f"skipped {error}", err=True)
     stats = {"source": report.source, "skipped_lines": report.skipped, **dataset_stats(examples)}
     if as_json:
         typer.echo(json.dumps(stats, indent=2))

@@ -427,9 +427,21 @@ def _calls_of(message: dict[str, Any], format_name: str | None) -> list[Any]:
     return get_format(format_name).parse(message.get("content") or "").calls
 
 
+def _call_name(call: Any) -> str:
+    """The tool a call names (canonical `{"function": {"name"}}`)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    return str(function.get("name")) if isinstance(function, dict) else "?"
+
+
 def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts a user wants before training: per tool, per category, per source, calls and turns."""
+    """Counts a user wants before training: per tool, per category, per source, calls and turns.
+
+    `per_tool`, `per_category` and `per_source` count lines by their meta (what the builders record);
+    `calls_per_tool` counts the calls themselves by the tool they name, which is what OpenAI-style data without
+    meta has to be counted by.
+    """
     per_tool: Counter[str] = Counter()
+    calls_per_tool: Counter[str] = Counter()
     per_category: Counter[str] = Counter()
     per_source: Counter[str] = Counter()
     calls = 0
@@ -440,7 +452,9 @@ def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
         per_tool[str(meta.get("tool"))] += 1
         per_category[str(meta.get("category"))] += 1
         per_source[str(meta.get("source"))] += 1
-        n_calls = sum(len(_calls_of(m, meta.get("format"))) for m in example["messages"])
+        names = [_call_name(c) for m in example["messages"] for c in _calls_of(m, meta.get("format"))]
+        calls_per_tool.update(names)
+        n_calls = len(names)
         calls += n_calls
         with_calls += n_calls > 0
         turns += sum(1 for m in example["messages"] if m.get("role") == "assistant")
@@ -450,6 +464,7 @@ def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
         "with_tool_calls": with_calls,
         "tool_calls": calls,
         "assistant_turns_mean": round(turns / n, 3) if n else 0.0,
+        "calls_per_tool": dict(sorted(calls_per_tool.items())),
         "per_tool": dict(sorted(per_tool.items())),
         "per_category": dict(sorted(per_category.items())),
         "per_source": dict(sorted(per_source.items())),
