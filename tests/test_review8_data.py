@@ -164,3 +164,28 @@ def test_stats_prints_each_skipped_line_whole(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["dataset", "stats", str(path), "--json"])
     assert result.exit_code == 0, result.output
     assert f"skipped {path}:1: {reason}\n" in result.output
+
+
+# ------------------------------------------------------------------------------------------------ build-calc-python
+
+
+def _sources(tmp_path: Path, gsm_extra: list[str]) -> list[str]:
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text(GSM8K.read_text() + "".join(line + "\n" for line in gsm_extra))
+    return ["--gsm8k", str(gsm), "--cruxeval", str(CRUX), "--instructions", str(FLAN)]
+
+
+def test_build_shows_source_lines_it_could_not_read(tmp_path: Path) -> None:
+    """A source line that is not a JSON object was only listed in summary.json: the CLI table's 'available' was
+    silently smaller than the file and neither the output nor the card said why."""
+    out = tmp_path / "ds"
+    args = _sources(tmp_path, ['{"question": "broken', "[1, 2]"])
+    result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--size", "6", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    gsm = tmp_path / "gsm.jsonl"
+    n = len(GSM8K.read_text().splitlines())
+    for where, reason in ((n + 1, "not valid JSON"), (n + 2, "expected a JSON object, got list")):
+        assert f"calculator: unreadable source line {gsm}:{where}: {reason}" in result.output
+    card = (out / "README.md").read_text()
+    assert "## Source lines that could not be read" in card
+    assert f"- calculator: 2 (first at {gsm}:{n + 1}: not valid JSON" in card

@@ -100,6 +100,9 @@ def build_calc_python_cmd(
     for category, s in summary["categories"].items():
         for reason, count in s["dropped_by_reason"].items():
             console.print(f"  {category}: dropped {count} — {reason}", highlight=False)
+    for category, errors in summary["source_read_errors"].items():  # not JSON objects: not even 'available'
+        for error in errors:
+            console.print(f"  {category}: unreadable source line {error}", highlight=False)
     console.print(f"files: {json.dumps(summary['files'])}; card: {out_dir / 'README.md'}", highlight=False)
 
 

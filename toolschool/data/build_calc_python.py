@@ -528,6 +528,12 @@ def dataset_card(summary: dict[str, Any]) -> str:
             f"| {category} | {s['source']} | {s['available']} | {s['examined']} | {s['valid']} | {s['dropped']} "
             f"| {s['target']} | {s['used']} |"
         )
+    if summary.get("source_read_errors"):
+        lines += ["", "## Source lines that could not be read", ""]
+        lines.append("Not JSON objects, so not counted as available:")
+        lines.append("")
+        for category, errors in summary["source_read_errors"].items():
+            lines.append(f"- {category}: {len(errors)} (first at {errors[0]})")
     lines += ["", "## Why items were dropped", ""]
     for category, s in summary["categories"].items():
         if not s["dropped_by_reason"]:
