@@ -189,3 +189,35 @@ def test_build_shows_source_lines_it_could_not_read(tmp_path: Path) -> None:
     card = (out / "README.md").read_text()
     assert "## Source lines that could not be read" in card
     assert f"- calculator: 2 (first at {gsm}:{n + 1}: not valid JSON" in card
+
+
+def test_build_takes_a_question_repeated_with_other_spacing_or_case_once(tmp_path: Path) -> None:
+    """`What is 2+3?` and `what is  2+3?` are the same request: as two records they could land one in train and one
+    in validation, a validation item the model was trained on."""
+    from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+
+    rows = [
+        {"question": "Tom has 2 apples and buys 3. How many?", "answer": "2+3=<<2+3=5>>5\n#### 5"},
+        {"question": "tom has 2 apples and  buys 3. How many? ", "answer": "2+3=<<2+3=5>>5\n#### 5"},
+        {"question": "Ann has 4 pens and buys 1. How many?", "answer": "4+1=<<4+1=5>>5\n#### 5"},
+    ]
+    chat = [
+        {"instruction": "Name a colour.", "output": "Blue"},
+        {"instruction": "name a  colour.", "output": "Red"},
+        {"instruction": "Name a fruit.", "output": "Apple"},
+    ]
+    (tmp_path / "gsm.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "chat.json").write_text(json.dumps(chat))
+    summary = build_calc_python(
+        BuildOptions(
+            gsm8k=str(tmp_path / "gsm.jsonl"), cruxeval=str(CRUX), instructions=str(tmp_path / "chat.json"),
+            out=tmp_path / "o", size=6, ratios={"calculator": 1, "no_tool": 1}, validation_fraction=0.5,
+            formats=["hermes"],
+        )
+    )  # fmt: skip
+    for category, what in (("calculator", "question"), ("no_tool", "prompt")):
+        stats = summary["categories"][category]
+        assert stats["valid"] == 2 and stats["dropped_by_reason"] == {f"same {what} as an earlier row": 1}, stats
+    records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
+    keys = [" ".join(r["prompt"].split()).casefold() for r in records]
+    assert len(keys) == len(set(keys)) == 4

@@ -80,6 +80,14 @@ def _stable_id(prefix: str, text: str) -> str:
     return f"{prefix}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:12]}"
 
 
+def same_request_key(text: str) -> str:
+    """What makes two questions or prompts the same request: their words, whatever the spacing and case.
+
+    `What is 2+3?` and `what is  2+3?` as two records could go one to train and one to validation.
+    """
+    return " ".join(text.split()).casefold()
+
+
 # ---------------------------------------------------------------------------------------------- calculator
 
 
@@ -264,15 +272,15 @@ def build_calculator(rows: list[dict[str, Any]], target: int, opts: BuildOptions
         if not isinstance(question, str) or not isinstance(answer, str):
             stats.drop("missing 'question' or 'answer' text", where)
             continue
-        record_id = _stable_id("calc", question.strip())
-        if record_id in seen:
+        record_id, key = _stable_id("calc", question.strip()), same_request_key(question)
+        if key in seen:
             stats.drop("same question as an earlier row", where)
             continue
         result = gsm8k_expression(question, answer, max_chars=opts.max_expression_chars)
         if result.reason is not None:
             stats.drop(result.reason, where)
             continue
-        seen.add(record_id)
+        seen.add(key)
         stats.valid += 1
         if len(records) < target:
             records.append(
@@ -382,13 +390,13 @@ def build_no_tool(rows: list[dict[str, Any]], target: int, opts: BuildOptions, s
         prompt, response, reason = instruction_prompt(row)
         if reason is None and len(prompt or "") + len(response or "") > opts.max_prompt_chars:
             reason = f"prompt + response longer than {opts.max_prompt_chars} characters"
-        record_id = _stable_id("chat", str(prompt))
-        if reason is None and record_id in seen:
+        record_id, key = _stable_id("chat", str(prompt)), same_request_key(str(prompt))
+        if reason is None and key in seen:
             reason = "same prompt as an earlier row"
         if reason is not None:
             stats.drop(reason, row.get("_where", "?"))
             continue
-        seen.add(record_id)
+        seen.add(key)
         stats.valid += 1
         if len(records) < target:
             records.append(
