@@ -35,6 +35,15 @@ def test_exact_arguments_normalise_strings_and_numbers() -> None:
     assert not values_equal([1, 2], [1, 2, 3])
 
 
+def test_identifiers_and_big_integers_are_not_compared_as_floats() -> None:
+    """A zip code or an id keeps its leading zeros, and integers past 2**53 differ when they differ."""
+    assert not values_equal("2134", "02134") and not values_equal(2134, "02134") and values_equal("02134", "02134")
+    assert not values_equal(12345678901234567, 12345678901234568)
+    assert not values_equal("12345678901234567", 12345678901234568)
+    assert values_equal("12345678901234567", 12345678901234567)
+    assert values_equal("0", 0) and values_equal("0.50", 0.5) and values_equal("-7", -7.0)
+
+
 def test_mode_is_validated() -> None:
     with pytest.raises(ValueError, match="mode must be 'exact' or 'semantic'"):
         arguments_match("x", {}, {}, mode="fuzzy")  # type: ignore[arg-type]

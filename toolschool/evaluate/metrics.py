@@ -85,22 +85,43 @@ _NUMBER_RE = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
 _THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(,\d{3})+(\.\d+)?")
 
 
+# "02134", "007": a leading zero before another digit makes a string an identifier (zip code, id), not a number.
+_LEADING_ZERO_RE = re.compile(r"^[+-]?0\d")
+_INTEGER_RE = re.compile(r"^[+-]?\d+$")
+
+
+def _number_text(value: str) -> str | None:
+    text = value.strip()
+    if _THOUSANDS_RE.fullmatch(text):  # "1,234,567.5"
+        text = text.replace(",", "")
+    return text if _NUMBER_RE.match(text) and not _LEADING_ZERO_RE.match(text) else None
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
         return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        if _THOUSANDS_RE.fullmatch(text):  # "1,234,567.5"
-            text = text.replace(",", "")
-        if _NUMBER_RE.match(text):
-            return float(text)
+    if isinstance(value, str) and (text := _number_text(value)) is not None:
+        return float(text)
+    return None
+
+
+def _as_integer(value: Any) -> int | None:
+    """An int, or a string of one: compared exactly (floats lose integers past 2**53)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and (text := _number_text(value)) is not None and _INTEGER_RE.match(text):
+        return int(text)
     return None
 
 
 def values_equal(pred: Any, gold: Any, rel_tol: float = 0.0) -> bool:
-    """Normalised equality of JSON values: numbers as numbers (within `rel_tol`), strings normalised, recursive."""
+    """Normalised equality of JSON values: numbers as numbers (within `rel_tol`; two integers exactly), strings
+    normalised (a string with a leading zero, "02134", is an identifier, not a number), recursive."""
+    gold_int, pred_int = _as_integer(gold), _as_integer(pred)
+    if gold_int is not None and pred_int is not None and not rel_tol:
+        return gold_int == pred_int
     gold_num, pred_num = _as_number(gold), _as_number(pred)
     if gold_num is not None and pred_num is not None:
         return math.isclose(pred_num, gold_num, rel_tol=rel_tol, abs_tol=ABS_TOL if rel_tol else 0.0)
