@@ -221,3 +221,38 @@ def test_build_takes_a_question_repeated_with_other_spacing_or_case_once(tmp_pat
     records = [json.loads(line) for line in (tmp_path / "o" / "records.jsonl").read_text().splitlines()]
     keys = [" ".join(r["prompt"].split()).casefold() for r in records]
     assert len(keys) == len(set(keys)) == 4
+
+
+# ------------------------------------------------------------------------------------------------ built-in held-out set
+
+
+def test_heldout_items_of_a_tool_do_not_depend_on_the_other_tools() -> None:
+    """One random stream fed every tool in turn, so a run offering another tool set, or whose training data
+    excluded a calculator request, got other weekday test items: scores of two runs were not on the same items."""
+    from toolschool.data.heldout import builtin_heldout
+    from toolschool.tools.registry import build_registry
+
+    def weekday_queries(only: list[str], exclude: list[str] = []) -> list[str]:  # noqa: B006
+        with build_registry(toolbox=["builtin"], only=only) as reg:
+            lines = builtin_heldout(reg, per_tool=4, seed=5, exclude=exclude)
+        return [line["messages"][0]["content"] for line in lines if line["meta"]["tool"] == "weekday"]
+
+    alone = weekday_queries(["weekday"])
+    assert len(alone) == 4
+    assert weekday_queries(["calculator", "python", "weekday"]) == alone
+    with build_registry(toolbox=["builtin"], only=["calculator"]) as reg:
+        first_calc = builtin_heldout(reg, per_tool=1, seed=5)[0]["messages"][0]["content"]
+    assert weekday_queries(["calculator", "weekday"], exclude=[first_calc]) == alone
+
+
+def test_heldout_says_when_a_tool_cannot_have_as_many_items_as_asked() -> None:
+    """The python template has 35 distinct requests: heldout_per_tool = 50 silently gave 35 python items (and the
+    other tools 50), so per-tool scores rested on other counts than configured."""
+    from toolschool.data.heldout import builtin_heldout
+    from toolschool.tools.registry import build_registry
+
+    with build_registry(toolbox=["builtin"], only=["python"]) as reg:
+        assert len(builtin_heldout(reg, per_tool=35, seed=0)) == 35
+        with pytest.raises(DataError, match="only 35 distinct python requests, and 36 were asked") as caught:
+            builtin_heldout(reg, per_tool=36, seed=0)
+    assert "heldout_per_tool" in (caught.value.hint or "")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from toolschool.chat.types import tool_call
+from toolschool.errors import DataError
 
 _UNITS = [("km", "mile"), ("mile", "km"), ("kg", "pound"), ("pound", "kg"), ("liter", "gallon"), ("degC", "degF")]
 _WORDS = {"km": "kilometers", "mile": "miles", "kg": "kilograms", "pound": "pounds", "liter": "liters",
@@ -89,16 +90,20 @@ def builtin_heldout(
     `tools` on each line are the registry's schemas, the same tool set the run trains and explores with.
     `exclude`: requests that must not be test items (the run's training queries; compared case- and
     whitespace-insensitively): a template drawing one draws again.
+
+    Each tool draws from its own seeded stream, so its items do not change with the other tools offered or
+    excluded: two runs with the same seed are scored on the same items of each tool. A tool that cannot have
+    `per_tool` distinct items (the python template has 35) is an error, not a smaller share of the set.
     """
     excluded = {_key(q) for q in exclude}
     schemas = registry.schemas()
     offered = [name for name in registry.names() if name in TEMPLATES]
-    rng = random.Random(f"builtin-heldout/{seed}")
     lines = []
     for name in offered:
+        rng = random.Random(f"builtin-heldout/{seed}/{name}")
         seen: set[str] = set()
         attempts = 0
-        while len(seen) < per_tool and attempts < per_tool * 10:
+        while len(seen) < per_tool and attempts < per_tool * 50:
             attempts += 1
             query, arguments = TEMPLATES[name](rng)
             if query in seen or _key(query) in excluded:
@@ -127,5 +132,11 @@ def builtin_heldout(
                         "split": "test",
                     },
                 }
+            )
+        if len(seen) < per_tool:
+            raise DataError(
+                f"the built-in held-out set can make only {len(seen)} distinct {name} requests, "
+                f"and {per_tool} were asked" + (" (the run's training queries are left out)" if excluded else ""),
+                hint=f"set [pipeline] heldout_per_tool to {len(seen)} or less",
             )
     return lines
