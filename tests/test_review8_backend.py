@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,6 +84,24 @@ def test_a_stop_string_of_many_byte_tokens_is_found(backend: LocalBackend, monke
 def test_an_empty_stop_string_is_refused(backend: LocalBackend) -> None:
     with pytest.raises(ToolschoolError, match="stop strings must not be empty"):
         _generate(backend, max_tokens=4, stop=["Observation:", ""])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n": 2.0}, "n must be an integer, got 2.0"),
+        ({"max_tokens": "16"}, "max_tokens must be an integer, got '16'"),
+        ({"stop": [123]}, "stop strings must be strings, got [123]"),
+        ({"temperature": "0.7"}, "temperature must be a number, got '0.7'"),
+        ({"logprobs": "yes"}, "logprobs must be true or false, got 'yes'"),
+    ],
+)
+def test_sampling_values_of_the_wrong_type_are_refused_before_they_fail_the_batch(
+    backend: LocalBackend, params: dict, message: str
+) -> None:
+    """From the Python API nothing validated types: `stop=[123]` or `n=2.0` failed every request in the batch."""
+    with pytest.raises(ToolschoolError, match=re.escape(message)):
+        SamplingParams(**params).check()
 
 
 def test_a_single_stop_string_is_one_stop_not_its_characters(backend: LocalBackend) -> None:

@@ -41,9 +41,23 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # one stop string, as vLLM and the OpenAI API accept it (not its characters)
             self.stop = [self.stop]
+        elif isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
 
     def check(self) -> None:
         """Refuse values no sampler can honour (the bounds vLLM's SamplingParams checks), with one clear line."""
+        for name in ("n", "max_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ToolschoolError(f"{name} must be an integer, got {value!r}")
+        for name in ("temperature", "top_p"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                raise ToolschoolError(f"{name} must be a number, got {value!r}")
+        if not isinstance(self.logprobs, bool):
+            raise ToolschoolError(f"logprobs must be true or false, got {self.logprobs!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
+            raise ToolschoolError(f"stop strings must be strings, got {self.stop!r}")
         if self.n < 1:
             raise ToolschoolError(f"n must be at least 1, got {self.n}")
         if self.max_tokens < 1:
