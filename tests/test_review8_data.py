@@ -126,6 +126,51 @@ def test_a_json_error_reason_reads_as_one_phrase(tmp_path: Path) -> None:
     assert report.errors == [f"{path}:1: not valid JSON (Invalid control character at column 16)"]
 
 
+def _two_calls(*result_ids: str) -> dict:
+    weather = schema("get_weather", city="string")
+    line = call_line("get_weather", {"city": "Paris"}, "sunny", [weather])
+    line["messages"][1]["tool_calls"].append(
+        {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    )
+    line["messages"][2:3] = [{"role": "tool", "tool_call_id": i, "content": "sunny"} for i in result_ids]
+    return line
+
+
+def test_two_results_for_one_call_while_another_call_has_none_is_a_bad_line() -> None:
+    """Calls c1 and c2 answered by two results for c1 passed: the count matched, and a line whose call c2 never
+    got its result went into training."""
+    from toolschool.data.dataset import validate_example
+
+    assert validate_example(_two_calls("c1", "c2")) is None
+    assert validate_example(_two_calls("c2", "c1")) is None
+    assert validate_example(_two_calls("c1", "c1")) == (
+        "messages[3]: tool_call_id 'c1' answers a call of messages[1] that already has its result "
+        "(still without one: c2)"
+    )
+
+
+def test_a_bare_function_schema_in_tools_says_how_to_wrap_it() -> None:
+    """`tools: [{"name", "parameters"}]` (the inner function object) gave three pydantic fragments
+    ('function: Field required; name: Extra inputs are not permitted; ...'); the fix is one wrapper."""
+    from toolschool.data.dataset import validate_example
+
+    line = call_line("calculator", {"expression": "1"}, "1", [schema("calculator", expression="string")["function"]])
+    assert validate_example(line) == (
+        'tools[0]: a bare function schema; write it as {"type": "function", "function": {"name": ..., '
+        '"parameters": ...}} (the OpenAI tools form)'
+    )
+
+
+def test_string_arguments_say_how_to_fix_them() -> None:
+    from toolschool.data.dataset import validate_example
+
+    line = call_line("calculator", {"expression": "1"}, "1", [schema("calculator", expression="string")])
+    line["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"expression": "1"}'
+    reason = validate_example(line)
+    assert reason is not None and reason.startswith("messages[1]: tool-call arguments must be a JSON object, not a")
+    assert "write the decoded object" in reason
+
+
 # ------------------------------------------------------------------------------------------------ stats
 
 

@@ -98,6 +98,11 @@ def validate_example(example: Any) -> str | None:
 
     declared: dict[str, dict[str, Any]] = {}
     for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and "function" not in tool and "name" in tool:
+            return (
+                f'tools[{i}]: a bare function schema; write it as {{"type": "function", "function": {{"name": ..., '
+                '"parameters": ...}} (the OpenAI tools form)'
+            )
         try:
             function = ToolSchema.model_validate(tool).function
         except ValidationError as exc:
@@ -107,6 +112,7 @@ def validate_example(example: Any) -> str | None:
     open_calls = 0  # calls of the last assistant message still waiting for their tool result
     call_turn = -1
     call_ids: list[str] = []
+    unanswered: list[str] = []  # ids of those calls without their result yet
     for i, raw in enumerate(messages):
         if isinstance(raw, dict):
             unknown = sorted(key for key in raw if key not in MESSAGE_KEYS and raw[key] is not None)
@@ -120,7 +126,11 @@ def validate_example(example: Any) -> str | None:
                 function = call.get("function") if isinstance(call, dict) else None
                 args = function.get("arguments") if isinstance(function, dict) else None
                 if isinstance(args, str):
-                    return f"messages[{i}]: tool-call arguments must be a JSON object, not a string ({args[:60]!r})"
+                    return (
+                        f"messages[{i}]: tool-call arguments must be a JSON object, not a string ({args[:60]!r}): "
+                        "write the decoded object (OpenAI's API sends it as a JSON string; chat templates and TRL "
+                        "want the object)"
+                    )
         try:
             message = Message.model_validate(raw)
         except ValidationError as exc:
@@ -140,6 +150,7 @@ def validate_example(example: Any) -> str | None:
                         return f"messages[{i}]: {problem}"
                 open_calls, call_turn = len(message.tool_calls), i
                 call_ids = [call.id for call in message.tool_calls if call.id]
+                unanswered = list(call_ids)
             elif message.content is None:
                 return f"messages[{i}]: an assistant message needs 'content' or 'tool_calls'"
         elif message.role == "tool":
@@ -151,6 +162,13 @@ def validate_example(example: Any) -> str | None:
                     f"messages[{i}]: tool_call_id '{message.tool_call_id}' answers no call of messages[{call_turn}] "
                     f"({', '.join(call_ids)})"
                 )
+            if message.tool_call_id and call_ids:
+                if message.tool_call_id not in unanswered:
+                    return (
+                        f"messages[{i}]: tool_call_id '{message.tool_call_id}' answers a call of messages[{call_turn}] "
+                        f"that already has its result (still without one: {', '.join(unanswered)})"
+                    )
+                unanswered.remove(message.tool_call_id)
             if message.content is None:  # OpenAI requires it; the json/react formats would show "Observation: null"
                 return f"messages[{i}]: a tool message needs 'content' (the tool's result text)"
         elif message.content is None:
