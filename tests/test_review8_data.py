@@ -211,6 +211,23 @@ def test_stats_prints_each_skipped_line_whole(tmp_path: Path) -> None:
     assert f"skipped {path}:1: {reason}\n" in result.output
 
 
+def test_stats_reads_the_split_asked_for_like_validate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dataset validate ID --split test` worked, `dataset stats ID --split test` was 'No such option'."""
+    import datasets
+
+    line = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    asked: list[str | None] = []
+
+    def hub(dataset_id: str, config: str | None = None, split: str | None = None, **kwargs: object) -> object:
+        asked.append(split)
+        return datasets.Dataset.from_list([line])
+
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    result = CliRunner().invoke(app, ["dataset", "stats", "someone/chat", "--split", "test", "--json"])
+    assert result.exit_code == 0, result.output
+    assert asked == ["test"] and json.loads(result.output)["source"] == "someone/chat[test]"
+
+
 # ------------------------------------------------------------------------------------------------ build-calc-python
 
 

@@ -128,11 +128,12 @@ def stats_cmd(
     path: str = typer.Argument(..., help="Dataset JSONL file (or a Hugging Face dataset id)."),
     on_error: str = typer.Option("skip", "--on-error", help=ON_ERROR_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    split: str = typer.Option("train", help="Split, for a Hugging Face id."),
 ) -> None:
     """Counts: calls per tool name, lines per meta tool / category / source, calls and turns."""
     from toolschool.data.dataset import dataset_stats, load_examples
 
-    examples, report = load_examples(path, on_error=on_error)
+    examples, report = load_examples(path, on_error=on_error, split=split)
     for error in report.errors:  # whole lines (no wrapping at the console width): easy to grep and to open
         typer.echo(f"skipped {error}", err=True)
     stats = {"source": report.source, "skipped_lines": report.skipped, **dataset_stats(examples)}
