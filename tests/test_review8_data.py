@@ -318,3 +318,22 @@ def test_heldout_says_when_a_tool_cannot_have_as_many_items_as_asked() -> None:
         with pytest.raises(DataError, match="only 35 distinct python requests, and 36 were asked") as caught:
             builtin_heldout(reg, per_tool=36, seed=0)
     assert "heldout_per_tool" in (caught.value.hint or "")
+
+
+def test_the_card_names_only_the_sources_and_formats_it_was_built_from(tmp_path: Path) -> None:
+    """The card said 'Licenses: GSM8K (MIT, OpenAI), CRUXEval (MIT, Meta), FLAN v2 sample (FLAN terms)' and
+    described json lines whatever was built: for a no_tool-only hermes build from the user's own file, both false."""
+    from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+
+    chat = tmp_path / "mine.json"
+    chat.write_text(json.dumps([{"instruction": f"Say {i}.", "output": str(i)} for i in range(4)]))
+    build_calc_python(
+        BuildOptions(
+            gsm8k=str(GSM8K), cruxeval=str(CRUX), instructions=str(chat), out=tmp_path / "o", size=4,
+            ratios={"no_tool": 1}, validation_fraction=0.25, formats=["hermes"],
+        )
+    )  # fmt: skip
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "GSM8K (MIT" not in card and "CRUXEval (MIT" not in card and "FLAN v2 sample" not in card
+    assert "json lines" not in card
+    assert f"- no_tool: `{chat}` (its own license)" in card

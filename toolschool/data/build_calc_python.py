@@ -514,6 +514,23 @@ def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
     return summary
 
 
+FORMAT_NOTES = {
+    "hermes": "hermes lines are canonical `tool_calls`",
+    "json": "json lines are the json format's text with the tools described in the system message",
+}
+HOW_MADE = {
+    "calculator": "- **calculator** (GSM8K-style): every `<<expression=value>>` annotation is evaluated by the project "
+    "calculator and must equal its value (up to the decimals shown); the annotation giving the `####` answer becomes "
+    "one expression by substituting the expressions of the intermediate results it uses. Examined: all problems; "
+    "the seeded shuffle picks which valid ones are used.",
+    "python_exec": "- **python_exec** (CRUXEval-style): the call is the function plus `print(repr(f(<input>)))`; the "
+    "expected answer is the sandbox's output, kept only when it equals the given output. Candidates are run in "
+    "seeded order until the target is met (examined < available is expected).",
+    "no_tool": "- **no_tool** (instruction data): single-turn prompts with their reference response; the calculator "
+    "and python tools are still offered, so the model learns when not to call.",
+}
+
+
 def dataset_card(summary: dict[str, Any]) -> str:
     """A markdown card: what each category is built from, how much was used and dropped, and why."""
     o = summary["options"]
@@ -525,8 +542,7 @@ def dataset_card(summary: dict[str, Any]) -> str:
         "(`id, source, category, tool_needed, tool, tool_args, prompt, expected_answer, observation, split`).",
         "",
         f"- size {o['size']}, ratios {o['ratios']}, validation fraction {o['validation_fraction']}, seed {o['seed']}",
-        f"- formats: {', '.join(o['formats'])} (hermes lines are canonical `tool_calls`; json lines are the json "
-        "format's text with the tools described in the system message)",
+        f"- formats: {', '.join(o['formats'])} ({'; '.join(FORMAT_NOTES[f] for f in o['formats'])})",
         "",
         "| category | source | available | examined | valid | dropped | target | used |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
@@ -551,20 +567,10 @@ def dataset_card(summary: dict[str, Any]) -> str:
         for reason, count in s["dropped_by_reason"].items():
             lines.append(f"- {reason}: {count} (first at {s['first_dropped_at'][reason]})")
         lines.append("")
-    lines += [
-        "## How examples are made",
-        "",
-        "- **calculator** (GSM8K): every `<<expression=value>>` annotation is evaluated by the project calculator "
-        "and must equal its value (up to the decimals shown); the annotation giving the `####` answer becomes one "
-        "expression by substituting the expressions of the intermediate results it uses. Examined: all problems; "
-        "the seeded shuffle picks which valid ones are used.",
-        "- **python_exec** (CRUXEval): the call is the function plus `print(repr(f(<input>)))`; the expected answer "
-        "is the sandbox's output, kept only when it equals the given output. Candidates are run in seeded order "
-        "until the target is met (examined < available is expected).",
-        "- **no_tool** (instruction data): single-turn prompts with their reference response; the calculator and "
-        "python tools are still offered, so the model learns when not to call.",
-        "",
-        "Licenses: GSM8K (MIT, OpenAI), CRUXEval (MIT, Meta), FLAN v2 sample (FLAN terms) — see the sources.",
-        "",
-    ]
+    used = [c for c, s in summary["categories"].items() if s["used"]]
+    lines += ["## How examples are made", ""]
+    lines += [HOW_MADE[c] for c in used]
+    lines += ["", "## Sources", ""]
+    lines += [f"- {c}: `{o['sources'][c]}` (its own license)" for c in used]
+    lines.append("")
     return "\n".join(lines)
