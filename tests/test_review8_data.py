@@ -337,3 +337,13 @@ def test_the_card_names_only_the_sources_and_formats_it_was_built_from(tmp_path:
     assert "GSM8K (MIT" not in card and "CRUXEval (MIT" not in card and "FLAN v2 sample" not in card
     assert "json lines" not in card
     assert f"- no_tool: `{chat}` (its own license)" in card
+
+
+def test_build_into_a_path_that_is_a_file_is_one_clear_line(tmp_path: Path) -> None:
+    """`--out` naming a file (or an unwritable folder) ended in a FileExistsError traceback."""
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    args = ["--gsm8k", str(GSM8K), "--cruxeval", str(CRUX), "--instructions", str(FLAN), "--size", "3"]
+    result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--out", str(taken)])
+    assert result.exit_code == 2, result.output
+    assert f"cannot write the dataset in '{taken}'" in result.output and "Traceback" not in result.output
