@@ -347,3 +347,15 @@ def test_build_into_a_path_that_is_a_file_is_one_clear_line(tmp_path: Path) -> N
     result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--out", str(taken)])
     assert result.exit_code == 2, result.output
     assert f"cannot write the dataset in '{taken}'" in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("share", ["nan", "inf", "1e400"])
+def test_a_ratio_that_is_not_a_finite_number_is_refused(share: str) -> None:
+    """`--ratio calculator=nan` (or inf) went through to `int(nan)`: a ValueError traceback."""
+    from toolschool.data.build_calc_python import category_targets
+
+    with pytest.raises(DataError, match="each share must be a finite number >= 0"):
+        category_targets(10, {"calculator": float(share), "no_tool": 1.0})
+    args = ["--gsm8k", str(GSM8K), "--cruxeval", str(CRUX), "--instructions", str(FLAN), "--size", "3"]
+    result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--ratio", f"calculator={share}"])
+    assert result.exit_code == 2 and "each share must be a finite number >= 0" in result.output, result.output

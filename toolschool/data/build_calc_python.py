@@ -240,6 +240,11 @@ def category_targets(size: int, ratios: dict[str, float]) -> dict[str, int]:
     unknown = sorted(set(ratios) - set(CATEGORIES))
     if unknown:
         raise DataError(f"unknown category ratio(s) {', '.join(unknown)}", hint=f"use {', '.join(CATEGORIES)}")
+    if not all(math.isfinite(r) for r in ratios.values()):  # int(nan) further down would be a traceback
+        raise DataError(
+            f"--ratio / [dataset] ratios {ratios}: each share must be a finite number >= 0",
+            hint="e.g. --ratio calculator=0.5 --ratio python_exec=0.3 --ratio no_tool=0.2",
+        )
     if any(r < 0 for r in ratios.values()) or sum(ratios.values()) <= 0:
         raise DataError(
             f"--ratio / [dataset] ratios {ratios}: each share must be >= 0 with a positive sum",
