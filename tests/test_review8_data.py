@@ -359,3 +359,25 @@ def test_a_ratio_that_is_not_a_finite_number_is_refused(share: str) -> None:
     args = ["--gsm8k", str(GSM8K), "--cruxeval", str(CRUX), "--instructions", str(FLAN), "--size", "3"]
     result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--ratio", f"calculator={share}"])
     assert result.exit_code == 2 and "each share must be a finite number >= 0" in result.output, result.output
+
+
+def test_heldout_leaves_out_a_user_tool_that_only_shares_a_builtin_name() -> None:
+    """The templates are for the built-in tools; a module tool that is also called `calculator` (other arguments)
+    was drawn for with the built-in template's arguments, and every call of it failed."""
+    from toolschool.data.heldout import builtin_heldout
+    from toolschool.tools.functions import FunctionTool
+    from toolschool.tools.registry import build_registry
+
+    def calculator(a: int, b: int) -> int:
+        """Add two numbers.
+
+        Args:
+            a: first.
+            b: second.
+        """
+        return a + b
+
+    with build_registry(toolbox=["builtin"], only=["weekday"]) as reg:
+        reg.add(FunctionTool(calculator), "module:mine")
+        lines = builtin_heldout(reg, per_tool=2, seed=0)
+    assert [line["meta"]["tool"] for line in lines] == ["weekday", "weekday"]

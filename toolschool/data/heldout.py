@@ -97,7 +97,8 @@ def builtin_heldout(
     """
     excluded = {_key(q) for q in exclude}
     schemas = registry.schemas()
-    offered = [name for name in registry.names() if name in TEMPLATES]
+    # the templates are for the built-in tools: a module or MCP tool that only shares a name is not one of them
+    offered = [name for name in registry.names() if name in TEMPLATES and registry.source(name) == "builtin"]
     lines = []
     for name in offered:
         rng = random.Random(f"builtin-heldout/{seed}/{name}")
