@@ -175,34 +175,43 @@ class ValidationItem:
     gold: dict[str, Any]
     tools: list[dict[str, Any]] | None
     truncated: bool = False  # the prompt was longer than max_length and lost its start (system prompt, tools)
+    # What evaluation scores the reply against (evaluate.items.item_from_example): the gold turn's calls and, when
+    # it makes none, the expected answer (meta.expected_answer, else the conversation's last answer text).
+    gold_calls: list[dict[str, Any]] = field(default_factory=list)
+    gold_answer: str | None = None
 
 
 def build_validation_items(
     examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, limit: int, max_length: int
 ) -> list[ValidationItem]:
+    """Prompts of the first `limit` examples (their first assistant turn is what is scored), with the gold read
+    as evaluation reads it, so validation rates and `toolschool eval` rates on the same lines agree."""
+    from toolschool.evaluate.items import item_from_example
+
     items = []
-    for example in examples[:limit]:
+    for index, example in enumerate(examples[:limit]):
         prompt, gold = split_at_first_assistant(example["messages"])
+        scored = item_from_example(example, index)
+        assert scored is not None  # split_at_first_assistant found the assistant turn
+        answer = scored.expected_answer if scored.expected_answer is not None else scored.gold_final
         pre = (example.get("meta") or {}).get("format")
         if pre and pre != "hermes":  # already converted to a text format (see render_example)
             messages, tools = prompt, None
-            gold = _gold_from_text(gold, fmt)
         else:
             messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"]
         items.append(
             ValidationItem(
-                prompt_ids=ids[-max_length:], gold=gold, tools=example.get("tools"), truncated=len(ids) > max_length
+                prompt_ids=ids[-max_length:],
+                gold=gold,
+                tools=example.get("tools"),
+                truncated=len(ids) > max_length,
+                gold_calls=list(scored.gold_calls),
+                gold_answer=None if scored.gold_calls else answer,
             )
         )
     return items
-
-
-def _gold_from_text(gold: dict[str, Any], fmt: Any) -> dict[str, Any]:
-    """For pre-converted text-format lines, recover the gold calls by parsing the assistant text."""
-    parsed = fmt.parse(gold.get("content") or "")
-    return parsed.as_message() if parsed.well_formed else gold
 
 
 def generate_batch(
@@ -265,12 +274,11 @@ def validate(
             texts = generate_batch(model, tokenizer, [i.prompt_ids for i in chunk], max_new_tokens, fmt.stop)
             for item, text in zip(chunk, texts, strict=True):
                 parsed = fmt.parse(fmt.prefill + text if fmt.prefill else text)
-                gold_calls = item.gold.get("tool_calls") or []
+                gold_calls = item.gold_calls
                 if toolkens:
                     parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)
                     gold_calls = with_renamed_calls(gold_calls, plain_name)
-                gold_final = None if gold_calls else (item.gold.get("content") or "")
-                scores.append(score_item(parsed, gold_calls, gold_final, format_name=fmt.name))
+                scores.append(score_item(parsed, gold_calls, item.gold_answer, format_name=fmt.name))
     finally:
         if was_training:
             model.train()

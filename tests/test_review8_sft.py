@@ -1,0 +1,192 @@
+"""Review 8 of SFT: validation scores like evaluation, shared-prefix edge cases, labels in every batching mode."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import CALC
+from test_sft import _example
+
+from toolschool.chat.formats import get_format
+from toolschool.train.sft import build_validation_items, prepare_examples, validate
+
+
+def _direct_answer(question: str, answer: str, expected: str) -> dict[str, Any]:
+    """A line whose first assistant turn answers without a tool (the gold is a sentence, meta the answer)."""
+    return {
+        "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}],
+        "tools": [copy.deepcopy(CALC)],
+        "meta": {"source": "test", "expected_answer": expected},
+    }
+
+
+class _Canned:
+    """A backend answering each conversation with the reply given for its user question."""
+
+    name = "canned"
+
+    def __init__(self, replies: dict[str, str]) -> None:
+        self.replies = replies  # without the format's prefill, as the local backend returns a reply
+
+    async def generate(self, request: Any) -> list[Any]:
+        from toolschool.models.backend import Completion
+
+        question = next(m["content"] for m in request.messages if m["role"] == "user")
+        return [Completion(text=self.replies[question])]
+
+
+def _eval_metrics(examples: list[dict[str, Any]], replies: dict[str, str], fmt_name: str) -> dict[str, float]:
+    from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.metrics import aggregate
+    from toolschool.evaluate.runner import EvalOptions, evaluate_items
+
+    items = [item_from_example(example, i) for i, example in enumerate(examples)]
+    backend = _Canned(replies)
+    results = asyncio.run(evaluate_items(backend, items, EvalOptions(format=fmt_name)))  # type: ignore[arg-type]
+    return aggregate([r.score for r in results])
+
+
+def _validation_metrics(
+    examples: list[dict[str, Any]], replies: dict[str, str], fmt_name: str, tokenizer: Any, monkeypatch: Any
+) -> dict[str, float]:
+    import toolschool.train.sft as sft
+
+    fmt = get_format(fmt_name)
+    items = build_validation_items(examples, fmt, tokenizer, len(examples), 512)
+    questions = [next(m["content"] for m in e["messages"] if m["role"] == "user") for e in examples]
+    answers = iter([replies[q] for q in questions])
+
+    def canned_generation(model, tokenizer, prompts, max_new_tokens, stop):  # noqa: ANN001, ANN202
+        return [next(answers) for _ in prompts]
+
+    monkeypatch.setattr(sft, "generate_batch", canned_generation)
+    return validate(torch.nn.Linear(1, 1), tokenizer, fmt, items, max_new_tokens=8)
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "converted"), [("hermes", False), ("json", False), ("react", False), ("json", True), ("react", True)]
+)
+def test_validation_scores_a_reply_as_evaluation_does(fmt_name: str, converted: bool, tokenizer, monkeypatch) -> None:
+    """Validation "logs ... the same metric code as evaluation": the same replies to the same lines must give the
+    same rates. A direct answer used to be matched against the gold turn's whole sentence ("12 * 34 = 408."),
+    so "408" counted as wrong in training while `toolschool eval` (which reads meta.expected_answer) counted it
+    right; lines already written in a text format (meta.format) were read another way too."""
+    from toolschool.data.records import example_to_format
+
+    fmt = get_format(fmt_name)
+    examples = [
+        _direct_answer("What is 12 * 34?", "12 * 34 = 408.", "408"),
+        _direct_answer("What is the capital of France?", "The capital of France is Paris.", "Paris"),
+        _direct_answer("Say hi.", "Hi there!", "Hi there!"),
+        _example(5, 6),
+    ]
+    replies = {
+        "What is 12 * 34?": _reply(fmt, "It is 408."),
+        "What is the capital of France?": _reply(fmt, "Paris."),
+        "Say hi.": _reply(fmt, "Hello."),
+        "What is 5 * 6?": _call_reply(fmt, examples[3]),
+    }
+    if converted:
+        examples = [example_to_format(e, fmt_name) for e in examples]
+    want = _eval_metrics(examples, replies, fmt_name)
+    got = _validation_metrics(examples, replies, fmt_name, tokenizer, monkeypatch)
+    assert want["answer_accuracy"] == pytest.approx(2 / 3)
+    assert got == want
+
+
+def _reply(fmt: Any, answer: str) -> str:
+    """The text a model writes (after the format's prefill) to answer without a tool."""
+    message = {"role": "assistant", "content": answer}
+    messages, _ = fmt.to_messages([{"role": "user", "content": "q"}, message], None)
+    return messages[-1]["content"].removeprefix(fmt.prefill)
+
+
+def _call_reply(fmt: Any, example: dict[str, Any]) -> str:
+    messages, _ = fmt.to_messages(example["messages"][:2], example["tools"])
+    content = messages[-1].get("content") or ""
+    if fmt.name == "hermes":
+        import json
+
+        call = example["messages"][1]["tool_calls"][0]["function"]
+        return f"<tool_call>\n{json.dumps({'name': call['name'], 'arguments': call['arguments']})}\n</tool_call>"
+    return content.removeprefix(fmt.prefill)
+
+
+def _keep(prepared_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(r) for r in prepared_rows]
+
+
+def _reference(model: Any, rows: list[dict[str, Any]]) -> torch.Tensor:
+    total, count = torch.zeros(()), 0
+    for row in rows:
+        logits = model(input_ids=torch.tensor([row["input_ids"]])).logits[0, :-1]
+        targets = torch.tensor(row["labels"][1:])
+        total = total + torch.nn.functional.cross_entropy(logits, targets, ignore_index=-100, reduction="sum")
+        count += int((targets != -100).sum())
+    return total / count
+
+
+@pytest.fixture(scope="module")
+def lora_model(tiny_model_dir: Path):
+    from test_sft_batching import _lora_model
+
+    return _lora_model(tiny_model_dir)
+
+
+def _with_system(example: dict[str, Any], text: str) -> dict[str, Any]:
+    return {**example, "messages": [{"role": "system", "content": text}, *example["messages"]]}
+
+
+def _edge_batches(tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
+    fmt = get_format("hermes")
+    full = prepare_examples([_example(3, 4)], fmt, tokenizer, 4096).rows
+    first_label = next(i for i, lab in enumerate(full[0]["labels"]) if lab != -100)
+    cut = prepare_examples([_example(3, 4), _example(7, 8)], fmt, tokenizer, first_label + 3)
+    assert cut.truncated == 2 and all(sum(lab != -100 for lab in r["labels"]) == 3 for r in cut.rows)
+    one_token = prepare_examples(
+        [_with_system(_example(3, 4), "Be brief."), _with_system(_example(5, 6), "Be brief!")], fmt, tokenizer, 4096
+    ).rows
+    return {
+        "a batch of one": full,
+        "system blocks one token apart": one_token,
+        "cut inside an assistant turn, beside a whole row": [*cut.rows, *full],
+        "no two rows share a prefix": prepare_examples(
+            [_with_system(_example(i, 2), f"System {i}.") for i in range(3)], fmt, tokenizer, 4096
+        ).rows,
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "a batch of one",
+        "system blocks one token apart",
+        "cut inside an assistant turn, beside a whole row",
+        "no two rows share a prefix",
+    ],
+)
+def test_shared_prefix_equals_rows_alone_in_edge_cases(case: str, lora_model, tokenizer) -> None:
+    from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_loss_sum
+
+    rows = _edge_batches(tokenizer)[case]
+    params = [p for p in lora_model.parameters() if p.requires_grad]
+    reference = _reference(lora_model, rows)
+    want = torch.autograd.grad(reference, params)
+    batch = SharedPrefixCollator(tokenizer.pad_token_id)(_keep(rows))
+    distinct = {tuple(r["input_ids"][: r["prefix_length"]]) for r in rows}
+    assert batch["prefix_ids"].shape[0] == len(distinct)
+    loss_sum, count = shared_prefix_loss_sum(lora_model, batch)
+    got = torch.autograd.grad(loss_sum / count, params)
+    assert (loss_sum / count).item() == pytest.approx(reference.item(), rel=1e-5)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_max_length_inside_the_system_block_drops_and_counts_the_example(tokenizer) -> None:
+    prepared = prepare_examples([_example(3, 4)], get_format("hermes"), tokenizer, 50)
+    assert (prepared.truncated, prepared.dropped_no_assistant_after_truncation, prepared.rows) == (1, 1, [])
