@@ -171,6 +171,19 @@ def test_string_arguments_say_how_to_fix_them() -> None:
     assert "write the decoded object" in reason
 
 
+@pytest.mark.parametrize(("name", "kind"), [("d.parquet", "parquet"), ("d.csv", "csv"), ("d.jsonl.gz", "gzip")])
+def test_a_file_in_another_format_is_named_as_such(tmp_path: Path, name: str, kind: str) -> None:
+    """A parquet file was 'not UTF-8 text', a CSV a bad line per row, and a missing `data/x.parquet` was sent to the
+    Hub as a dataset id: each is now one line naming the format and how to get JSON Lines."""
+    path = tmp_path / name
+    path.write_bytes(b"PAR1\x00\x01" if kind != "csv" else b"messages,tools\n[],[]\n")
+    with pytest.raises(DataError, match=f"is a {kind} file, not JSON Lines") as caught:
+        load_examples(str(path))
+    assert "JSON Lines" in (caught.value.hint or "") or ".jsonl" in (caught.value.hint or "")
+    with pytest.raises(DataError, match="does not exist"):
+        load_examples(str(Path("data") / name))
+
+
 # ------------------------------------------------------------------------------------------------ stats
 
 

@@ -256,6 +256,7 @@ def load_dataset_jsonl(
     _check_on_error(on_error)
     path = Path(path).expanduser()
     _require_file(path)
+    _refuse_other_format(path)
     report = DatasetReport(source=str(path))
     examples: list[dict[str, Any]] = []
     try:
@@ -279,14 +280,46 @@ def load_dataset_jsonl(
     return examples, report
 
 
+# Data files toolschool does not read, with how to get JSON Lines from them (the Hub's own format is parquet).
+OTHER_FORMATS = {
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".gz": "gzip",
+    ".bz2": "bz2",
+    ".xz": "xz",
+    ".zst": "zstd",
+    ".zip": "zip",
+}
+
+
 def is_local_source(source: str) -> bool:
-    """A source is local when it exists on disk or looks like a path (./, /, ~ or a .json/.jsonl suffix).
+    """A source is local when it exists on disk or looks like a path (./, /, ~ or a data-file suffix).
 
     Anything else (`openai/gsm8k`, `cruxeval-org/cruxeval`) is taken as a Hugging Face dataset id.
     """
     if Path(source).expanduser().exists():
         return True
-    return source.startswith((".", "/", "~")) or Path(source).suffix in {".jsonl", ".json"}
+    return source.startswith((".", "/", "~")) or Path(source).suffix in {".jsonl", ".json", *OTHER_FORMATS}
+
+
+def _refuse_other_format(path: Path) -> None:
+    """A parquet/CSV/compressed file read as text lines gave 'not UTF-8 text' or a bad line per row: name it."""
+    kind = OTHER_FORMATS.get(path.suffix.lower())
+    if kind is None:
+        return
+    if kind in ("parquet", "arrow"):  # Arrow's null-filled keys go (see without_nulls), as for a Hub id
+        how = (
+            'convert it: python -c "import datasets; from toolschool.data.dataset import without_nulls, write_jsonl; '
+            f"write_jsonl('{path.with_suffix('.jsonl')}', map(without_nulls, datasets.load_dataset('{kind}', "
+            f"data_files='{path}', split='train')))\""
+        )
+    elif kind == "csv":
+        how = "write it as JSON Lines: one JSON object per line with keys messages, tools, meta"
+    else:
+        how = f"decompress it to a .jsonl file first (e.g. {kind} -d)" if kind != "zip" else "unzip it to a .jsonl"
+    raise DataError(f"{path} is a {kind} file, not JSON Lines", hint=how)
 
 
 def parse_hub_source(source: str, *, config: str | None = None, split: str = "train") -> tuple[str, str | None, str]:
