@@ -182,6 +182,10 @@ def test_a_file_in_another_format_is_named_as_such(tmp_path: Path, name: str, ki
     assert "JSON Lines" in (caught.value.hint or "") or ".jsonl" in (caught.value.hint or "")
     with pytest.raises(DataError, match="does not exist"):
         load_examples(str(Path("data") / name))
+    from toolschool.data.dataset import read_raw_records  # a build source (GSM8K downloaded from the Hub as parquet)
+
+    with pytest.raises(DataError, match=f"is a {kind} file, not JSON Lines"):
+        read_raw_records(str(path))
 
 
 # ------------------------------------------------------------------------------------------------ stats

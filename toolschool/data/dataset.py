@@ -316,7 +316,7 @@ def _refuse_other_format(path: Path) -> None:
             f"data_files='{path}', split='train')))\""
         )
     elif kind == "csv":
-        how = "write it as JSON Lines: one JSON object per line with keys messages, tools, meta"
+        how = "write it as JSON Lines: one JSON object per line"
     else:
         how = f"decompress it to a .jsonl file first (e.g. {kind} -d)" if kind != "zip" else "unzip it to a .jsonl"
     raise DataError(f"{path} is a {kind} file, not JSON Lines", hint=how)
@@ -408,6 +408,7 @@ def read_raw_records(
         return rows, DatasetReport(source=f"{text}[{split}]", lines=len(rows), kept=len(rows))
     path = Path(text).expanduser()
     _require_file(path)
+    _refuse_other_format(path)
     report = DatasetReport(source=str(path))
     rows: list[dict[str, Any]] = []
     try:
