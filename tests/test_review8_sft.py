@@ -190,3 +190,37 @@ def test_shared_prefix_equals_rows_alone_in_edge_cases(case: str, lora_model, to
 def test_max_length_inside_the_system_block_drops_and_counts_the_example(tokenizer) -> None:
     prepared = prepare_examples([_example(3, 4)], get_format("hermes"), tokenizer, 50)
     assert (prepared.truncated, prepared.dropped_no_assistant_after_truncation, prepared.rows) == (1, 1, [])
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            'target_modules = ["q_proj", "vproj"]',
+            "sft.target_modules: 'vproj' names no module of the model",
+        ),
+        ('target_modules = ["all-linear", "lm_head"]', "sft.target_modules: 'all-linear' names no module"),
+        ('lr_scheduler = "cosin"', "sft.lr_scheduler = 'cosin' is not a transformers scheduler"),
+    ],
+)
+def test_settings_peft_or_transformers_reject_are_one_line(
+    setting: str, message: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A misspelt LoRA target or scheduler name ended in PEFT's / transformers' traceback (exit 1) after the run's
+    config.toml had been replaced; a target matching nothing beside one that matches was silently not trained."""
+    from test_sft import _write
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 6)])
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text(f"[sft]\n{setting}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "config.toml").write_text("# the run's own settings\n")
+    args = ["sft", str(run_toml), "--model", str(tiny_model_dir), "--train", str(train), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--num-steps", "1", "--batch-size", "2", "--validation-samples", "0"])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert (out / "config.toml").read_text() == "# the run's own settings\n"

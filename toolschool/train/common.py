@@ -37,6 +37,42 @@ def lora_config(settings: Any, *, modules_to_save: list[str] | None = None) -> A
     )
 
 
+def check_lora_targets(model: Any, target_modules: list[str], section: str) -> None:
+    """Refuse a LoRA target that names no module of `model`, before training starts.
+
+    PEFT matches each name against the end of the modules' dotted names and fails (with a traceback) only when
+    no name matches at all: a misspelt name beside a good one ("q_proj", "vproj") silently leaves that layer
+    untrained. "all-linear" is PEFT's keyword for every linear layer and only works on its own.
+    """
+    from toolschool.errors import ConfigError
+
+    if list(target_modules) == ["all-linear"]:
+        return
+    import torch
+
+    names = [name for name, _ in model.named_modules() if name]
+    missing = [t for t in target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+        raise ConfigError(
+            f"{section}.target_modules: {', '.join(repr(t) for t in missing)} names no module of the model",
+            hint=f'use ["all-linear"] on its own, or names of its linear layers: {", ".join(linear)}',
+        )
+
+
+def check_scheduler(name: str, section: str) -> None:
+    """Refuse a learning-rate scheduler name transformers does not know, before the model loads."""
+    from transformers import SchedulerType
+
+    from toolschool.errors import ConfigError
+
+    known = [s.value for s in SchedulerType]
+    if name not in known:
+        raise ConfigError(
+            f"{section}.lr_scheduler = '{name}' is not a transformers scheduler", hint=f"use one of {', '.join(known)}"
+        )
+
+
 def checkpoint_step(checkpoint: Path) -> int:
     """N of a `checkpoint-N` folder: the training step it saved."""
     return int(checkpoint.name.split("-")[-1])

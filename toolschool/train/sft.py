@@ -39,6 +39,8 @@ from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
     base_identity,
+    check_lora_targets,
+    check_scheduler,
     checkpoint_step,
     latest_checkpoint,
     log_callbacks,
@@ -401,6 +403,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         raise ConfigError(f"sft.method = '{settings.method}' is not supported", hint="use lora or full")
     if settings.dtype not in ("fp32", "bf16"):
         raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    check_scheduler(settings.lr_scheduler, "sft")
     batching = resolve_batching(settings)
     fmt = get_format(settings.format)
     train_path, validation_path = _resolve_data_paths(config)
@@ -421,6 +424,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
+    else:
+        check_lora_targets(model, settings.target_modules, "sft")
     identity = base_identity(loaded)
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
