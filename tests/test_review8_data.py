@@ -87,6 +87,20 @@ def test_hub_rows_lose_the_null_keys_arrow_adds_to_every_row(tmp_path: Path, mon
         assert example["meta"] == line["meta"]
 
 
+def test_a_hub_dataset_without_a_messages_column_names_its_columns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns other than messages/tools/meta are left out of a Hub row, so a ShareGPT-style dataset
+    (`conversations` of {from, value}) was told only "'messages' must be a non-empty list", as if it were empty."""
+    import datasets
+
+    rows = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}], "id": "1"}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+    _examples, report = load_examples("someone/sharegpt:train")
+    assert report.errors == [
+        "someone/sharegpt[train]:row 0: no 'messages' column (the dataset's columns: conversations, id); "
+        "toolschool reads OpenAI chat messages {role, content, tool_calls}"
+    ]
+
+
 def test_a_json_array_file_is_one_clear_error_not_a_bad_line_per_text_line(tmp_path: Path) -> None:
     """`datasets` users often have a pretty-printed JSON array; read line by line, every text line was reported as
     'not valid JSON' (hundreds of bogus bad lines) and nothing was kept."""

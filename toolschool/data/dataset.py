@@ -380,6 +380,13 @@ def load_examples(
     examples = []
     for index, row in enumerate(rows):
         report.lines += 1
+        if "messages" not in row:  # the other columns are left out below: name them, or the row looks empty
+            reason = (
+                f"no 'messages' column (the dataset's columns: {', '.join(row)}); toolschool reads OpenAI chat "
+                "messages {role, content, tool_calls}"
+            )
+            _bad(report, f"{text}[{split}]:row {index}", reason, on_error)
+            continue
         row = without_nulls({key: value for key, value in row.items() if key in EXAMPLE_KEYS})
         reason = validate_example(row)
         if reason is not None:
