@@ -224,3 +224,27 @@ def test_settings_peft_or_transformers_reject_are_one_line(
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert (out / "config.toml").read_text() == "# the run's own settings\n"
+
+
+def test_warmup_and_lora_alpha_and_targets_are_flags_too(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Issue 7: LoRA rank, alpha, dropout, target modules, learning rate and warm-up are settings "TOML and flags";
+    alpha, target modules and warm-up had no flag. They reach PEFT's adapter_config.json and the run's config."""
+    import json
+    import tomllib
+
+    from test_sft import _write
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 6)])
+    out = tmp_path / "out"
+    args = ["sft", "--model", str(tiny_model_dir), "--train", str(train), "--out", str(out), "--num-steps", "1"]
+    args += ["--batch-size", "2", "--validation-samples", "0", "--lora-rank", "3", "--lora-dropout", "0.1"]
+    args += ["--lora-alpha", "5", "--target-modules", "q_proj", "--target-modules", "v_proj", "--warmup-steps", "7"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert (adapter["r"], adapter["lora_alpha"], adapter["lora_dropout"]) == (3, 5, 0.1)
+    assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    assert tomllib.loads((out / "config.toml").read_text())["sft"]["warmup_steps"] == 7

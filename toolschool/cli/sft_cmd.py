@@ -18,11 +18,16 @@ def sft(
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     method: str = typer.Option(None, help="lora | full"),
     lora_rank: int = typer.Option(None),
+    lora_alpha: int = typer.Option(None),
     lora_dropout: float = typer.Option(None),
+    target_modules: list[str] = typer.Option(
+        None, help='LoRA target module, repeatable (default "all-linear"), e.g. --target-modules q_proj'
+    ),
     batch_size: int = typer.Option(None),
     num_steps: int = typer.Option(None),
     max_length: int = typer.Option(None),
     learning_rate: float = typer.Option(None, "--lr"),
+    warmup_steps: int = typer.Option(None),
     batching: str = typer.Option(
         None, help="shared_prefix (default: tool schemas run once per batch) | padding_free | padded"
     ),
@@ -50,11 +55,14 @@ def sft(
         "sft.format": format,
         "sft.method": method,
         "sft.lora_rank": lora_rank,
+        "sft.lora_alpha": lora_alpha,
         "sft.lora_dropout": lora_dropout,
+        "sft.target_modules": list(target_modules) if target_modules else None,
         "sft.batch_size": batch_size,
         "sft.num_steps": num_steps,
         "sft.max_length": max_length,
         "sft.learning_rate": learning_rate,
+        "sft.warmup_steps": warmup_steps,
         "sft.batching": batching,
         "sft.group_by_length": group_by_length,
         "sft.checkpoint_interval": checkpoint_interval,
