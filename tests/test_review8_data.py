@@ -412,3 +412,22 @@ def test_heldout_leaves_out_a_user_tool_that_only_shares_a_builtin_name() -> Non
         reg.add(FunctionTool(calculator), "module:mine")
         lines = builtin_heldout(reg, per_tool=2, seed=0)
     assert [line["meta"]["tool"] for line in lines] == ["weekday", "weekday"]
+
+
+def test_build_files_mix_the_categories(tmp_path: Path) -> None:
+    """The files held all calculator lines, then all python, then all no_tool: SFT's validation (the first
+    `validation_samples` = 50 lines) and `eval --limit N` measured calculator only, never when not to call."""
+    from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+
+    build_calc_python(
+        BuildOptions(
+            gsm8k=str(GSM8K), cruxeval=str(CRUX), instructions=str(FLAN), out=tmp_path / "o", size=24,
+            ratios={"calculator": 1, "python_exec": 1, "no_tool": 1}, validation_fraction=0.5, seed=1,
+            formats=["hermes"],
+        )
+    )  # fmt: skip
+    for name in ("records.jsonl", "hermes/train.jsonl", "hermes/validation.jsonl"):
+        lines = [json.loads(line) for line in (tmp_path / "o" / name).read_text().split("\n") if line]
+        categories = [line.get("category") or line["meta"]["category"] for line in lines]
+        changes = sum(a != b for a, b in zip(categories, categories[1:], strict=False))
+        assert len(set(categories)) == 3 and changes > 2, (name, categories)

@@ -474,6 +474,9 @@ def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
         stats[category].used = len(built)
         records.extend(built)
 
+    # One seeded order over all categories: grouped by category, the first lines of a file (SFT's validation
+    # samples, `eval --limit N`, a `head` of the data) would all be calculator items.
+    random.Random(f"{opts.seed}:order").shuffle(records)
     tool_objects = calc_python_tools()
     attach_observations(records, tool_objects)
     tools = [tool_objects[name].schema() for name in ("calculator", "python")]
