@@ -431,3 +431,24 @@ def test_build_files_mix_the_categories(tmp_path: Path) -> None:
         categories = [line.get("category") or line["meta"]["category"] for line in lines]
         changes = sum(a != b for a, b in zip(categories, categories[1:], strict=False))
         assert len(set(categories)) == 3 and changes > 2, (name, categories)
+
+
+def test_validation_takes_its_share_of_each_category(tmp_path: Path) -> None:
+    """The validation share was drawn over all records, so a small category could be missing from validation (or
+    be all in it) while the ratios said otherwise; each category now gives round(share x its count)."""
+    from collections import Counter
+
+    from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+
+    for seed in range(4):
+        out = tmp_path / str(seed)
+        build_calc_python(
+            BuildOptions(
+                gsm8k=str(GSM8K), cruxeval=str(CRUX), instructions=str(FLAN), out=out, size=20,
+                ratios={"calculator": 0.6, "python_exec": 0.2, "no_tool": 0.2}, validation_fraction=0.25, seed=seed,
+                formats=["hermes"],
+            )
+        )  # fmt: skip
+        records = [json.loads(line) for line in (out / "records.jsonl").read_text().split("\n") if line]
+        validation = Counter(r["category"] for r in records if r["split"] == "validation")
+        assert validation == {"calculator": 3, "python_exec": 1, "no_tool": 1}, (seed, validation)

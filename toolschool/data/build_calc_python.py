@@ -481,7 +481,9 @@ def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
     attach_observations(records, tool_objects)
     tools = [tool_objects[name].schema() for name in ("calculator", "python")]
 
-    validation = split_ids([r.id for r in records], opts.validation_fraction, opts.seed)
+    validation: set[str] = set()  # each category gives its share, so validation keeps the ratios
+    for category in CATEGORIES:
+        validation |= split_ids([r.id for r in records if r.category == category], opts.validation_fraction, opts.seed)
     opts.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(
         opts.out / "records.jsonl",
