@@ -101,6 +101,36 @@ def test_a_hub_dataset_without_a_messages_column_names_its_columns(monkeypatch: 
     ]
 
 
+def _arrow_export(tmp_path: Path, lines: list[dict]) -> Path:
+    """The JSONL `Dataset.to_json` writes from an Arrow table (a Hub dataset, a parquet file): null-filled keys."""
+    import datasets
+    import pyarrow as pa
+
+    path = tmp_path / "export.jsonl"
+    datasets.Dataset(pa.Table.from_pylist(lines)).to_json(str(path))
+    return path
+
+
+def test_an_arrow_export_with_null_filled_schemas_is_reported_not_trained(tmp_path: Path) -> None:
+    """`ds.to_json(...)` of a Hub dataset wrote `"code": null` into every calculator call and schema; the null
+    schema left the call unchecked, so every line passed and trained the model to write "code": null."""
+    calc, python = schema("calculator", expression="string"), schema("python", code="string")
+    path = _arrow_export(
+        tmp_path,
+        [
+            call_line("calculator", {"expression": "2+3"}, "5", [calc]),
+            call_line("python", {"code": "print(1)"}, "1", [python]),
+        ],
+    )
+    _examples, report = load_dataset_jsonl(path)
+    assert report.kept == 0 and len(report.errors) == 2
+    assert report.errors[0] == (
+        f"{path}:1: tools[0]: parameters.properties.code is null: a file written from an Arrow table "
+        "(datasets' to_json of a Hub or parquet dataset) gives every row the keys of all rows as null; drop the "
+        "null keys (toolschool.data.dataset.without_nulls), or read the Hub dataset by its id"
+    )
+
+
 def test_a_json_array_file_is_one_clear_error_not_a_bad_line_per_text_line(tmp_path: Path) -> None:
     """`datasets` users often have a pretty-printed JSON array; read line by line, every text line was reported as
     'not valid JSON' (hundreds of bogus bad lines) and nothing was kept."""

@@ -63,6 +63,13 @@ def _pydantic_reason(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
+ARROW_NULLS = (
+    "a file written from an Arrow table (datasets' to_json of a Hub or parquet dataset) gives every row the keys "
+    "of all rows as null; drop the null keys (toolschool.data.dataset.without_nulls), or read the Hub dataset by "
+    "its id"
+)
+
+
 def validate_example(example: Any) -> str | None:
     """Return why `example` is not a valid dataset line, or None when it is.
 
@@ -107,6 +114,10 @@ def validate_example(example: Any) -> str | None:
             function = ToolSchema.model_validate(tool).function
         except ValidationError as exc:
             return f"tools[{i}]: {_pydantic_reason(exc)}"
+        properties = function.parameters.get("properties") if isinstance(function.parameters, dict) else None
+        nulls = [key for key, value in properties.items() if value is None] if isinstance(properties, dict) else []
+        if nulls:  # never a schema; what Arrow writes for another tool's parameter (the call would go unchecked)
+            return f"tools[{i}]: parameters.properties.{nulls[0]} is null: {ARROW_NULLS}"
         declared[function.name] = function.parameters
 
     open_calls = 0  # calls of the last assistant message still waiting for their tool result
