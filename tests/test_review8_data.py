@@ -153,6 +153,21 @@ def test_a_utf8_bom_does_not_make_the_first_line_bad(tmp_path: Path) -> None:
     assert report.kept == 2 and examples[0]["messages"] == line["messages"]
 
 
+def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    """One latin-1 line in a UTF-8 file (e.g. two files concatenated) gave "data file ... is not UTF-8 text" with
+    no line to look at; the decoder reads in blocks, so even its position did not say which line."""
+    line = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
+    path = tmp_path / "d.jsonl"
+    path.write_bytes((line + "\n").encode() * 300 + '{"messages": "caf\xe9"}\n'.encode("latin-1") + b"\n")
+    with pytest.raises(DataError, match=r"d\.jsonl:301: not UTF-8 text \(byte 0xe9 at column 18\)") as caught:
+        load_dataset_jsonl(path)
+    assert "UTF-8" in (caught.value.hint or "")
+    from toolschool.data.dataset import read_raw_records
+
+    with pytest.raises(DataError, match=r"d\.jsonl:301: not UTF-8 text"):
+        read_raw_records(path)
+
+
 def test_a_home_relative_path_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`~/x.jsonl` counts as a local path (so it is never sent to the Hub), but was then opened without expanding
     `~`: 'does not exist' for a file that exists (a TOML value is not expanded by any shell)."""

@@ -226,9 +226,20 @@ def _bad(report: DatasetReport, where: str, reason: str, on_error: str) -> None:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text) for each non-blank line (a UTF-8 byte order mark is not part of line 1)."""
-    with path.open(encoding="utf-8-sig") as handle:
-        for number, line in enumerate(handle, start=1):
+    """Yield (1-based line number, text) for each non-blank line (a UTF-8 byte order mark is not part of line 1).
+
+    Each line is decoded on its own, so a line that is not UTF-8 is named (a text-mode file decodes in blocks
+    and could not say which line it was). Lines end at \\n (\\r\\n too): the only line breaks JSON Lines has.
+    """
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                    hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
+                ) from None
             if line.strip():
                 yield number, line
 
