@@ -166,6 +166,9 @@ def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(DataError, match=r"d\.jsonl:301: not UTF-8 text"):
         read_raw_records(path)
+    path.write_bytes('{"messages": "caf\xe9"}\n'.encode("latin-1"))  # on line 1 too
+    with pytest.raises(DataError, match=r"d\.jsonl:1: not UTF-8 text \(byte 0xe9"):
+        load_dataset_jsonl(path)
 
 
 def test_a_home_relative_path_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

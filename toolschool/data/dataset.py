@@ -256,14 +256,14 @@ def _refuse_json_array(path: Path) -> None:
 
     Read line by line, each of its text lines would be a bad line of its own: hundreds of 'not valid JSON'.
     """
-    with path.open(encoding="utf-8-sig") as handle:
-        start = handle.read(4096).lstrip()
+    with path.open("rb") as handle:
+        start = handle.read(4096).decode("utf-8-sig", errors="replace").lstrip()
     if not start.startswith("["):
         return
     try:
         data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except json.JSONDecodeError:
-        return  # JSON Lines whose first line is a list: the line check names it
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return  # JSON Lines whose first line is a list, or a line not UTF-8: the line check names it
     if isinstance(data, list):
         raise DataError(
             f"{path} holds one JSON array of {len(data)} items, not JSON Lines",
