@@ -248,3 +248,67 @@ def test_warmup_and_lora_alpha_and_targets_are_flags_too(tmp_path: Path, tiny_mo
     assert (adapter["r"], adapter["lora_alpha"], adapter["lora_dropout"]) == (3, 5, 0.1)
     assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
     assert tomllib.loads((out / "config.toml").read_text())["sft"]["warmup_steps"] == 7
+
+
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
+    from test_sft import _config, _write
+
+    tmp_path = tmp_path_factory.mktemp("sft-resume-settings")
+    train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 10)])
+    out = tmp_path / "sft"
+    from toolschool.train.sft import run_sft
+
+    run_sft(_config(tmp_path, tiny_model_dir, train, train, num_steps=2, validation_samples=0), out, progress=False)
+    return tmp_path, train, out
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"lora_rank": 8}, "sft.lora_rank 4 (now 8)"),  # was PEFT's "Error(s) in loading state_dict"
+        ({"method": "full"}, "sft.method lora (now full)"),  # was "Can't find a checkpoint index"
+        ({"toolkens": True}, "sft.toolkens false (now true)"),  # was KeyError 'base_model.model.model.embed_tokens'
+        ({"batch_size": 3}, "sft.batch_size 2 (now 3)"),  # trained on, with another data order
+        ({"format": "json", "max_length": 300}, "sft.format hermes (now json), sft.max_length 256 (now 300)"),
+        ({"batching": "padded"}, "sft.batching shared_prefix (now padded)"),
+    ],
+)
+def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refused(
+    change: dict[str, Any], named: str, two_step_run, tiny_model_dir: Path
+) -> None:
+    """`--resume` "continues at the same step with the same data order": with another batch size, format,
+    max_length or batching the skipped batches are other batches (it trained on silently); another LoRA rank,
+    method or toolkens setting cannot load the checkpoint (it died in PEFT/transformers with a traceback)."""
+    import shutil
+
+    from test_sft import _config
+
+    from toolschool.errors import ToolschoolError
+    from toolschool.train.sft import run_sft
+
+    tmp_path, train, out = two_step_run
+    copy_dir = tmp_path / ("copy-" + "-".join(change))
+    shutil.copytree(out, copy_dir)
+    meta_before = (copy_dir / "toolschool_sft.json").read_text()
+    config = _config(tmp_path, tiny_model_dir, train, train, num_steps=4, validation_samples=0, **change)
+    with pytest.raises(ToolschoolError, match="were trained with other settings") as info:
+        run_sft(config, copy_dir, resume=True, progress=False)
+    assert named in str(info.value)
+    assert (copy_dir / "toolschool_sft.json").read_text() == meta_before
+
+
+def test_resume_may_train_longer_with_another_rate_or_interval(two_step_run, tiny_model_dir: Path) -> None:
+    import shutil
+
+    from test_sft import _config
+
+    from toolschool.train.sft import run_sft
+
+    tmp_path, train, out = two_step_run
+    copy_dir = tmp_path / "longer"
+    shutil.copytree(out, copy_dir)
+    config = _config(
+        tmp_path, tiny_model_dir, train, train, num_steps=3, validation_samples=0, learning_rate=1e-3, log_interval=3
+    )
+    assert run_sft(config, copy_dir, resume=True, progress=False).steps == 3

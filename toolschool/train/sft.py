@@ -383,6 +383,49 @@ def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
         )
 
 
+def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
+    """The settings a checkpoint and the run's data order depend on, as `sft.KEY` / `run.seed` -> value.
+
+    A resumed run must keep them: another LoRA shape, method or toolkens setting cannot load the checkpoint, and
+    another batch size, rendering (format, max_length) or batching makes the batches it skips other batches than
+    the ones the checkpoint trained on. Others (num_steps, learning rate, intervals, validation) may change.
+    """
+    settings = config.sft
+    lora = settings.method == "lora"
+    grouped = batching in ("shared_prefix", "padded")  # padding_free ignores group_by_length
+    return {
+        "sft.method": settings.method,
+        "sft.lora_rank": settings.lora_rank if lora else None,
+        "sft.lora_alpha": settings.lora_alpha if lora else None,
+        "sft.target_modules": list(settings.target_modules) if lora else None,
+        "sft.toolkens": settings.toolkens,
+        "sft.format": settings.format,
+        "sft.max_length": settings.max_length,
+        "sft.batching": batching,
+        "sft.group_by_length": settings.group_by_length if grouped else None,
+        "sft.batch_size": settings.batch_size,
+        "sft.gradient_accumulation": settings.gradient_accumulation,
+        "run.seed": config.run.seed,
+    }
+
+
+def _refuse_other_settings(out_dir: Path, saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
+    """`saved`: the run's meta file record (None for runs from before it was recorded: nothing to compare)."""
+
+    def shown(value: Any) -> str:
+        return json.dumps(value) if not isinstance(value, str) else value
+
+    if saved is None:
+        return
+    changed = [key for key in now if key in saved and saved[key] != now[key]]
+    if changed:
+        listed = ", ".join(f"{key} {shown(saved[key])} (now {shown(now[key])})" for key in changed)
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained with other settings: {listed}",
+            hint=f"resume with the run's settings (see {out_dir / 'config.toml'}), or train into a new --out folder",
+        )
+
+
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -430,11 +473,13 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
 
     checkpoint = latest_checkpoint(out_dir) if resume else None
     train_sha256 = sha256_file(train_path)
+    settings_now = resume_settings(config, batching)
     if resume:
         _check_resume_base(out_dir, identity)
         if checkpoint is not None and (out_dir / META_FILE).is_file():
-            saved = json.loads((out_dir / META_FILE).read_text()).get("train_sha256")
-            refuse_other_training_data(out_dir, train_path, train_sha256, saved)
+            meta = json.loads((out_dir / META_FILE).read_text())
+            refuse_other_training_data(out_dir, train_path, train_sha256, meta.get("train_sha256"))
+            _refuse_other_settings(out_dir, meta.get("resume_settings"), settings_now)
     else:
         refuse_existing_checkpoints(out_dir)
     restart_log_at(out_dir / "train_log.jsonl", checkpoint)
@@ -471,6 +516,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
                 "batching": batching,
                 "toolkens": toolkens,
                 "train_sha256": train_sha256,
+                "resume_settings": settings_now,
                 "data": stats,
             },
             indent=2,
