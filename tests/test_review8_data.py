@@ -159,15 +159,15 @@ def test_a_line_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     line = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]})
     path = tmp_path / "d.jsonl"
     path.write_bytes((line + "\n").encode() * 300 + '{"messages": "caf\xe9"}\n'.encode("latin-1") + b"\n")
-    with pytest.raises(DataError, match=r"d\.jsonl:301: not UTF-8 text \(byte 0xe9 at column 18\)") as caught:
+    with pytest.raises(DataError, match=r"d\.jsonl' is not UTF-8 text \(line 301: byte 0xe9 at column 18\)") as caught:
         load_dataset_jsonl(path)
     assert "UTF-8" in (caught.value.hint or "")
     from toolschool.data.dataset import read_raw_records
 
-    with pytest.raises(DataError, match=r"d\.jsonl:301: not UTF-8 text"):
+    with pytest.raises(DataError, match=r"not UTF-8 text \(line 301: "):
         read_raw_records(path)
     path.write_bytes('{"messages": "caf\xe9"}\n'.encode("latin-1"))  # on line 1 too
-    with pytest.raises(DataError, match=r"d\.jsonl:1: not UTF-8 text \(byte 0xe9"):
+    with pytest.raises(DataError, match=r"not UTF-8 text \(line 1: byte 0xe9"):
         load_dataset_jsonl(path)
 
 

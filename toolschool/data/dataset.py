@@ -237,7 +237,8 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, str]]:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise DataError(
-                    f"{path}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+                    f"data file '{path}' is not UTF-8 text (line {number}: byte 0x{raw[exc.start]:02x} at column "
+                    f"{exc.start + 1})",
                     hint="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)",
                 ) from None
             if line.strip():
