@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
+from toolschool.jsonl import read_lines
 
 # The columns of the comparison table / bars, in order; a metric absent from every summary is left out.
 TABLE_METRICS = (
@@ -83,7 +84,7 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 def read_log(path: Path) -> list[dict[str, Any]]:
     """JSONL records with a numeric `step`; unreadable lines are skipped (a log may be cut mid-line)."""
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_lines(path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:

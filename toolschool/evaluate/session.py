@@ -25,6 +25,7 @@ from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
 from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
+from toolschool.jsonl import read_lines
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 
@@ -243,7 +244,7 @@ def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) ->
         keys = sorted(set(saved) | set(state))
         changed = "; ".join(f"{k}: {saved.get(k)!r} -> {state.get(k)!r}" for k in keys if saved.get(k) != state.get(k))
         raise ConfigError(f"cannot resume {path}: it was evaluated with other settings ({changed})", hint=fix)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(path)
     done: dict[int, ItemResult] = {}
     for number, line in enumerate(lines, 1):
         if not line.strip():

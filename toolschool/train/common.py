@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
+from toolschool.jsonl import read_lines
 
 
 class JsonlLogger:
@@ -99,7 +100,7 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
 
     if os.environ.get("RANK", "0") != "0" or not log_path.is_file():
         return
-    lines = log_path.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(log_path)
     kept = []
     for line in lines:
         try:

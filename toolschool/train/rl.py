@@ -32,6 +32,7 @@ from typing import Any
 
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.jsonl import read_lines
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
@@ -610,7 +611,7 @@ def last_train_log(path: Path) -> dict[str, Any]:
     """The last training record with a reward (what the run ended at)."""
     if not path.is_file():
         return {}
-    for line in reversed(path.read_text().splitlines()):
+    for line in reversed(read_lines(path)):
         record = json.loads(line)
         if "reward" in record:
             return record
@@ -621,7 +622,7 @@ def read_reward_curve(path: Path) -> list[dict[str, Any]]:
     """(step, reward, each component, kl, ...) records of a run's train_log.jsonl, for reports and plots."""
     if not path.is_file():
         return []
-    return [r for r in (json.loads(line) for line in path.read_text().splitlines()) if "reward" in r]
+    return [r for r in (json.loads(line) for line in read_lines(path)) if "reward" in r]
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from typing import Any
 from toolschool.chat.types import ParsedReply
 from toolschool.errors import ToolschoolError
 from toolschool.evaluate.items import EvalItem
+from toolschool.jsonl import read_lines
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = CATEGORIES
@@ -82,7 +83,7 @@ def parse_spec(spec: str) -> list[str]:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in read_lines(path) if line.strip()]
 
 
 def _data_file(folder: Path, category: str) -> Path:
