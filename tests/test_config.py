@@ -105,3 +105,16 @@ def test_config_show_prints_toml_that_parses_back_whatever_the_line_length(tmp_p
     assert result.exit_code == 0, result.output
     shown = tomllib.loads(result.stdout)
     assert shown["run"]["name"] == "x" * 100 and shown["tools"]["mcp"] == [command]
+
+
+def test_a_stage_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
+    """`--out` naming a file (or a folder under one) ended every stage in a FileExistsError traceback."""
+    from toolschool.config import stage_dir
+    from toolschool.errors import ConfigError
+
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    for out in (taken, taken / "sub"):
+        with pytest.raises(ConfigError, match=f"cannot write the sft output folder '{out}'") as info:
+            stage_dir(load_config(None), "sft", out)
+        assert "--out" in info.value.hint

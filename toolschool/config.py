@@ -397,6 +397,12 @@ def stage_path(config: ToolschoolConfig, stage: str, out: str | Path | None = No
 def stage_dir(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
     """Create `runs/<name>/<stage>/` (or `out`) and save the resolved config there."""
     directory = stage_path(config, stage, out)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.toml").write_text(dump_toml(config), encoding="utf-8")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.toml").write_text(dump_toml(config), encoding="utf-8")
+    except OSError as exc:  # a file in the way, no permission, a read-only disk
+        raise ConfigError(
+            f"cannot write the {stage} output folder '{directory}': {exc.strerror or exc}",
+            hint="pass --out a folder you can write to (or choose another run name)",
+        ) from None
     return directory
