@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -312,3 +313,43 @@ def test_resume_may_train_longer_with_another_rate_or_interval(two_step_run, tin
         tmp_path, tiny_model_dir, train, train, num_steps=3, validation_samples=0, learning_rate=1e-3, log_interval=3
     )
     assert run_sft(config, copy_dir, resume=True, progress=False).steps == 3
+
+
+class _Scripted(torch.nn.Module):
+    """Stands in for a model whose greedy reply is `script`; `generate` stops as Hugging Face's does: after the
+    first token that is one of `eos_token_id` (an id or a list), padding the rest of the batch."""
+
+    def __init__(self, script: list[int]) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.script = script
+        self.generation_config = SimpleNamespace(eos_token_id=None)
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, eos_token_id, **kwargs):  # noqa: ANN001, ANN003, ANN201
+        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        reply = self.script[:max_new_tokens]
+        end = next((i + 1 for i, t in enumerate(reply) if t in stops), len(reply))
+        reply = reply[:end] + [pad_token_id] * (len(reply) - end)
+        return torch.cat([input_ids, torch.tensor([reply] * input_ids.shape[0])], dim=1)
+
+
+def test_validation_stops_at_the_end_of_turn_like_the_backend_when_eos_is_another_token(
+    tiny_model_dir: Path,
+) -> None:
+    """A tokenizer whose eos is not the chat template's end-of-turn token (a base model given a ChatML
+    template: eos <|endoftext|>, turns end with <|im_end|>). Evaluation's local backend stops at <|im_end|>;
+    validation passed only the eos, generated past the end of the turn and parsed the next turn's text as part
+    of the reply (<|im_end|> itself removed by skip_special_tokens)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tok.eos_token = "<|endoftext|>"
+    assert tok.eos_token_id != tok.convert_tokens_to_ids("<|im_end|>")
+    example = _example(5, 6)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "5 * 6"}}\n</tool_call>'
+    script = tok.encode(call, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    script += tok.encode("\n<tool_call>\n{not json", add_special_tokens=False)
+    fmt = get_format("hermes")
+    items = build_validation_items([example], fmt, tok, 1, 512)
+    metrics = validate(_Scripted(script), tok, fmt, items, max_new_tokens=len(script))
+    assert (metrics["well_formed"], metrics["correct"]) == (1.0, 1.0)

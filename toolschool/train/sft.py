@@ -219,9 +219,16 @@ def build_validation_items(
 def generate_batch(
     model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, stop: list[str]
 ) -> list[str]:
-    """Greedy generation for a batch of token prompts (left padded); stops at end of turn and stop strings."""
+    """Greedy generation for a batch of token prompts (left padded); stops at end of turn and stop strings.
+
+    It ends a reply where evaluation's local backend does (any end-of-turn token: <|im_end|>, the tokenizer's and
+    the model's eos) and decodes it the same way, so validation scores the replies `toolschool eval` would see.
+    """
     import torch
 
+    from toolschool.models.backends.local import _end_of_turn_ids
+
+    ends = sorted(_end_of_turn_ids(tokenizer, model))
     pad = tokenizer.pad_token_id
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -237,16 +244,15 @@ def generate_batch(
             max_new_tokens=max_new_tokens,
             do_sample=False,
             pad_token_id=pad,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=ends,
             stop_strings=stop or None,
             tokenizer=tokenizer if stop else None,
         )
     texts = []
     for row in range(len(prompts)):
         new = out[row, width:].tolist()
-        if tokenizer.eos_token_id in new:
-            new = new[: new.index(tokenizer.eos_token_id)]
-        text = tokenizer.decode(new, skip_special_tokens=True)
+        end = next((i for i, token in enumerate(new) if token in ends), len(new))
+        text = tokenizer.decode(new[:end], skip_special_tokens=False)
         for s in stop:
             if s in text:
                 text = text[: text.index(s)]
