@@ -143,23 +143,21 @@ def _with_system(example: dict[str, Any], text: str) -> dict[str, Any]:
     return {**example, "messages": [{"role": "system", "content": text}, *example["messages"]]}
 
 
-def _edge_batches(tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
+def _edge_batch(case: str, tokenizer: Any) -> list[dict[str, Any]]:
     fmt = get_format("hermes")
     full = prepare_examples([_example(3, 4)], fmt, tokenizer, 4096).rows
-    first_label = next(i for i, lab in enumerate(full[0]["labels"]) if lab != -100)
-    cut = prepare_examples([_example(3, 4), _example(7, 8)], fmt, tokenizer, first_label + 3)
-    assert cut.truncated == 2 and all(sum(lab != -100 for lab in r["labels"]) == 3 for r in cut.rows)
-    one_token = prepare_examples(
-        [_with_system(_example(3, 4), "Be brief."), _with_system(_example(5, 6), "Be brief!")], fmt, tokenizer, 4096
-    ).rows
-    return {
-        "a batch of one": full,
-        "system blocks one token apart": one_token,
-        "cut inside an assistant turn, beside a whole row": [*cut.rows, *full],
-        "no two rows share a prefix": prepare_examples(
-            [_with_system(_example(i, 2), f"System {i}.") for i in range(3)], fmt, tokenizer, 4096
-        ).rows,
-    }
+    if case == "a batch of one":
+        return full
+    if case == "system blocks one token apart":
+        pair = [_with_system(_example(3, 4), "Be brief."), _with_system(_example(5, 6), "Be brief!")]
+        return prepare_examples(pair, fmt, tokenizer, 4096).rows
+    if case == "cut inside an assistant turn, beside a whole row":
+        first_label = next(i for i, lab in enumerate(full[0]["labels"]) if lab != -100)
+        cut = prepare_examples([_example(3, 4), _example(7, 8)], fmt, tokenizer, first_label + 3)
+        assert cut.truncated == 2 and all(sum(lab != -100 for lab in r["labels"]) == 3 for r in cut.rows)
+        return [*cut.rows, *full]
+    assert case == "no two rows share a prefix"
+    return prepare_examples([_with_system(_example(i, 2), f"System {i}.") for i in range(3)], fmt, tokenizer, 4096).rows
 
 
 @pytest.mark.parametrize(
@@ -174,7 +172,7 @@ def _edge_batches(tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
 def test_shared_prefix_equals_rows_alone_in_edge_cases(case: str, lora_model, tokenizer) -> None:
     from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_loss_sum
 
-    rows = _edge_batches(tokenizer)[case]
+    rows = _edge_batch(case, tokenizer)
     params = [p for p in lora_model.parameters() if p.requires_grad]
     reference = _reference(lora_model, rows)
     want = torch.autograd.grad(reference, params)
@@ -353,3 +351,53 @@ def test_validation_stops_at_the_end_of_turn_like_the_backend_when_eos_is_anothe
     items = build_validation_items([example], fmt, tok, 1, 512)
     metrics = validate(_Scripted(script), tok, fmt, items, max_new_tokens=len(script))
     assert (metrics["well_formed"], metrics["correct"]) == (1.0, 1.0)
+
+
+def test_a_killed_run_resumed_ends_with_the_same_losses_schedule_and_adapter(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch
+) -> None:
+    """Killed after logging step 4 (its last checkpoint is step 3), resumed: the same per-step losses and learning
+    rates (cosine with warm-up, LoRA dropout on, so the restored RNG matters) and bit-identical final adapter
+    weights as a run that was never stopped, across an epoch boundary (8 examples of 2 prefixes, batches of 2)."""
+    import json
+
+    from safetensors.torch import load_file
+    from test_sft import _config, _write
+    from transformers import TrainerCallback
+
+    import toolschool.train.sft as sft
+
+    class Killed(Exception):
+        pass
+
+    class KillAfterLogging(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN003
+            if state.global_step == 4 and "loss" in (logs or {}):
+                raise Killed
+
+    examples = [_example(i, i + 3) for i in range(2, 6)] + [_with_system(_example(i, 5), "S.") for i in range(6, 10)]
+    train = _write(tmp_path / "train.jsonl", examples)
+    settings = {"num_steps": 5, "checkpoint_interval": 3, "validation_samples": 0, "lora_dropout": 0.1}
+    settings |= {"learning_rate": 1e-2, "warmup_steps": 2, "lr_scheduler": "cosine"}
+
+    def run(out: Path, *, resume: bool = False) -> None:
+        sft.run_sft(_config(tmp_path, tiny_model_dir, train, train, **settings), out, resume=resume, progress=False)
+
+    run(tmp_path / "straight")
+    make_callbacks = sft._make_callbacks
+    monkeypatch.setattr(sft, "_make_callbacks", lambda *a, **k: [*make_callbacks(*a, **k), KillAfterLogging()])
+    with pytest.raises(Killed):
+        run(tmp_path / "killed")
+    monkeypatch.setattr(sft, "_make_callbacks", make_callbacks)
+    assert sorted(p.name for p in (tmp_path / "killed" / "checkpoints").glob("checkpoint-*")) == ["checkpoint-3"]
+    run(tmp_path / "killed", resume=True)
+
+    def curve(out: Path) -> list[tuple[int, float, float]]:
+        log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        return [(r["step"], r["loss"], r["learning_rate"]) for r in log if "loss" in r]
+
+    assert [s for s, _, _ in curve(tmp_path / "straight")] == [1, 2, 3, 4, 5]
+    assert curve(tmp_path / "killed") == curve(tmp_path / "straight")
+    want = load_file(tmp_path / "straight" / "adapter" / "adapter_model.safetensors")
+    got = load_file(tmp_path / "killed" / "adapter" / "adapter_model.safetensors")
+    assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
