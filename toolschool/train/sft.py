@@ -34,6 +34,7 @@ from typing import Any
 from toolschool.chat.toolkens import plain_name, rename_tools_and_calls, toolken, with_renamed_calls
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.jsonl import read_lines
 from toolschool.train.common import (
     IDENTITY_KEYS,
     JsonlLogger,
@@ -604,7 +605,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
     )
     final_validation = None
-    for line in (out_dir / "train_log.jsonl").read_text().splitlines()[::-1]:
+    for line in read_lines(out_dir / "train_log.jsonl")[::-1]:
         record = json.loads(line)
         if "validation" in record:
             final_validation = record["validation"]
