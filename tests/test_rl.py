@@ -302,6 +302,18 @@ def test_fewer_examples_than_prompts_per_step_still_train(tiny_model_dir: Path, 
     assert [r["step"] for r in read_log(tmp_path / "rl") if "reward" in r] == [1]
 
 
+def test_a_misspelt_lora_target_is_refused_before_anything_is_written(
+    tiny_model_dir: Path, tmp_path: Path, train_file: Path
+) -> None:
+    """PEFT fails only when no target matches: "vproj" beside "q_proj" would leave v_proj untrained silently."""
+    from toolschool.train.rl import run_rl
+
+    config = rl_config(tiny_model_dir, train_file, target_modules=["q_proj", "vproj"])
+    with pytest.raises(ConfigError, match=r"rl.target_modules: 'vproj' names no module of the model") as info:
+        run_rl(config, tmp_path / "out", progress=False)
+    assert "v_proj" in info.value.hint and not (tmp_path / "out").exists()
+
+
 def test_unknown_loss_type_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:
     """TRL accepts any loss_type string and only fails at the first loss, after loading and sampling."""
     from toolschool.train.rl import run_rl

@@ -37,6 +37,7 @@ from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
     base_identity,
+    check_lora_targets,
     latest_checkpoint,
     log_callbacks,
     lora_config,
@@ -434,6 +435,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     if settings.method == "full":
         # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
         model.requires_grad_(True)
+    else:
+        check_lora_targets(model, settings.target_modules, "rl")
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
