@@ -227,9 +227,9 @@ def generate_batch(
     """
     import torch
 
-    from toolschool.models.backends.local import _end_of_turn_ids
+    from toolschool.models.backends.local import end_of_turn_ids
 
-    ends = sorted(_end_of_turn_ids(tokenizer, model))
+    ends = sorted(end_of_turn_ids(tokenizer, model))
     pad = tokenizer.pad_token_id
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)

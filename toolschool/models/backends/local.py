@@ -193,7 +193,7 @@ class LocalBackend(Backend):
         _check_plain_layers(DynamicCache(config=self.model.config))  # refuse the model now, not on every request
         self.max_batch_size = max_batch_size
         self.max_positions: int | None = getattr(self.model.config, "max_position_embeddings", None)
-        self.stop_token_ids = _end_of_turn_ids(self.tokenizer, self.model)
+        self.stop_token_ids = end_of_turn_ids(self.tokenizer, self.model)
         self.steps = 0  # batched decode steps run (for tests and benchmarks)
         self.max_rows_seen = 0  # largest batch run so far
         self.stats = GenerationStats()
@@ -615,7 +615,7 @@ def _check_plain_layers(cache: Any) -> None:
         )
 
 
-def _end_of_turn_ids(tokenizer: Any, model: Any) -> set[int]:
+def end_of_turn_ids(tokenizer: Any, model: Any) -> set[int]:
     """Token ids that end an assistant turn: <|im_end|> (ChatML), the tokenizer's eos and the model's eos."""
     ids: set[int] = set()
     vocab = tokenizer.get_vocab()
