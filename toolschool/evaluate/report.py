@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines
 
 # The columns of the comparison table / bars, in order; a metric absent from every summary is left out.
 TABLE_METRICS = (

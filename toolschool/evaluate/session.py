@@ -25,7 +25,7 @@ from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
 from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 

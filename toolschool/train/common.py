@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines
 
 
 class JsonlLogger:

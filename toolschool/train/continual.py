@@ -37,6 +37,7 @@ from typing import Any
 
 from toolschool.config import ContinualSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.files import write_text_atomic
 from toolschool.locking import lock_or_refuse
 from toolschool.train.common import sha256_file
 
@@ -689,9 +690,7 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
 @dataclass

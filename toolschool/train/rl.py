@@ -32,7 +32,7 @@ from typing import Any
 
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
@@ -476,14 +476,16 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     suite = RewardSuite(fmt, rewards, mode=settings.mode)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(dump_toml(config), encoding="utf-8")  # the settings this run trains with
+    # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
+    write_text_atomic(out_dir / "config.toml", dump_toml(config))
     start_info = {
         "examples": len(rows),
         "mode": settings.mode,
         "rewards": rewards,
         "tools": [t.__name__ for t in tools],
     }
-    (out_dir / META_FILE).write_text(
+    write_text_atomic(
+        out_dir / META_FILE,
         json.dumps(
             {
                 "base": identity,
@@ -495,7 +497,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
                 "train_sha256": train_sha256,
             },
             indent=2,
-        )
+        ),
     )
     logger = JsonlLogger(out_dir / "train_log.jsonl")
     peft_config = lora_config(settings) if settings.method == "lora" else None

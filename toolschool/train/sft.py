@@ -34,7 +34,7 @@ from typing import Any
 from toolschool.chat.toolkens import plain_name, rename_tools_and_calls, toolken, with_renamed_calls
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines, write_text_atomic
 from toolschool.train.common import (
     IDENTITY_KEYS,
     JsonlLogger,
@@ -513,8 +513,10 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     stats["validation_prompts_truncated"] = sum(item.truncated for item in items)
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.toml").write_text(dump_toml(config), encoding="utf-8")  # the settings this run trains with
-    (out_dir / META_FILE).write_text(
+    # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
+    write_text_atomic(out_dir / "config.toml", dump_toml(config))
+    write_text_atomic(
+        out_dir / META_FILE,
         json.dumps(
             {
                 "base": identity,
@@ -527,7 +529,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
                 "data": stats,
             },
             indent=2,
-        )
+        ),
     )
     logger = JsonlLogger(out_dir / "train_log.jsonl")
     peft_config = None

@@ -28,7 +28,7 @@ from typing import Any
 from toolschool.chat.types import ParsedReply
 from toolschool.errors import ToolschoolError
 from toolschool.evaluate.items import EvalItem
-from toolschool.jsonl import read_lines
+from toolschool.files import read_lines
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = CATEGORIES
