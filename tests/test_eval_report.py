@@ -75,7 +75,7 @@ def test_report_writes_html_markdown_and_plots(run_dir: Path) -> None:
 
 def _sft_log_as_sft_writes_it() -> list[dict]:
     """The records `toolschool sft` writes: start, training steps, the trainer's summary, nested validation, end."""
-    log: list[dict] = [{"event": "start", "step": 0, "examples": 12, "tokens": 4608}]
+    log: list[dict] = [{"event": "start", "step": 0, "examples": 12, "tokens": 4608, "loss_tokens": 39}]
     for step in range(1, 5):
         log.append({"step": step, "loss": 2.0 / step, "learning_rate": 1e-4, "mean_token_accuracy": 0.5 + step / 10})
         if step % 2 == 0:
@@ -107,6 +107,7 @@ def test_validation_curves_come_from_the_validation_records_only() -> None:
     assert set(groups["validation"]) == {"well_formed", "api_match", "correct", "no_call_rate"}
     # the token accuracy on the training batches is a training metric, not a validation one
     assert set(groups["train_metrics"]) == {"mean_token_accuracy"}
+    # loss_tokens (how many tokens are learned, in the start record) is a count, not a loss curve
     assert set(groups["loss"]) == {"loss", "train_loss"} and groups["loss"]["loss"][0] == [1, 2, 3, 4]
 
 

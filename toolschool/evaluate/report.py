@@ -201,7 +201,8 @@ def curve_groups(records: list[dict[str, Any]]) -> dict[str, dict[str, tuple[lis
         if points:
             validation[metric] = ([p[0] for p in points], [p[1] for p in points])
     return {
-        "loss": {k: _series(records, k) for k in keys if "loss" in k},
+        # not counts such as loss_tokens (how many tokens are learned), which would squash the curves
+        "loss": {k: _series(records, k) for k in keys if "loss" in k and "tokens" not in k},
         "reward": {k: _series(records, k) for k in reward_keys},
         "train_metrics": {k: _series(records, k) for k in train_metric_keys},
         "validation": validation,
