@@ -175,3 +175,31 @@ def test_empty_distillation_stops_with_a_clear_message(run_config) -> None:
     with pytest.raises(ToolschoolError, match="distillation kept no training example"):
         run_pipeline(run_config)
     assert not is_done(run_config, "distill")
+
+
+def test_settings_a_later_stage_refuses_are_refused_before_the_first_stage_runs(run_config) -> None:
+    """A bad [rl] or [sft] setting used to surface only when that stage started, after exploration, distillation
+    and SFT had run (hours on a CPU)."""
+    bad_rl = run_config.model_copy(deep=True)
+    bad_rl.rl.batch_size = 3  # not a multiple of num_generations = 2
+    with pytest.raises(ConfigError, match=r"rl.batch_size = 3 is not a multiple of rl.num_generations = 2"):
+        run_pipeline(bad_rl)
+    bad_sft = run_config.model_copy(deep=True)
+    bad_sft.sft.padding_free = True
+    bad_sft.sft.batching = "padded"
+    with pytest.raises(ConfigError, match=r"sft.padding_free = true contradicts sft.batching = 'padded'"):
+        run_pipeline(bad_sft)
+    assert not is_done(run_config, "distill") and not (run_config.run_dir() / "distill").exists()
+    assert not (run_config.run_dir() / "config.toml").exists()
+
+
+def test_config_show_refuses_what_a_stage_would_refuse(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    path = tmp_path / "contra.toml"
+    path.write_text('[sft]\npadding_free = true\nbatching = "padded"\n')
+    result = CliRunner().invoke(app, ["config", "show", str(path)])
+    assert result.exit_code == 2
+    assert "sft.padding_free = true contradicts sft.batching = 'padded'" in result.output.replace("\n", " ")

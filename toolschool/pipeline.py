@@ -386,6 +386,22 @@ def comparison_markdown(table: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------------------------------------ driver
 
 
+def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device: str | None = None) -> None:
+    """What the training stages refuse when they start, checked before the first stage runs: a bad [rl] or [sft]
+    setting would otherwise surface after exploration and distillation (hours on a CPU). `device=None` leaves
+    out what depends on this machine (`toolschool config show`)."""
+    if "sft" in stages:
+        from toolschool.train.common import check_scheduler
+        from toolschool.train.sft import resolve_batching
+
+        resolve_batching(config.sft)
+        check_scheduler(config.sft.lr_scheduler, "sft")
+    if "rl" in stages:
+        from toolschool.train.rl import check_settings
+
+        check_settings(config.rl, device=device, machine=device is not None)
+
+
 def run_pipeline(
     config: ToolschoolConfig,
     *,
@@ -394,7 +410,10 @@ def run_pipeline(
     on_stage: Callable[[str, str], None] | None = None,
 ) -> PipelineResult:
     """Run every enabled stage in order, skipping finished ones; returns the comparison table and report path."""
+    from toolschool.models.device import resolve_device
+
     stages = enabled_stages(config)
+    check_stage_settings(config, stages, device=resolve_device(config.model.device))
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     kept = stages  # the finished stages this run may skip: their settings must not have changed

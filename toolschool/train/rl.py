@@ -70,8 +70,9 @@ class RLResult:
 # ------------------------------------------------------------------------------------------- checks
 
 
-def check_settings(settings: RLSection, *, device: str | None = None) -> None:
-    """Settings that do not need the model or the data: refused before anything is loaded."""
+def check_settings(settings: RLSection, *, device: str | None = None, machine: bool = True) -> None:
+    """Settings that do not need the model or the data: refused before anything is loaded. `machine=False`
+    leaves out what depends on this machine (vLLM installed, a CUDA device), as `toolschool config show` does."""
     if settings.mode not in MODES:
         raise ConfigError(f"rl.mode = '{settings.mode}' is not a mode", hint=f"use one of: {', '.join(MODES)}")
     check_reward_names(settings.rewards, mode=settings.mode, weights=settings.reward_weights)
@@ -104,7 +105,7 @@ def check_settings(settings: RLSection, *, device: str | None = None) -> None:
             f"rl.ref_model = '{settings.ref_model}' is unused with rl.beta = 0 (no KL penalty)",
             hint="set --beta above 0 or drop --ref-model",
         )
-    if settings.use_vllm:
+    if settings.use_vllm and machine:
         if device is not None and not device.startswith("cuda"):
             raise ConfigError(f"rl.use_vllm needs a CUDA GPU; this run is on '{device}'", hint="drop --use-vllm")
         try:
