@@ -172,6 +172,11 @@ def test_tools_without_data_are_named() -> None:
     rows = [_conversation("shout", k) for k in range(4)]
     with pytest.raises(DataError, match=r"no examples for tool\(s\) weekday, date_add named in the batches file"):
         split_into_batches(rows, [["shout"], ["weekday", "date_add"]], test_fraction=0.2, seed=0, source="d.jsonl")
+    # the hint names the data's tools the batches do not use, as such (not as all the tools in the data)
+    rows.append(_conversation("reverse", 0))
+    with pytest.raises(DataError) as info:
+        split_into_batches(rows, [["shout"], ["nope"]], test_fraction=0.2, seed=0, source="d.jsonl")
+    assert info.value.hint.endswith("(tools in the data that no batch names: reverse)")
 
 
 def test_batch_without_held_out_items_is_refused() -> None:

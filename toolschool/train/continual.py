@@ -199,10 +199,11 @@ def split_into_batches(
 
     missing = [tool for tool, rows in per_tool.items() if not rows]
     if missing:
-        found = ", ".join(sorted(other_names)[:10]) or "none outside the batches"
+        unused = ", ".join(sorted(other_names)[:10]) or "none"
         raise DataError(
             f"{source} has no examples for tool(s) {', '.join(missing)} named in the batches file",
-            hint=f"add conversations with meta.tool set to them, or fix the names (tools in the data: {found})",
+            hint="add conversations with meta.tool set to them, or fix the names "
+            f"(tools in the data that no batch names: {unused})",
         )
 
     result = [Batch(index=i, tools=list(batch)) for i, batch in enumerate(batches)]
