@@ -425,7 +425,7 @@ def test_build_into_a_path_that_is_a_file_is_one_clear_line(tmp_path: Path) -> N
     args = ["--gsm8k", str(GSM8K), "--cruxeval", str(CRUX), "--instructions", str(FLAN), "--size", "3"]
     result = CliRunner().invoke(app, ["dataset", "build-calc-python", *args, "--out", str(taken)])
     assert result.exit_code == 2, result.output
-    assert f"cannot write the dataset in '{taken}'" in result.output and "Traceback" not in result.output
+    assert f"cannot write the dataset output folder '{taken}'" in result.output and "Traceback" not in result.output
 
 
 @pytest.mark.parametrize("share", ["nan", "inf", "1e400"])

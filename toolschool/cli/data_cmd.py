@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from toolschool.cli.console import console, err_console
-from toolschool.errors import ConfigError, DataError
+from toolschool.errors import ConfigError
 
 app = typer.Typer(help="Build, validate and inspect training datasets (JSONL conversations).", no_args_is_help=True)
 
@@ -54,7 +54,7 @@ def build_calc_python_cmd(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/dataset)."),
 ) -> None:
     """Build the calculator / python / no-tool dataset: records, per-format train/validation, summary, card."""
-    from toolschool.config import load_config, stage_dir, stage_path
+    from toolschool.config import load_config, stage_dir
     from toolschool.data.build_calc_python import BuildOptions, build_calc_python
 
     overrides = {
@@ -72,14 +72,7 @@ def build_calc_python_cmd(
     }
     config = load_config(config_path, overrides)
     d = config.dataset
-    try:
-        out_dir = stage_dir(config, "dataset", out if out is not None else d.out)
-    except OSError as exc:  # a file in the way, no permission, a read-only disk
-        raise DataError(
-            f"cannot write the dataset in '{stage_path(config, 'dataset', out if out is not None else d.out)}': "
-            f"{exc.strerror or exc}",
-            hint="pass --out a folder you can write to (or another --run name)",
-        ) from None
+    out_dir = stage_dir(config, "dataset", out if out is not None else d.out)  # a file in the way: one line
     err_console.print(f"[dim]dataset build-calc-python -> {out_dir}[/dim]")
     with err_console.status("building (python_exec runs each candidate in the sandbox)..."):
         summary = build_calc_python(
