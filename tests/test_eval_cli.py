@@ -225,3 +225,17 @@ def test_evaluate_defaults_to_the_data_the_run_evaluated_on(tmp_path: Path) -> N
     own.write_text("{}\n")
     (run / "eval" / "DONE.json").write_text(json.dumps({"stage": "eval", "data": str(own)}))
     assert _default_data(checkpoint) == own
+
+
+def test_eval_goes_on_past_an_item_too_long_for_the_context_and_says_so(tiny_model_dir: Path, tmp_path: Path) -> None:
+    line = json.loads(_calc_line(40, 7))
+    line["messages"][0]["content"] += " Please." * 1200  # past the tiny model's 1024 positions
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps(line) + "\n" + _calc_line(41, 7) + "\n")
+    out = tmp_path / "out"
+    argv = ["eval", "-m", str(tiny_model_dir), "--data", str(data), "--max-tokens", "4", "--out", str(out)]
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "1 item(s) did not fit the model's context and count as failed replies" in " ".join(result.output.split())
+    block = json.loads((out / "summary.json").read_text())["models"][str(tiny_model_dir)]["data"]
+    assert block["context_full"] == 1 and block["overall"]["n"] == 2

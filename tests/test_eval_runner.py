@@ -264,3 +264,38 @@ async def test_execute_with_the_builtin_tool_registry(data_file: Path) -> None:
         registry.close()
     assert results[0].transcript[2]["content"].strip() == "7006652"
     assert results[0].score.answer_correct is True
+
+
+class NoRoomBackend(ScriptedBackend):
+    """Refuses prompts longer than `room` characters as the local backend refuses one over its context."""
+
+    def __init__(self, script: dict[str, str], room: int) -> None:
+        super().__init__(script)
+        self.room = room
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        size = sum(len(str(m.get("content") or "")) for m in request.messages)
+        if size > self.room:
+            from toolschool.models.backend import ContextLengthError
+
+            raise ContextLengthError(f"the prompt has {size} characters, more than {self.room}", param="messages")
+        return await super().generate(request)
+
+
+def test_an_item_whose_prompt_does_not_fit_the_context_is_scored_failed_not_the_end_of_the_run(
+    data_file: Path, tmp_path: Path
+) -> None:
+    """One long prompt (an ICL prompt, a long STE item) ended the whole evaluation, and its --resume hit the same
+    item again: it is scored as a failed reply, counted, and the other items are evaluated."""
+    items = items_from_file(data_file)
+    items[0].messages[0]["content"] += " (and much more context)" * 20
+    backend = NoRoomBackend(SCRIPT, room=200)
+    options = EvalOptions(format="hermes", max_tokens=32, concurrency=2)
+    results = asyncio.run(evaluate_items(backend, items, options))
+    assert [r.item.id for r in results] == ["a", "b", "c", "d"]
+    full = results[0]
+    assert not full.score.well_formed and full.raw == ""
+    assert full.parsed.error.startswith("the prompt does not fit the model's context: the prompt has")
+    assert results[1].score.correct and results[3].score.well_formed
+    assert summarize(results)["context_full"] == 1
+    assert "context_full" not in summarize(results[1:])

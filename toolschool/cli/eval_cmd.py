@@ -96,6 +96,14 @@ def _run(
             if registry is not None:
                 registry.close()
     console.print(summary_markdown(summary), markup=False, highlight=False, soft_wrap=True)  # no wrapping: markdown
+    for model, blocks in summary["models"].items():
+        for bench, block in blocks.items():
+            if block.get("context_full"):
+                err_console.print(
+                    f"[yellow]{escape(model)} · {escape(bench)}: {block['context_full']} item(s) did not fit the "
+                    "model's context and count as failed replies (fewer --icl demonstrations or a model with a "
+                    "longer context fits them)[/yellow]"
+                )
     err_console.print(f"[dim]wrote {out_dir / 'summary.json'}, summary.md and per-item JSONL[/dim]")
 
 

@@ -22,7 +22,7 @@ from toolschool.errors import DataError
 from toolschool.evaluate.items import EvalItem
 from toolschool.evaluate.metrics import ArgMode, ItemScore, aggregate, answer_matches, per_tool_accuracy, score_item
 from toolschool.evaluate.retrieval import DemoPool, with_demonstrations
-from toolschool.models.backend import Backend, GenerationRequest, SamplingParams
+from toolschool.models.backend import Backend, ContextLengthError, GenerationRequest, SamplingParams
 
 
 @dataclass
@@ -125,8 +125,12 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
     messages = [dict(m) for m in item.messages]
     if options.icl_k and options.demos is not None:
         messages = with_demonstrations(messages, options.demos.demonstrations(item.query, options.icl_k))
-    sent, sent_tools, raw = await _generate(backend, fmt, item, messages, options)
-    parsed = fmt.parse(raw)
+    try:
+        sent, sent_tools, raw = await _generate(backend, fmt, item, messages, options)
+        parsed = fmt.parse(raw)
+    except ContextLengthError as exc:  # scored as a failed reply: the other items go on, and a resume does not stop
+        sent, sent_tools, raw = messages, item.tools, ""
+        parsed = ParsedReply(text="", error=f"{CONTEXT_FULL}: {exc}")
     score = score_item(
         parsed,
         item.gold_calls,
@@ -139,7 +143,7 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
     if verdict is not None:
         _arguments_by_judge(score, verdict)
     result = ItemResult(item, sent, sent_tools, raw, parsed, score, verdict)
-    if options.execute:
+    if options.execute and not is_context_full(parsed):
         await _execute(backend, fmt, item, messages, parsed, result, options)
     result.seconds = time.perf_counter() - started
     return result
@@ -189,7 +193,10 @@ async def _execute(
             break
         if turn == options.max_turns - 1:
             break
-        _, _, raw = await _generate(backend, fmt, item, conversation, options)
+        try:
+            _, _, raw = await _generate(backend, fmt, item, conversation, options)
+        except ContextLengthError:  # the conversation outgrew the context: no final answer
+            break
         reply = fmt.parse(raw)
     result.transcript = conversation
     expected = item.expected_answer
@@ -225,8 +232,17 @@ async def evaluate_items(
     return list(await asyncio.gather(*(one(item) for item in items)))
 
 
+# The parse error of an item whose prompt the backend refused as longer than the model's context.
+CONTEXT_FULL = "the prompt does not fit the model's context"
+
+
+def is_context_full(parsed: ParsedReply) -> bool:
+    return bool(parsed.error and parsed.error.startswith(CONTEXT_FULL))
+
+
 def summarize(results: list[ItemResult]) -> dict[str, Any]:
-    """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts."""
+    """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts;
+    `context_full`: how many items were scored failed because their prompt did not fit (only when some were)."""
 
     def block(group: list[ItemResult]) -> dict[str, float]:
         rates = aggregate([r.score for r in group])
@@ -238,10 +254,13 @@ def summarize(results: list[ItemResult]) -> dict[str, Any]:
     categories: dict[str, list[ItemResult]] = {}
     for result in results:
         categories.setdefault(result.item.category or result.item.benchmark, []).append(result)
-    return {
+    summary: dict[str, Any] = {
         "overall": block(results),
         "by_category": {name: block(group) for name, group in sorted(categories.items())}
         if len(categories) > 1
         else {},
         "per_tool": per_tool_accuracy([r.score for r in results]),
     }
+    if full := sum(is_context_full(r.parsed) for r in results):
+        summary["context_full"] = full
+    return summary
