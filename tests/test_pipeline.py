@@ -203,3 +203,28 @@ def test_config_show_refuses_what_a_stage_would_refuse(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["config", "show", str(path)])
     assert result.exit_code == 2
     assert "sft.padding_free = true contradicts sft.batching = 'padded'" in result.output.replace("\n", " ")
+
+
+def test_exploration_depends_on_the_explorer_not_on_the_student(run_config) -> None:
+    """Explored with the default explorer (the run's model), naming that model as the explorer is no change; with
+    a separate explorer, another student model does not make the finished exploration stale (SFT's is)."""
+    from toolschool.pipeline import _write_marker, check_finished_settings
+
+    _write_marker(run_config, "explore", 0.0, {})
+    named = run_config.model_copy(deep=True)
+    named.pipeline.explorer = run_config.model.name
+    check_finished_settings(named, ["explore"])  # the same explorer, written out
+    other = run_config.model_copy(deep=True)
+    other.pipeline.explorer = "another-explorer"
+    with pytest.raises(ConfigError, match=r"stage 'explore' .* other settings: explorer: .* -> \"another-explorer\""):
+        check_finished_settings(other, ["explore"])
+
+    separate = run_config.model_copy(deep=True)
+    separate.pipeline.explorer = "big-explorer"
+    _write_marker(separate, "explore", 0.0, {})
+    _write_marker(separate, "sft", 0.0, {})
+    student = separate.model_copy(deep=True)
+    student.model.name = "another-student"
+    check_finished_settings(student, ["explore"])
+    with pytest.raises(ConfigError, match=r"stage 'sft' .* model.name"):
+        check_finished_settings(student, ["explore", "sft"])

@@ -126,6 +126,18 @@ def stage_settings(config: ToolschoolConfig, stage: str) -> dict[str, Any]:
     return flat
 
 
+def _comparable(stage: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """A stage's settings as its outputs depend on them: exploration on the model that explored (`explorer`,
+    the run's model when none is named), not on the student, so naming the default explorer is no change and
+    another student keeps the exploration."""
+    if stage != "explore" or "pipeline.explorer" not in settings:
+        return settings
+    settings = dict(settings)
+    student = settings.pop("model.name", None)
+    settings["explorer"] = settings.pop("pipeline.explorer") or student
+    return settings
+
+
 def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None:
     """Refuse to skip a finished stage whose settings changed since it ran (its outputs would not match them)."""
     for stage in stages:
@@ -137,7 +149,8 @@ def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None
             saved = None
         if not isinstance(saved, dict):
             continue  # a marker from before settings were recorded: nothing to compare
-        current = stage_settings(config, stage)
+        saved = _comparable(stage, saved)
+        current = _comparable(stage, stage_settings(config, stage))
         changed = [
             f"{key}: {json.dumps(saved[key])} -> {json.dumps(value)}"
             for key, value in current.items()
