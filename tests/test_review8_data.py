@@ -500,3 +500,12 @@ def test_validation_takes_its_share_of_each_category(tmp_path: Path) -> None:
         records = [json.loads(line) for line in (out / "records.jsonl").read_text().split("\n") if line]
         validation = Counter(r["category"] for r in records if r["split"] == "validation")
         assert validation == {"calculator": 3, "python_exec": 1, "no_tool": 1}, (seed, validation)
+
+
+@pytest.mark.parametrize("command", ["validate", "stats"])
+def test_an_unknown_on_error_value_names_the_flag(tmp_path: Path, command: str) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    result = CliRunner().invoke(app, ["dataset", command, str(data), "--on-error", "nope"])
+    assert result.exit_code == 2
+    assert "--on-error nope is not a choice: use skip or stop" in " ".join(result.output.split())

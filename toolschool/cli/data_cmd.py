@@ -16,6 +16,12 @@ app = typer.Typer(help="Build, validate and inspect training datasets (JSONL con
 ON_ERROR_HELP = "skip: report bad lines and go on; stop: fail on the first bad line."
 
 
+def _on_error(value: str) -> str:
+    if value not in ("skip", "stop"):
+        raise ConfigError(f"--on-error {value} is not a choice: use skip or stop", hint=ON_ERROR_HELP)
+    return value
+
+
 def _parse_ratios(values: list[str] | None) -> dict[str, float] | None:
     if not values:
         return None
@@ -115,7 +121,7 @@ def validate_cmd(
     """Check every line against the dataset contract; print each bad line as file:line: reason (exit 1 if any)."""
     from toolschool.data.dataset import load_examples
 
-    _examples, report = load_examples(path, on_error=on_error, split=split)
+    _examples, report = load_examples(path, on_error=_on_error(on_error), split=split)
     for error in report.errors:  # plain lines (no wrapping), one per bad line: easy to grep and to open
         typer.echo(error)
     typer.echo(report.summary())
@@ -133,7 +139,7 @@ def stats_cmd(
     """Counts: calls per tool name, lines per meta tool / category / source, calls and turns."""
     from toolschool.data.dataset import dataset_stats, load_examples
 
-    examples, report = load_examples(path, on_error=on_error, split=split)
+    examples, report = load_examples(path, on_error=_on_error(on_error), split=split)
     for error in report.errors:  # whole lines (no wrapping at the console width): easy to grep and to open
         typer.echo(f"skipped {error}", err=True)
     stats = {"source": report.source, "skipped_lines": report.skipped, **dataset_stats(examples)}
