@@ -401,3 +401,14 @@ def test_a_killed_run_resumed_ends_with_the_same_losses_schedule_and_adapter(
     want = load_file(tmp_path / "straight" / "adapter" / "adapter_model.safetensors")
     got = load_file(tmp_path / "killed" / "adapter" / "adapter_model.safetensors")
     assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_examples_cut_at_max_length_are_announced_before_training() -> None:
+    """The default max_length 512 cuts most calc/python rows; the count was only in the log and the summary."""
+    from toolschool.train.sft import truncation_warning
+
+    assert truncation_warning({"examples": 36, "truncated": 0}, 512) is None
+    assert truncation_warning({"examples": 36, "truncated": 22, "dropped_no_assistant_after_truncation": 7}, 512) == (
+        "22 of 36 training examples are longer than max_length = 512 and were cut (7 of them kept no assistant "
+        "token and are left out); raise --max-length to train on them whole"
+    )

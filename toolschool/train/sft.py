@@ -25,6 +25,8 @@ Batching (`sft.batching`, see bench/sft.py for the measured figures):
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,6 +57,7 @@ from toolschool.train.common import (
 )
 
 META_FILE = "toolschool_sft.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -506,6 +509,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
             hint="raise --max-length",
         )
     stats = prepared.stats()
+    if (warning := truncation_warning(stats, settings.max_length)) and os.environ.get("RANK", "0") == "0":
+        log.warning("sft: %s", warning)  # before training: the count is also in the log and the summary
     items = build_validation_items(
         validation_examples, fmt, tokenizer, settings.validation_samples, settings.max_length
     )
@@ -624,6 +629,19 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         stats=stats,
         final_validation=final_validation,
         main_process=trainer.is_world_process_zero(),
+    )
+
+
+def truncation_warning(stats: dict[str, int], max_length: int) -> str | None:
+    """What to tell the user when training examples were cut at `max_length` (None when none were)."""
+    cut = stats.get("truncated", 0)
+    if not cut:
+        return None
+    dropped = stats.get("dropped_no_assistant_after_truncation", 0)
+    left_out = f" ({dropped} of them kept no assistant token and are left out)" if dropped else ""
+    return (
+        f"{cut} of {stats.get('examples', 0)} training examples are longer than max_length = {max_length} and were "
+        f"cut{left_out}; raise --max-length to train on them whole"
     )
 
 
