@@ -412,3 +412,22 @@ def test_examples_cut_at_max_length_are_announced_before_training() -> None:
         "22 of 36 training examples are longer than max_length = 512 and were cut (7 of them kept no assistant "
         "token and are left out); raise --max-length to train on them whole"
     )
+
+
+def test_toolkens_on_lines_already_written_in_a_text_format_are_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`--toolkens` renames tool_calls; a json/react line holds its calls as text, so no token was added and the
+    run trained without toolkens, silently."""
+    from test_sft import _write
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    line = _example(2, 5)
+    line["meta"] = {"format": "json"}
+    train = _write(tmp_path / "train.jsonl", [line])
+    args = ["sft", "--model", str(tiny_model_dir), "--train", str(train), "--toolkens", "--format", "json"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert f"--toolkens needs canonical lines, but {train}:1 is written in the json format" in " ".join(
+        result.output.split()
+    )

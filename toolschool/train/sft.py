@@ -156,6 +156,22 @@ def _system_block(example: dict[str, Any], fmt: Any, finder: Any) -> list[int]:
     return finder.system_block(messages, tools)
 
 
+def _check_canonical_for_toolkens(examples: Sequence[dict[str, Any]], path: Path) -> None:
+    """Toolkens rename the calls of `tool_calls`; a line already written in a text format holds its calls as text,
+    so no toolken would be added and the run would train without them."""
+    from toolschool.data.dataset import iter_jsonl
+
+    numbers = [number for number, _ in iter_jsonl(path)]  # every non-blank line is an example (on_error stop)
+    for number, example in zip(numbers, examples, strict=False):
+        written = (example.get("meta") or {}).get("format")
+        if written not in (None, "hermes"):
+            raise DataError(
+                f"--toolkens needs canonical lines, but {path}:{number} is written in the {written} format "
+                "(meta.format)",
+                hint="train toolkens on the dataset's canonical (hermes) file with --format json/react if wanted",
+            )
+
+
 def apply_toolkens(examples: Sequence[dict[str, Any]]) -> list[str]:
     """STE "toolkens": the tool names, each to be added as one new token `<tool_NAME>`.
 
@@ -465,6 +481,8 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if not train_examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(train_examples, str(train_path))
+    if settings.toolkens:
+        _check_canonical_for_toolkens(train_examples, train_path)
     validation_examples: list[dict[str, Any]] = []
     if validation_path is not None:
         validation_examples, _ = load_dataset_jsonl(validation_path, on_error="stop")
