@@ -139,6 +139,11 @@ def test_rules_build_the_clean_conversation() -> None:
     ]
     unsolved = dict(trials[0], solved=False)
     assert trial_to_candidate(unsolved, require_solved=True)[1] == "not self-reported as solved"
+    # calls past --max-turns were answered "not run": the example would show a final answer written after a
+    # refusal its conversation does not hold
+    over_budget = json.loads(json.dumps(trials[0]))
+    over_budget["steps"][0]["skipped_calls"] = [{"name": "calculator", "arguments": {"expression": "1+1"}}]
+    assert trial_to_candidate(over_budget)[1] == "calls past the call budget were not run"
 
 
 def test_judgment_parsing_keeps_reasons() -> None:

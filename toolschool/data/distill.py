@@ -196,6 +196,8 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
     if require_solved and trial.get("solved") is not True:
         return None, "not self-reported as solved"
     steps = trial.get("steps") or []
+    if any(s.get("skipped_calls") for s in steps):  # answered "not run": the clean path cannot show that
+        return None, "calls past the call budget were not run"
     call_steps = [s for s in steps if s.get("calls")]
     if not call_steps:
         return None, "no tool call"
