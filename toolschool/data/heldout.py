@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from toolschool.chat.types import tool_call
+from toolschool.data.build_calc_python import same_request_key
 from toolschool.errors import DataError
 
 _UNITS = [("km", "mile"), ("mile", "km"), ("kg", "pound"), ("pound", "kg"), ("liter", "gallon"), ("degC", "degF")]
@@ -78,10 +79,6 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, dict[str, Any]]]] = {
 }
 
 
-def _key(query: str) -> str:
-    return " ".join(query.split()).casefold()
-
-
 def builtin_heldout(
     registry: Any, *, per_tool: int = 6, seed: int = 0, exclude: Iterable[str] = ()
 ) -> list[dict[str, Any]]:
@@ -95,7 +92,7 @@ def builtin_heldout(
     excluded: two runs with the same seed are scored on the same items of each tool. A tool that cannot have
     `per_tool` distinct items (the python template has 35) is an error, not a smaller share of the set.
     """
-    excluded = {_key(q) for q in exclude}
+    excluded = {same_request_key(q) for q in exclude}
     schemas = registry.schemas()
     # the templates are for the built-in tools: a module or MCP tool that only shares a name is not one of them
     offered = [name for name in registry.names() if name in TEMPLATES and registry.source(name) == "builtin"]
@@ -107,7 +104,7 @@ def builtin_heldout(
         while len(seen) < per_tool and attempts < per_tool * 50:
             attempts += 1
             query, arguments = TEMPLATES[name](rng)
-            if query in seen or _key(query) in excluded:
+            if query in seen or same_request_key(query) in excluded:
                 continue
             observation = registry.call(name, arguments)
             if observation.is_error:  # a template value a tool refuses is not a fair test item
