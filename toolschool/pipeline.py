@@ -315,7 +315,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
 
 
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.evaluate.session import make_options, resolve_benchmarks, resume_problem, run_evaluation
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
     from toolschool.models.backends import make_backend
     from toolschool.tools.registry import build_registry
 
@@ -333,10 +333,12 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         options = make_options(settings, registry=registry)
         names = [model for _, model in models]
         eval_settings = {**settings, "data": str(data), "labels": dict((m, label) for label, m in models)}
+
+        def restart(problem: str) -> None:
+            if console is not None:
+                console.print(f"eval: {problem}; starting the evaluation over", markup=False, highlight=False)
+
         # An eval stage killed part-way keeps the items it scored, unless they were scored otherwise.
-        problem = resume_problem(names, benchmarks, options, out_dir, eval_settings)
-        if problem is not None and console is not None:
-            console.print(f"eval: {problem}; starting the evaluation over", markup=False, highlight=False)
         summary = run_evaluation(
             names,
             benchmarks,
@@ -344,7 +346,8 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
             out_dir,
             make_backend=lambda m: make_backend(m, dtype=config.model.dtype, device=config.model.device),
             settings=eval_settings,
-            resume=problem is None,
+            resume=True,
+            on_resume_problem=restart,
         )
     finally:
         registry.close()

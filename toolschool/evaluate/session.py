@@ -125,18 +125,28 @@ def run_evaluation(
     settings: dict[str, Any] | None = None,
     progress: Callable[[str, int], Callable[[ItemResult], None]] | None = None,
     resume: bool = False,
+    on_resume_problem: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on each benchmark (one backend at a time), write items/summary files, return the summary.
 
     `progress(label, total)` may return a per-item callback (the CLI's progress bar). Each item's line is appended
     to its items file as soon as it is scored, so an interrupted evaluation keeps what it finished; `resume` then
     keeps those items and evaluates only the others (a backend is created only for a model with items left).
+    A folder that cannot be resumed (other settings, other items, a broken items file) raises, unless
+    `on_resume_problem` is given: it is told why, and the evaluation starts over.
     """
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
     check_models_distinct(models)
     # every model's finished items are read (and their settings checked) before any model runs
-    finished = {model: _finished(model, benchmarks, options, out_dir, settings) if resume else None for model in models}
+    finished: dict[str, list[dict[int, ItemResult]] | None] = dict.fromkeys(models)
+    if resume:
+        try:
+            finished = {model: _finished(model, benchmarks, options, out_dir, settings) for model in models}
+        except (ConfigError, DataError) as exc:
+            if on_resume_problem is None:
+                raise
+            on_resume_problem(str(exc))
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     for model in models:
         summary["models"][model] = asyncio.run(
@@ -148,23 +158,6 @@ def run_evaluation(
 
     (out_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
     return summary
-
-
-def resume_problem(
-    models: list[str],
-    benchmarks: list[Benchmark],
-    options: EvalOptions,
-    out_dir: Path,
-    settings: dict[str, Any] | None = None,
-) -> str | None:
-    """Why `run_evaluation(..., resume=True)` would refuse this folder (other settings, other items, a broken
-    items file), or None when it can keep what an interrupted evaluation finished there."""
-    try:
-        for model in models:
-            _finished(model, benchmarks, options, out_dir, settings)
-    except (ConfigError, DataError) as exc:
-        return str(exc)
-    return None
 
 
 def check_models_distinct(models: list[str]) -> None:
