@@ -46,6 +46,8 @@ class DatasetReport:
     lines: int = 0
     kept: int = 0
     errors: list[str] = field(default_factory=list)
+    # the file line of each kept example, in order (a local file; blank and skipped lines make them differ)
+    kept_lines: list[int] = field(default_factory=list)
 
     @property
     def skipped(self) -> int:
@@ -298,6 +300,7 @@ def load_dataset_jsonl(
                 continue
             examples.append(normalize_example(example))
             report.kept += 1
+            report.kept_lines.append(number)
     except UnicodeDecodeError:
         raise DataError(f"data file '{path}' is not UTF-8 text") from None
     return examples, report

@@ -402,7 +402,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     from trl import GRPOConfig
 
     from toolschool.chat.formats import get_format
-    from toolschool.data.dataset import iter_jsonl, load_dataset_jsonl
+    from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.models.device import resolve_device
     from toolschool.models.loading import load_model
     from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
@@ -413,9 +413,9 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     check_settings(settings, device=device)
     fmt = get_format(settings.format)
     train_path = resolve_train_path(config)
-    examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    examples, report = load_dataset_jsonl(train_path, on_error="stop")
     train_sha256 = sha256_file(train_path)
-    lines = [number for number, _ in iter_jsonl(train_path)]  # every non-blank line is an example (on_error stop)
+    lines = report.kept_lines
     if not examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(examples, str(train_path))

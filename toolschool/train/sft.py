@@ -156,13 +156,10 @@ def _system_block(example: dict[str, Any], fmt: Any, finder: Any) -> list[int]:
     return finder.system_block(messages, tools)
 
 
-def _check_canonical_for_toolkens(examples: Sequence[dict[str, Any]], path: Path) -> None:
+def _check_canonical_for_toolkens(examples: Sequence[dict[str, Any]], path: Path, lines: Sequence[int]) -> None:
     """Toolkens rename the calls of `tool_calls`; a line already written in a text format holds its calls as text,
-    so no toolken would be added and the run would train without them."""
-    from toolschool.data.dataset import iter_jsonl
-
-    numbers = [number for number, _ in iter_jsonl(path)]  # every non-blank line is an example (on_error stop)
-    for number, example in zip(numbers, examples, strict=False):
+    so no toolken would be added and the run would train without them. `lines`: each example's file line."""
+    for number, example in zip(lines, examples, strict=True):
         written = (example.get("meta") or {}).get("format")
         if written not in (None, "hermes"):
             raise DataError(
@@ -477,12 +474,12 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     fmt = get_format(settings.format)
     train_path, validation_path = _resolve_data_paths(config)
 
-    train_examples, _ = load_dataset_jsonl(train_path, on_error="stop")
+    train_examples, train_report = load_dataset_jsonl(train_path, on_error="stop")
     if not train_examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(train_examples, str(train_path))
     if settings.toolkens:
-        _check_canonical_for_toolkens(train_examples, train_path)
+        _check_canonical_for_toolkens(train_examples, train_path, train_report.kept_lines)
     validation_examples: list[dict[str, Any]] = []
     if validation_path is not None:
         validation_examples, _ = load_dataset_jsonl(validation_path, on_error="stop")
