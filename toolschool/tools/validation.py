@@ -16,9 +16,16 @@ from jsonschema.exceptions import ValidationError
 
 
 @functools.lru_cache(maxsize=512)
-def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+def _validator(schema_json: str) -> jsonschema.protocols.Validator | None:
+    """The validator of a schema, or None when the schema is not valid JSON Schema: BFCL's `"type": "dict"` or a
+    stray `"type": 3` is not, and validating against it raises (UnknownType, TypeError) instead of judging the
+    arguments."""
     schema = json.loads(schema_json)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError:
+        return None
     return cls(schema)
 
 
@@ -39,18 +46,6 @@ def json_type_name(value: Any) -> str:
     return type(value).__name__
 
 
-@functools.lru_cache(maxsize=512)
-def _applicable(schema_json: str) -> bool:
-    """Whether a schema is valid JSON Schema: BFCL's `"type": "dict"` or a stray `"type": 3` is not, and
-    validating against it raises (UnknownType, TypeError) instead of judging the arguments."""
-    schema = json.loads(schema_json)
-    try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
-    except jsonschema.SchemaError:
-        return False
-    return True
-
-
 def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str | None:
     """None when `args` fits `schema`, else one message naming the argument(s) at fault.
 
@@ -64,7 +59,7 @@ def validation_error(tool_name: str, schema: dict[str, Any], args: Any) -> str |
         validator = _validator(schema_json)
     except (TypeError, ValueError, jsonschema.SchemaError) as exc:
         return f"tool {tool_name} has an invalid argument schema: {exc}"
-    if not _applicable(schema_json):
+    if validator is None:
         return None
     try:
         errors = sorted(validator.iter_errors(args), key=lambda e: (list(e.path), e.message))
