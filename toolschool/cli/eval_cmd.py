@@ -26,7 +26,13 @@ def _run(
 ) -> None:
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
-    from toolschool.evaluate.session import check_models_distinct, make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.session import (
+        Benchmark,
+        check_models_distinct,
+        make_options,
+        resolve_benchmarks,
+        run_evaluation,
+    )
     from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens, toolken_items
     from toolschool.models.backends import make_backend
 
@@ -61,37 +67,24 @@ def _run(
             names = model_toolkens(model)
             return ToolkenBackend(backend, names) if names else backend
 
+        def benchmarks_for(model: str, benchmarks: list[Benchmark]) -> list[Benchmark]:
+            # a toolken model sees the items with toolken names, the others as they are
+            if not model_toolkens(model):
+                return benchmarks
+            return [dataclasses.replace(b, items=toolken_items(b.items)) for b in benchmarks]
+
         try:
-            if not any(model_toolkens(m) for m in chosen):
-                summary = run_evaluation(
-                    chosen,
-                    benchmarks,
-                    options,
-                    out_dir,
-                    make_backend=backend_for,
-                    settings=settings,
-                    progress=progress,
-                    resume=resume,
-                )
-            else:  # a toolken model sees the items with toolken names, the others as they are
-                summary = {"models": {}, "settings": settings}
-                for model in chosen:
-                    own = benchmarks
-                    if model_toolkens(model):
-                        own = [dataclasses.replace(b, items=toolken_items(b.items)) for b in benchmarks]
-                    one = run_evaluation(
-                        [model],
-                        own,
-                        options,
-                        out_dir,
-                        make_backend=backend_for,
-                        settings=settings,
-                        progress=progress,
-                        resume=resume,
-                    )
-                    summary["models"].update(one["models"])
-                (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
-                (out_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
+            summary = run_evaluation(
+                chosen,
+                benchmarks,
+                options,
+                out_dir,
+                make_backend=backend_for,
+                settings=settings,
+                progress=progress,
+                resume=resume,
+                benchmarks_for=benchmarks_for,
+            )
         finally:
             if registry is not None:
                 registry.close()

@@ -126,6 +126,7 @@ def run_evaluation(
     progress: Callable[[str, int], Callable[[ItemResult], None]] | None = None,
     resume: bool = False,
     on_resume_problem: Callable[[str], None] | None = None,
+    benchmarks_for: Callable[[str, list[Benchmark]], list[Benchmark]] | None = None,
 ) -> dict[str, Any]:
     """Evaluate each model on each benchmark (one backend at a time), write items/summary files, return the summary.
 
@@ -133,16 +134,18 @@ def run_evaluation(
     to its items file as soon as it is scored, so an interrupted evaluation keeps what it finished; `resume` then
     keeps those items and evaluates only the others (a backend is created only for a model with items left).
     A folder that cannot be resumed (other settings, other items, a broken items file) raises, unless
-    `on_resume_problem` is given: it is told why, and the evaluation starts over.
+    `on_resume_problem` is given: it is told why, and the evaluation starts over. `benchmarks_for(model, benchmarks)`
+    gives the benchmarks as one model sees them (a toolken model: the items with its toolken names).
     """
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
     check_models_distinct(models)
+    own = {model: benchmarks_for(model, benchmarks) if benchmarks_for else benchmarks for model in models}
     # every model's finished items are read (and their settings checked) before any model runs
     finished: dict[str, list[dict[int, ItemResult]] | None] = dict.fromkeys(models)
     if resume:
         try:
-            finished = {model: _finished(model, benchmarks, options, out_dir, settings) for model in models}
+            finished = {model: _finished(model, own[model], options, out_dir, settings) for model in models}
         except (ConfigError, DataError) as exc:
             if on_resume_problem is None:
                 raise
@@ -150,7 +153,7 @@ def run_evaluation(
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     for model in models:
         summary["models"][model] = asyncio.run(
-            _run_model(make_backend, model, benchmarks, options, out_dir, progress, settings, finished[model])
+            _run_model(make_backend, model, own[model], options, out_dir, progress, settings, finished[model])
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
