@@ -78,7 +78,6 @@ class MCPToolSource:
         self._session: Any = None
         self._session_task: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
-        self._scope: Any = None  # the anyio cancel scope around the session task's transport
         self._live: dict[asyncio.Task[None], Any] = {}  # every session task not yet finished -> its cancel scope
         self._lock: asyncio.Lock | None = None
         self._errlog: IO[str] | None = None
@@ -201,9 +200,9 @@ class MCPToolSource:
 
             ready: asyncio.Future[Any] = self._loop.create_future()
             self._stop = asyncio.Event()
-            self._scope = anyio.CancelScope()
-            self._session_task = self._loop.create_task(self._hold_session(ready, self._stop, self._scope))
-            self._live[self._session_task] = self._scope
+            scope = anyio.CancelScope()  # the cancel scope around the session task's transport
+            self._session_task = self._loop.create_task(self._hold_session(ready, self._stop, scope))
+            self._live[self._session_task] = scope
             try:
                 self._session = await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
             except TimeoutError:
@@ -251,12 +250,11 @@ class MCPToolSource:
 
     async def _drop_session(self, grace: float = _STOP_GRACE_S) -> None:
         """Stop the current session: ask it to end (`stop`), and after `grace` s cancel its scope."""
-        task, scope = self._session_task, self._scope
-        self._session, self._session_task, self._scope = None, None, None
+        task, self._session, self._session_task = self._session_task, None, None
         if self._stop is not None:
             self._stop.set()
-        if task is not None:
-            await _finish(task, scope, grace)
+        if task is not None:  # a task no longer in _live has finished (its scope is no longer needed)
+            await _finish(task, self._live.get(task), grace)
 
     async def _shutdown(self) -> None:
         await self._drop_session()
