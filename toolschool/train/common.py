@@ -89,6 +89,13 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def main_process() -> bool:
+    """True outside `accelerate launch` and on its main process (RANK 0), before the trainer exists to ask."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
 def drop_log_records_after(log_path: Path, step: int) -> None:
     """Remove the log records of steps after `step`, the checkpoint a run resumes from.
 
@@ -96,9 +103,7 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
     again and logs them again, so without this the log (and the report's curves) would hold two records for each.
     Only the main process rewrites the file (under `accelerate launch` every process runs this code).
     """
-    import os
-
-    if os.environ.get("RANK", "0") != "0" or not log_path.is_file():
+    if not main_process() or not log_path.is_file():
         return
     lines = read_lines(log_path)
     kept = []

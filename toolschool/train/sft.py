@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,6 +47,7 @@ from toolschool.train.common import (
     latest_checkpoint,
     log_callbacks,
     lora_config,
+    main_process,
     refuse_existing_checkpoints,
     refuse_other_training_data,
     restart_log_at,
@@ -524,7 +524,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
             hint="raise --max-length",
         )
     stats = prepared.stats()
-    if (warning := truncation_warning(stats, settings.max_length)) and os.environ.get("RANK", "0") == "0":
+    if (warning := truncation_warning(stats, settings.max_length)) and main_process():
         log.warning("sft: %s", warning)  # before training: the count is also in the log and the summary
     items = build_validation_items(
         validation_examples, fmt, tokenizer, settings.validation_samples, settings.max_length
