@@ -218,6 +218,11 @@ def _items_paths(model: str, benchmarks: list[Benchmark], out_dir: Path) -> list
     return [out_dir / model_slug(model) / f"{bench.name}.items.jsonl" for bench in benchmarks]
 
 
+def _state_path(items_path: Path) -> Path:
+    """The settings an items file was evaluated with, beside it: `data.items.jsonl` -> `data.state.json`."""
+    return items_path.with_name(items_path.name.removesuffix(".items.jsonl") + ".state.json")
+
+
 def _finished(
     model: str, benchmarks: list[Benchmark], options: EvalOptions, out_dir: Path, settings: dict[str, Any] | None
 ) -> list[dict[int, ItemResult]]:
@@ -228,7 +233,7 @@ def _finished(
 
 def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
     """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped."""
-    state_path = path.with_name(path.name.removesuffix(".items.jsonl") + ".state.json")
+    state_path = _state_path(path)
     if not path.is_file():
         return {}
     fix = "rerun without --resume to start this evaluation over"
@@ -295,9 +300,7 @@ async def _run_model(
             todo = {i: dataclasses.replace(item) for i, item in enumerate(bench.items) if i not in done}
             position = {id(item): i for i, item in todo.items()}
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.with_name(path.name.removesuffix(".items.jsonl") + ".state.json").write_text(
-                json.dumps(state, indent=2), encoding="utf-8"
-            )
+            _state_path(path).write_text(json.dumps(state, indent=2), encoding="utf-8")
             _write_ordered(path, done)  # also drops a torn last line before appending
             started = time.perf_counter()
             if todo:
