@@ -446,12 +446,7 @@ def _number_phrase_pairs(text: str, numbers: set[str], phrases: set[str]) -> set
     lower = text.lower()
     for phrase in phrases:
         for match in re.finditer(rf"({_NUM.pattern})\s*{re.escape(phrase)}(?!\w)", lower):
-            try:
-                value = repr(float(match.group(1).replace(",", "")))
-            except ValueError:
-                continue
-            if value in numbers:
-                pairs.add((value, phrase))
+            pairs |= {(value, phrase) for value in _numbers(match.group(1)) & numbers}  # by value, as elsewhere
     return pairs
 
 
