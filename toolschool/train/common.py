@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.files import read_lines
+from toolschool.files import read_lines, write_text_atomic
 
 
 class JsonlLogger:
@@ -115,9 +115,7 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
         if isinstance(record, dict) and record.get("step", 0) <= step:
             kept.append(line)
     if len(kept) != len(lines):
-        tmp = log_path.with_name(log_path.name + ".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        tmp.replace(log_path)
+        write_text_atomic(log_path, "".join(line + "\n" for line in kept))
 
 
 def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:
