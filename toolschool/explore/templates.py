@@ -89,6 +89,7 @@ class PromptSet:
         searchpath += [str(format_prompt_dir(format_name)), str(PROMPTS_DIR / FALLBACK_FORMAT)]
         self.searchpath = searchpath
         self.format_name = format_name
+        self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(searchpath),
             undefined=jinja2.StrictUndefined,
@@ -137,7 +138,14 @@ class PromptSet:
         return None
 
     def demonstrations(self) -> list[dict[str, Any]]:
-        """The worked examples, each checked for the fields the episode renders (a ConfigError naming the file)."""
+        """The worked examples, each checked for the fields the episode renders (a ConfigError naming the file).
+
+        Read once per prompt set: every episode shows them, and the stage checks them before any work."""
+        if self._examples is None:
+            self._examples = self._read_demonstrations()
+        return list(self._examples)
+
+    def _read_demonstrations(self) -> list[dict[str, Any]]:
         import json
 
         path = self.demonstrations_path()
