@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.data.dataset import DatasetReport, read_raw_records, write_jsonl
+from toolschool.data.dataset import DatasetReport, read_raw_records, same_request_key, write_jsonl
 from toolschool.data.records import CATEGORIES, Record, example_to_format, record_to_example
 from toolschool.errors import DataError
 
@@ -78,14 +78,6 @@ class CategoryStats:
 
 def _stable_id(prefix: str, text: str) -> str:
     return f"{prefix}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:12]}"
-
-
-def same_request_key(text: str) -> str:
-    """What makes two questions or prompts the same request: their words, whatever the spacing and case.
-
-    `What is 2+3?` and `what is  2+3?` as two records could go one to train and one to validation.
-    """
-    return " ".join(text.split()).casefold()
 
 
 # ---------------------------------------------------------------------------------------------- calculator

@@ -57,6 +57,15 @@ class DatasetReport:
         return f"{self.source}: {self.lines} lines, {self.kept} kept, {self.skipped} skipped"
 
 
+def same_request_key(text: str) -> str:
+    """What makes two questions, prompts or queries the same request: their words, whatever the spacing and case.
+
+    `What is 2+3?` and `what is  2+3?` as two records could go one to train and one to validation; the held-out
+    set and ICL retrieval use it too, to leave out an item's own copies.
+    """
+    return " ".join(text.split()).casefold()
+
+
 def _pydantic_reason(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from toolschool.chat.types import tool_call
-from toolschool.data.build_calc_python import same_request_key
+from toolschool.data.dataset import same_request_key
 from toolschool.errors import DataError
 
 _UNITS = [("km", "mile"), ("mile", "km"), ("kg", "pound"), ("pound", "kg"), ("liter", "gallon"), ("degC", "degF")]

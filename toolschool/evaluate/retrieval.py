@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from toolschool.data.dataset import same_request_key
 from toolschool.errors import DataError, ToolschoolError
 
 RetrieverKind = Literal["bm25", "dense"]
@@ -112,11 +113,6 @@ def make_retriever(kind: str, documents: list[str]) -> Retriever:
     raise ToolschoolError(f"unknown retriever '{kind}'", hint=f"choose from: {', '.join(RETRIEVERS)}")
 
 
-def _same_query_key(text: str) -> str:
-    """What makes two queries the same item: case-folded, whitespace collapsed."""
-    return " ".join(text.split()).casefold()
-
-
 class DemoPool:
     """Training conversations to draw demonstrations from, indexed by their first user message."""
 
@@ -135,13 +131,13 @@ class DemoPool:
         if not self.examples:
             raise ToolschoolError("the demonstrations file has no conversation with a user message")
         self.queries = [first_user_text(ex) for ex in self.examples]
-        self._keys = [_same_query_key(q) for q in self.queries]
+        self._keys = [same_request_key(q) for q in self.queries]
         self.retriever = make_retriever(retriever, self.queries)
 
     def demonstrations(self, query: str, k: int) -> list[dict[str, Any]]:
         """The `k` most similar examples; identical queries (the item itself leaking in) are skipped, every copy,
         also when written with other case or spacing."""
-        wanted = _same_query_key(query)
+        wanted = same_request_key(query)
         copies = sum(key == wanted for key in self._keys)  # each copy of the item would take a place
         picked = []
         for index in self.retriever.top_k(query, k + copies):
