@@ -88,7 +88,7 @@ def _run(
         finally:
             if registry is not None:
                 registry.close()
-    console.print(summary_markdown(summary), markup=False, highlight=False, soft_wrap=True)  # no wrapping: markdown
+    console.print(summary_markdown(summary), markup=False, highlight=False)
     for model, blocks in summary["models"].items():
         for bench, block in blocks.items():
             if block.get("context_full"):
