@@ -16,8 +16,8 @@ def area(width: float, height: float = 1.0, unit: Literal["m", "cm"] = "m") -> s
 
 Parameters with a default or typed `X | None` are optional (an omitted `X | None` without a default is passed as
 None, and an explicit null is accepted for it); `Literal[...]` and `Enum` become `enum`; `list[X]`,
-`dict[str, X]`, `tuple[...]`, `set[X]`, `bool`, `int`, `float`, `str` map to their JSON types, and a tuple or set
-parameter receives a tuple or set, not the JSON list. A docstring that documents an argument the function does
+`dict[str, X]`, `tuple[...]`, `set[X]`, `bool`, `int`, `float`, `str` map to their JSON types; a tuple or set
+parameter receives a tuple or set, not the JSON list, and an Enum parameter its member, not the JSON value. A docstring that documents an argument the function does
 not take is refused (a typo there would silently leave the real argument undescribed). `load_module_tools`
 collects the `@tool`-decorated functions (and module-level `Tool` instances) of a module; undecorated functions
 are ignored on purpose, so helpers in the same module never leak into the tool list.
@@ -74,7 +74,8 @@ class FunctionTool(Tool):
             )
 
     def _arguments(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Validated JSON arguments -> the call's keyword arguments (None filled in, tuples and sets built)."""
+        """Validated JSON arguments -> the call's keyword arguments (None filled in, tuples, sets and Enum members
+        built)."""
         out = dict(args)
         for name, param in self._params.items():
             if name not in out:
@@ -82,6 +83,8 @@ class FunctionTool(Tool):
                     out[name] = None
             elif out[name] is not None and param.container is not None:
                 out[name] = param.container(out[name])
+            elif out[name] is not None and param.enum_type is not None:  # validated: one of the members' values
+                out[name] = param.enum_type(out[name])
         return out
 
     def execute(self, args: dict[str, Any]) -> Observation:
@@ -329,6 +332,7 @@ class _CallParam:
     nullable: bool  # the annotation admits None
     has_default: bool
     container: type | None  # tuple, set or frozenset: built from the JSON list
+    enum_type: type[enum.Enum] | None = None  # an Enum: its member looked up by the JSON value
 
 
 def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
@@ -348,6 +352,7 @@ def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
             nullable=nullable,
             has_default=param.default is not inspect.Parameter.empty,
             container=container if container in (tuple, set, frozenset) else None,
+            enum_type=inner if inspect.isclass(inner) and issubclass(inner, enum.Enum) else None,
         )
     return params
 
