@@ -57,4 +57,3 @@ async def test_enum_arguments_reach_an_async_function_as_members() -> None:
 
     observation = await FunctionTool(pick).aexecute({"size": "S"})
     assert not observation.is_error and observation.text == "SMALL"
-

@@ -17,10 +17,11 @@ def area(width: float, height: float = 1.0, unit: Literal["m", "cm"] = "m") -> s
 Parameters with a default or typed `X | None` are optional (an omitted `X | None` without a default is passed as
 None, and an explicit null is accepted for it); `Literal[...]` and `Enum` become `enum`; `list[X]`,
 `dict[str, X]`, `tuple[...]`, `set[X]`, `bool`, `int`, `float`, `str` map to their JSON types; a tuple or set
-parameter receives a tuple or set, not the JSON list, and an Enum parameter its member, not the JSON value. A docstring that documents an argument the function does
-not take is refused (a typo there would silently leave the real argument undescribed). `load_module_tools`
-collects the `@tool`-decorated functions (and module-level `Tool` instances) of a module; undecorated functions
-are ignored on purpose, so helpers in the same module never leak into the tool list.
+parameter receives a tuple or set, not the JSON list, and an Enum parameter its member, not the JSON value. A
+docstring that documents an argument the function does not take is refused (a typo there would silently leave the
+real argument undescribed). `load_module_tools` collects the `@tool`-decorated functions (and module-level `Tool`
+instances) of a module; undecorated functions are ignored on purpose, so helpers in the same module never leak into
+the tool list.
 """
 
 from __future__ import annotations
