@@ -140,6 +140,8 @@ def run_evaluation(
     if not models:
         raise ConfigError("no model to evaluate", hint="pass --model NAME (repeat it to compare models)")
     check_models_distinct(models)
+    if options.execute and options.registry is not None:
+        check_executable(benchmarks, options.registry)
     own = {model: benchmarks_for(model, benchmarks) if benchmarks_for else benchmarks for model in models}
     # every model's finished items are read (and their settings checked) before any model runs
     finished: dict[str, list[dict[int, ItemResult]] | None] = dict.fromkeys(models)
@@ -161,6 +163,28 @@ def run_evaluation(
 
     (out_dir / "summary.md").write_text(summary_markdown(summary), encoding="utf-8")
     return summary
+
+
+def check_executable(benchmarks: list[Benchmark], registry: Any) -> None:
+    """With --execute every tool an item offers must be in the tool set the calls run in: otherwise each call of
+    it comes back "unknown tool" and the answer accuracy reads as the model's failure (`toolschool eval` builds the
+    tool set from the config's [tools], the built-in toolbox unless it says otherwise)."""
+    known = set(registry.names())
+    missing: dict[str, str] = {}  # tool -> the first item offering it
+    for bench in benchmarks:
+        for item in bench.items:
+            for schema in item.tools or []:
+                name = (schema.get("function") or schema).get("name")
+                if isinstance(name, str) and name not in known:
+                    missing.setdefault(name, item.id)
+    if missing:
+        names = ", ".join(sorted(missing))
+        first = next(iter(missing.items()))
+        raise ConfigError(
+            f"--execute runs the calls, but the test items offer tool(s) {names} that the tool set does not have "
+            f"(item {first[1]!r} offers {first[0]!r}; the tool set has: {', '.join(sorted(known)) or 'none'})",
+            hint="pass a config whose [tools] adds them (modules = [...], mcp = [...]), or evaluate with --no-execute",
+        )
 
 
 def check_models_distinct(models: list[str]) -> None:
