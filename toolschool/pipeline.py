@@ -24,6 +24,8 @@ from typing import Any
 
 from toolschool.config import ToolschoolConfig, stage_dir, stage_path
 from toolschool.errors import ConfigError, ToolschoolError
+from toolschool.files import write_text_atomic
+from toolschool.locking import lock_or_refuse
 
 STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
 MARKER = "DONE.json"
@@ -86,8 +88,18 @@ def marker_path(config: ToolschoolConfig, stage: str) -> Path:
     return config.run_dir() / stage / MARKER
 
 
+def read_marker(config: ToolschoolConfig, stage: str) -> dict[str, Any] | None:
+    """A finished stage's marker, or None when the stage has none or one that cannot be read (a marker cut short
+    by a crash while it was written by an older version: the stage is then not finished and runs again)."""
+    try:
+        record = json.loads(marker_path(config, stage).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
 def is_done(config: ToolschoolConfig, stage: str) -> bool:
-    return marker_path(config, stage).is_file()
+    return read_marker(config, stage) is not None
 
 
 def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
@@ -96,6 +108,10 @@ def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
         raise ConfigError(f"--from {from_stage}: unknown stage", hint=f"choose from: {', '.join(STAGES)}")
     run_dir = config.run_dir()
     target = run_dir / ".previous" / time.strftime("%Y%m%d-%H%M%S")
+    taken = 1
+    while target.exists():  # two reruns within a second: the second would move into the first one's folders
+        taken += 1
+        target = target.with_name(f"{target.name.split('.')[0]}.{taken}")
     moved = []
     for stage in STAGES[STAGES.index(from_stage) :]:
         source = run_dir / stage
@@ -141,12 +157,7 @@ def _comparable(stage: str, settings: dict[str, Any]) -> dict[str, Any]:
 def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None:
     """Refuse to skip a finished stage whose settings changed since it ran (its outputs would not match them)."""
     for stage in stages:
-        if not is_done(config, stage):
-            continue
-        try:
-            saved = json.loads(marker_path(config, stage).read_text(encoding="utf-8")).get("settings")
-        except (OSError, json.JSONDecodeError, AttributeError):
-            saved = None
+        saved = (read_marker(config, stage) or {}).get("settings")
         if not isinstance(saved, dict):
             continue  # a marker from before settings were recorded: nothing to compare
         saved = _comparable(stage, saved)
@@ -175,7 +186,7 @@ def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary:
         **summary,
         "settings": stage_settings(config, stage),
     }
-    path.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    write_text_atomic(path, json.dumps(record, indent=2, default=str))  # killed while writing: no half a marker
 
 
 def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolConfig:
@@ -418,6 +429,9 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
         check_settings(config.rl, device=device, machine=device is not None)
 
 
+LOCK_FILE = ".lock"
+
+
 def run_pipeline(
     config: ToolschoolConfig,
     *,
@@ -425,27 +439,77 @@ def run_pipeline(
     console: Any = None,
     on_stage: Callable[[str, str], None] | None = None,
 ) -> PipelineResult:
-    """Run every enabled stage in order, skipping finished ones; returns the comparison table and report path."""
+    """Run every enabled stage in order, skipping finished ones; returns the comparison table and report path.
+
+    The run folder stays locked while this runs: a second `toolschool run` of it would skip what the first
+    finished and train, evaluate and move aside the same stages in the same folders at the same time.
+    """
     from toolschool.models.device import resolve_device
 
     stages = enabled_stages(config)
     check_stage_settings(config, stages, device=resolve_device(config.model.device))
     run_dir = config.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / LOCK_FILE).open("a", encoding="utf-8") as lock:
+        lock_or_refuse(
+            lock,
+            ToolschoolError(
+                f"the run folder {run_dir} is in use by another running `toolschool run`",
+                hint="wait for it to finish (or stop it: a rerun then continues where it stopped), "
+                "or use another run name (--run)",
+            ),
+        )
+        return _run_stages(config, stages, from_stage, console, on_stage)
+
+
+def stale_after(config: ToolschoolConfig, stages: list[str]) -> str | None:
+    """The first stage whose outputs are stale: the one after the first unfinished stage of `stages` when a later
+    one of them is finished (its folder or marker was deleted, or it was enabled after later stages ran). That
+    stage runs again, so what the later ones made from its old outputs no longer follows from it."""
+    unfinished = next((s for s in stages if not is_done(config, s)), None)
+    if unfinished is None:
+        return None
+    position = STAGES.index(unfinished)
+    if any(is_done(config, s) for s in stages if STAGES.index(s) > position):
+        return STAGES[position + 1]
+    return None
+
+
+def _run_stages(
+    config: ToolschoolConfig,
+    stages: list[str],
+    from_stage: str | None,
+    console: Any,
+    on_stage: Callable[[str, str], None] | None,
+) -> PipelineResult:
+    run_dir = config.run_dir()
     kept = stages  # the finished stages this run may skip: their settings must not have changed
     if from_stage in STAGES:
         kept = [s for s in stages if STAGES.index(s) < STAGES.index(from_stage)]
+    stale = stale_after(config, kept)
+    if stale is not None:
+        kept = [s for s in kept if STAGES.index(s) < STAGES.index(stale)]
     check_finished_settings(config, kept)
-    if from_stage is not None:
+    if stale is None and from_stage is not None:
         move_aside(config, from_stage)
+    if stale is not None:  # it is never after from_stage: this moves what --from would too
+        moved = move_aside(config, stale)
+        unfinished = STAGES[STAGES.index(stale) - 1]
+        if moved and console is not None:
+            console.print(
+                f"{unfinished} is not finished, so the finished later stage(s) "
+                f"{', '.join(p.name for p in moved)} run again after it (their outputs moved to {moved[0].parent})",
+                markup=False,
+                highlight=False,
+            )
     (run_dir / "config.toml").write_text(_dump(config), encoding="utf-8")
     outcomes: list[StageOutcome] = []
     for stage in STAGES:
         if stage not in stages:
             outcomes.append(StageOutcome(stage, "disabled"))
             continue
-        if is_done(config, stage):
-            saved = json.loads(marker_path(config, stage).read_text(encoding="utf-8"))
+        saved = read_marker(config, stage)
+        if saved is not None:
             outcomes.append(StageOutcome(stage, "skipped", saved.get("seconds", 0.0), saved))
             if on_stage:
                 on_stage(stage, "skipped")
