@@ -160,6 +160,24 @@ def refuse_other_training_data(out_dir: Path, train_path: Path, train_sha256: st
         )
 
 
+def refuse_other_settings(out_dir: Path, saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
+    """Refuse to resume when a setting the checkpoint or the data order depend on changed (`saved`: the run's meta
+    file record, `SECTION.KEY` -> value; None for runs from before it was recorded: nothing to compare)."""
+
+    def shown(value: Any) -> str:
+        return json.dumps(value) if not isinstance(value, str) else value
+
+    if saved is None:
+        return
+    changed = [key for key in now if key in saved and saved[key] != now[key]]
+    if changed:
+        listed = ", ".join(f"{key} {shown(saved[key])} (now {shown(now[key])})" for key in changed)
+        raise ToolschoolError(
+            f"the checkpoints in {out_dir} were trained with other settings: {listed}",
+            hint=f"resume with the run's settings (see {out_dir / 'config.toml'}), or train into a new --out folder",
+        )
+
+
 def weights_fingerprint(model: Any, per_tensor: int = 256) -> str:
     """A short hash of the model's weights, so a model of the same architecture but other weights (another
     fine-tune of the same base, a re-initialised copy) is not taken for the base a checkpoint was trained on.

@@ -41,6 +41,7 @@ from toolschool.train.common import (
     latest_checkpoint,
     log_callbacks,
     lora_config,
+    refuse_other_settings,
     refuse_other_training_data,
     restart_log_at,
     same_base,
@@ -368,10 +369,36 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def resume_settings(config: ToolschoolConfig) -> dict[str, Any]:
+    """The settings a checkpoint and the run's data order depend on, as `rl.KEY` / `run.seed` -> value.
+
+    Another LoRA shape cannot load the checkpoint; another batch size, group size or seed makes the trainer skip
+    other prompts than the ones the checkpoint trained on, and another format renders other prompts. Others
+    (num_steps, learning rate, beta, rewards, temperature, intervals) may change, as with SFT.
+    """
+    settings = config.rl
+    lora = settings.method == "lora"
+    return {
+        "rl.lora_rank": settings.lora_rank if lora else None,
+        "rl.lora_alpha": settings.lora_alpha if lora else None,
+        "rl.target_modules": list(settings.target_modules) if lora else None,
+        "rl.format": settings.format,
+        "rl.batch_size": settings.batch_size,
+        "rl.num_generations": settings.num_generations,
+        "run.seed": config.run.seed,
+    }
+
+
 def _check_resume(
-    out_dir: Path, identity: dict[str, Any], mode: str, method: str, train: tuple[Path, str] | None = None
+    out_dir: Path,
+    identity: dict[str, Any],
+    mode: str,
+    method: str,
+    train: tuple[Path, str] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> None:
-    """Refuse to resume checkpoints of another base, mode or method, or (`train`: path, sha256) on other data."""
+    """Refuse to resume checkpoints of another base, mode or method, or (`train`: path, sha256; `settings`:
+    `resume_settings`, both given when there is a checkpoint to resume) on other data or with other settings."""
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
@@ -391,6 +418,8 @@ def _check_resume(
         )
     if train is not None:
         refuse_other_training_data(out_dir, train[0], train[1], saved.get("train_sha256"))
+    if settings is not None:
+        refuse_other_settings(out_dir, saved.get("resume_settings"), settings)
 
 
 # ------------------------------------------------------------------------------------------- the stage
@@ -441,10 +470,11 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
-    if resume:
-        _check_resume(
-            out_dir, identity, settings.mode, settings.method, (train_path, train_sha256) if checkpoint else None
-        )
+    settings_now = resume_settings(config)
+    if resume and checkpoint:
+        _check_resume(out_dir, identity, settings.mode, settings.method, (train_path, train_sha256), settings_now)
+    elif resume:
+        _check_resume(out_dir, identity, settings.mode, settings.method)
     restart_log_at(out_dir / "train_log.jsonl", checkpoint)
 
     registry = None
@@ -496,6 +526,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
                 "method": settings.method,
                 "examples": len(rows),
                 "train_sha256": train_sha256,
+                "resume_settings": settings_now,
             },
             indent=2,
         ),

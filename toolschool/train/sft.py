@@ -49,6 +49,7 @@ from toolschool.train.common import (
     lora_config,
     main_process,
     refuse_existing_checkpoints,
+    refuse_other_settings,
     refuse_other_training_data,
     restart_log_at,
     same_base,
@@ -432,23 +433,6 @@ def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
     }
 
 
-def _refuse_other_settings(out_dir: Path, saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
-    """`saved`: the run's meta file record (None for runs from before it was recorded: nothing to compare)."""
-
-    def shown(value: Any) -> str:
-        return json.dumps(value) if not isinstance(value, str) else value
-
-    if saved is None:
-        return
-    changed = [key for key in now if key in saved and saved[key] != now[key]]
-    if changed:
-        listed = ", ".join(f"{key} {shown(saved[key])} (now {shown(now[key])})" for key in changed)
-        raise ToolschoolError(
-            f"the checkpoints in {out_dir} were trained with other settings: {listed}",
-            hint=f"resume with the run's settings (see {out_dir / 'config.toml'}), or train into a new --out folder",
-        )
-
-
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
     from datasets import Dataset
@@ -504,7 +488,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         if checkpoint is not None and (out_dir / META_FILE).is_file():
             meta = json.loads((out_dir / META_FILE).read_text())
             refuse_other_training_data(out_dir, train_path, train_sha256, meta.get("train_sha256"))
-            _refuse_other_settings(out_dir, meta.get("resume_settings"), settings_now)
+            refuse_other_settings(out_dir, meta.get("resume_settings"), settings_now)
     else:
         refuse_existing_checkpoints(out_dir)
     restart_log_at(out_dir / "train_log.jsonl", checkpoint)

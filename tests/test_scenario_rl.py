@@ -1,0 +1,57 @@
+"""End-to-end RL scenarios as a TRL user runs them: resume, multi-process runs, stage hand-offs, bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_rl import answer_example, calc_example, read_log, rl_config, write_jsonl
+
+from toolschool.errors import ToolschoolError
+
+
+@pytest.fixture()
+def train_file(tmp_path: Path) -> Path:
+    return write_jsonl(
+        tmp_path / "train.jsonl",
+        [calc_example(12, 34), calc_example(7, 8), answer_example(), calc_example(3, 9), calc_example(5, 6)],
+    )
+
+
+def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """Another LoRA rank cannot load the checkpoint (PEFT died with a size mismatch), and another batch size, group
+    size, seed or format silently trained on other prompts than a straight run: each is refused by name, as SFT
+    does; a longer run with another learning rate still resumes."""
+    from toolschool.train.rl import run_rl
+
+    out = tmp_path / "rl"
+    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, max_tokens=4), out, progress=False)
+    log_before = (out / "train_log.jsonl").read_text()
+    changes = {
+        "lora_rank": (8, "rl.lora_rank 16 (now 8)"),
+        "batch_size": (6, "rl.batch_size 4 (now 6)"),
+        "num_generations": (4, "rl.num_generations 2 (now 4)"),
+        "format": ("json", "rl.format hermes (now json)"),
+    }
+    for key, (value, named) in changes.items():
+        config = rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4, **{key: value})
+        with pytest.raises(ToolschoolError) as refused:
+            run_rl(config, out, resume=True, progress=False)
+        assert named in str(refused.value), (key, str(refused.value))
+        assert "config.toml" in refused.value.hint
+    seeded = rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4)
+    seeded.run.seed = 7
+    with pytest.raises(ToolschoolError, match=r"run\.seed 0 \(now 7\)"):
+        run_rl(seeded, out, resume=True, progress=False)
+    assert (out / "train_log.jsonl").read_text() == log_before  # nothing was trimmed or appended by the refusals
+
+    resumed = run_rl(
+        rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4, learning_rate=5e-4),
+        out,
+        resume=True,
+        progress=False,
+    )
+    assert resumed.steps == 2
+    assert [r["step"] for r in read_log(out) if "reward" in r] == [1, 2]
