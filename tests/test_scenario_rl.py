@@ -55,3 +55,26 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
     )
     assert resumed.steps == 2
     assert [r["step"] for r in read_log(out) if "reward" in r] == [1, 2]
+
+
+def test_under_accelerate_only_the_main_process_ends_the_log_and_writes_the_summary(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`accelerate launch -m toolschool rl` runs this command in every process; only RANK 0 saves adapter/ and
+    merged/. The other process wrote an "end" record into the shared log too and a summary.json saying there was
+    no adapter and no merged model, racing the main process's. Here the process is told it is not the main one."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
+
+    monkeypatch.setattr(SharedPromptGRPOTrainer, "is_world_process_zero", lambda self: False)
+    out = tmp_path / "rl"
+    args = ["rl", "--model", str(tiny_model_dir), "--train", str(train_file), "--out", str(out), "--steps", "1"]
+    args += ["--batch-size", "4", "--num-generations", "2", "--max-tokens", "4", "--log-interval", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert not (out / "summary.json").exists()
+    assert '"merged": null' not in result.output
+    # the main process writes the log (here: nobody, as this process is told it is not the main one)
+    assert not (out / "train_log.jsonl").exists()

@@ -72,6 +72,8 @@ def rl(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
     )
     result = run_rl(config, out_dir, resume=resume)
+    if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)
+        return
     summary = {
         "out_dir": str(result.out_dir),
         "adapter": str(result.adapter_dir) if result.adapter_dir else None,

@@ -66,6 +66,7 @@ class RLResult:
     steps: int
     seconds: float
     last_log: dict[str, Any] = field(default_factory=dict)
+    main_process: bool = True  # False in the other processes of an `accelerate launch` run (they save nothing)
 
 
 # ------------------------------------------------------------------------------------------- checks
@@ -603,8 +604,10 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     )
     seconds = time.perf_counter() - started
     last = last_train_log(out_dir / "train_log.jsonl")
-    logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
-    return RLResult(out_dir, adapter_dir, merged_dir, trainer.state.global_step, seconds, last)
+    main = trainer.is_world_process_zero()  # every process of an `accelerate launch` run gets here
+    if main:
+        logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
+    return RLResult(out_dir, adapter_dir, merged_dir, trainer.state.global_step, seconds, last, main_process=main)
 
 
 def _start_adapter(model_name: str) -> str | None:
