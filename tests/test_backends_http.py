@@ -255,7 +255,10 @@ async def test_a_request_too_long_for_the_context_is_a_context_length_error_as_f
     long = GenerationRequest([{"role": "user", "content": "word " * 1100}])
     with pytest.raises(ContextLengthError) as prompt:
         await http.generate(long)
-    short = GenerationRequest([{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=5000))
+    # a budget the caller needs whole (cap_max_tokens=False; an upper bound is lowered to fit instead)
+    short = GenerationRequest(
+        [{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=5000, cap_max_tokens=False)
+    )
     with pytest.raises(ContextLengthError) as budget:
         await http.generate(short)
     await http.aclose()

@@ -170,7 +170,7 @@ class OpenAIBackend(Backend):
             # vLLM's (and `toolschool serve`'s) extension: continue a partial assistant message.
             messages.append({"role": "assistant", "content": request.prefill})
             kwargs["extra_body"] = {"continue_final_message": True, "add_generation_prompt": False}
-        response = await self._chat(kwargs)
+        response = await self._chat(kwargs, cap_max_tokens=params.cap_max_tokens)
         if not isinstance(getattr(response, "choices", None), list):
             raise EndpointError(
                 f"endpoint {self.base_url} did not answer POST /chat/completions like an OpenAI API (no 'choices')",
@@ -187,8 +187,12 @@ class OpenAIBackend(Backend):
         _share_completion_tokens(completions, int(getattr(usage, "completion_tokens", 0) or 0))
         return completions
 
-    async def _chat(self, kwargs: dict[str, Any]) -> Any:
-        """POST /chat/completions with retries; EndpointError naming the cause when it cannot succeed."""
+    async def _chat(self, kwargs: dict[str, Any], *, cap_max_tokens: bool = True) -> Any:
+        """POST /chat/completions with retries; EndpointError naming the cause when it cannot succeed.
+
+        `cap_max_tokens`: the token budget is an upper bound (SamplingParams.cap_max_tokens), so a server that
+        refuses it as past the context's end (vLLM does; the local backend lowers it) is asked again with the
+        room its message says the prompt leaves."""
         import openai
 
         async def send() -> Any:
@@ -217,12 +221,21 @@ class OpenAIBackend(Backend):
                 log.warning("endpoint %s wants max_completion_tokens instead of max_tokens: resending", self.base_url)
                 self.max_tokens_field = "max_completion_tokens"
                 resend = {k: v for k, v in kwargs.items() if k != "max_tokens"}
-                return await self._chat({**resend, "max_completion_tokens": kwargs["max_tokens"]})
+                return await self._chat(
+                    {**resend, "max_completion_tokens": kwargs["max_tokens"]}, cap_max_tokens=cap_max_tokens
+                )
             if kwargs.get("top_p") == 1.0 and _unsupported_param(exc) == "top_p":
                 log.warning("endpoint %s refuses top_p: resending without it (1 is the default)", self.base_url)
                 self.send_default_top_p = False
-                return await self._chat({k: v for k, v in kwargs.items() if k != "top_p"})
+                return await self._chat(
+                    {k: v for k, v in kwargs.items() if k != "top_p"}, cap_max_tokens=cap_max_tokens
+                )
             if (param := context_length_param(exc)) is not None:
+                field = next((f for f in _MAX_TOKENS_FIELDS if f in kwargs), None)
+                room = context_room(exc) if cap_max_tokens and field is not None else None
+                if room is not None and field is not None and room < kwargs[field]:  # shrinks: ends
+                    log.info("endpoint %s: lowering %s to %d, the room the prompt leaves", self.base_url, field, room)
+                    return await self._chat({**kwargs, field: room}, cap_max_tokens=True)
                 raise ContextLengthError(
                     f"endpoint {self.base_url} cannot fit the request in the model's context "
                     f"(HTTP {exc.status_code}: {_error_text(exc)})",
@@ -339,6 +352,26 @@ def context_length_param(exc: Any) -> str | None:
     return "messages"
 
 
+# The numbers in those messages: the context's length, and the prompt's (vLLM 0.6-0.11 and toolschool serve:
+# "your request has N input tokens"; vLLM's newer renderer: "your prompt contains at least N input tokens";
+# OpenAI and older vLLM: "(N in the messages, M in the completion)").
+_CONTEXT_SIZE = re.compile(r"maximum context length is (\d+) tokens", re.IGNORECASE)
+_PROMPT_SIZE = re.compile(
+    r"(?:request has|prompt contains at least) (\d+) input tokens|\((\d+) in the messages", re.IGNORECASE
+)
+
+
+def context_room(exc: Any) -> int | None:
+    """The tokens left for the reply after the prompt, when a context-length 400 gives both numbers and the
+    prompt itself fits (else None: only a shorter prompt helps)."""
+    text = _error_text(exc, limit=None)
+    context, prompt = _CONTEXT_SIZE.search(text), _PROMPT_SIZE.search(text)
+    if context is None or prompt is None:
+        return None
+    room = int(context.group(1)) - int(prompt.group(1) or prompt.group(2))
+    return room if room >= 1 else None
+
+
 def _asks_for_max_completion_tokens(exc: Any) -> bool:
     """A 400 refusing `max_tokens` in favour of `max_completion_tokens`."""
     if _unsupported_param(exc) == "max_tokens":
@@ -374,13 +407,13 @@ def _connection_text(exc: Exception) -> str:
     return f"{text} {cause}" if cause is not None and str(cause) else text
 
 
-def _error_text(exc: Any) -> str:
+def _error_text(exc: Any, limit: int | None = 300) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:300]
-    return str(getattr(exc, "message", exc))[:300]
+            return str(inner["message"])[:limit]
+    return str(getattr(exc, "message", exc))[:limit]
 
 
 def _message_to_wire(message: dict[str, Any]) -> dict[str, Any]:
