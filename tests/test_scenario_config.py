@@ -1,0 +1,102 @@
+"""Scenario: a user who drives every stage from one run TOML plus flags.
+
+What is checked end to end: a bad value in the TOML is refused by `toolschool config show` and by `toolschool run`
+before the first stage runs, with one line naming the file, the key and the value; TOML values keep their types
+(no silent coercion); settings that must agree between stages do.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from toolschool.cli import app
+from toolschool.config import load_config
+from toolschool.errors import ConfigError
+
+runner = CliRunner()
+
+
+def _write(tmp_path: Path, text: str, name: str = "run.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _refused(args: list[str]) -> str:
+    """The one error line of a refused command (exit 2, no traceback)."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------ choice keys
+
+CHOICES = [
+    ("sft", "format", "xml", "hermes, json, react"),
+    ("rl", "format", "xml", "hermes, json, react"),
+    ("eval", "format", "jsn", "hermes, json, react"),
+    ("explore", "format", "chatml", "hermes, json, react"),
+    ("sft", "method", "qlora", "lora, full"),
+    ("rl", "method", "qlora", "lora, full"),
+    ("sft", "dtype", "fp16", "fp32, bf16"),
+    ("model", "dtype", "fp8", "auto, bf16, fp16, fp32"),
+    ("eval", "arguments", "fuzzy", "exact, semantic"),
+    ("eval", "retriever", "tfidf", "bm25, dense"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "value", "expected"), CHOICES)
+def test_config_show_refuses_a_value_no_stage_accepts(tmp_path, section, key, value, expected) -> None:
+    """`config show` said these were fine; `toolschool run` then explored and distilled before the stage refused."""
+    path = _write(tmp_path, f'[{section}]\n{key} = "{value}"\n')
+    line = _refused(["config", "show", str(path)])
+    assert f"{path}: '{section}.{key}' = '{value}'" in line
+    assert expected in line
+
+
+def test_config_show_refuses_an_unknown_pipeline_stage(tmp_path) -> None:
+    path = _write(tmp_path, '[pipeline]\nstages = ["explore", "train"]\n')
+    line = _refused(["config", "show", str(path)])
+    assert "unknown stage(s) train" in line and "explore, distill, sft, rl, eval, report" in line
+
+
+def test_choice_keys_accept_any_case_and_store_the_canonical_name(tmp_path) -> None:
+    config = load_config(_write(tmp_path, '[sft]\nformat = "JSON"\nmethod = "LoRA"\n[eval]\nformat = "Json"\n'))
+    assert (config.sft.format, config.sft.method, config.eval.format) == ("json", "lora", "json")
+
+
+def test_a_bad_flag_value_is_named_as_a_flag(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="command-line flag: 'sft.method' = 'qlora' — expected one of: lora, full"):
+        load_config(None, {"sft.method": "qlora"})
+
+
+# ------------------------------------------------------------------------------------------------ types
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "expected"),
+    [
+        ("[sft]\nbatch_size = true\n", "sft.batch_size", "an integer"),
+        ('[sft]\nbatch_size = "8"\n', "sft.batch_size", "an integer"),
+        ("[sft]\nlora_rank = 3.0\n", "sft.lora_rank", "an integer"),
+        ('[sft]\ntoolkens = "yes"\n', "sft.toolkens", "true or false"),
+        ("[explore]\nforce_call = 1\n", "explore.force_call", "true or false"),
+        ('[rl]\nlearning_rate = "1e-5"\n', "rl.learning_rate", "a number"),
+    ],
+)
+def test_toml_values_of_the_wrong_type_are_refused_not_coerced(tmp_path, line, key, expected) -> None:
+    """`batch_size = true` trained with batches of 1 and `toolkens = "yes"` turned toolkens on, silently."""
+    path = _write(tmp_path, line)
+    message = _refused(["config", "show", str(path)])
+    assert f"{path}: '{key}'" in message and f"expected {expected}" in message
+
+
+def test_an_integer_for_a_float_key_is_still_a_number(tmp_path) -> None:
+    config = load_config(_write(tmp_path, "[sft]\nlearning_rate = 1\n[distill]\ndedupe_threshold = 1\n"))
+    assert config.sft.learning_rate == 1.0 and config.distill.dedupe_threshold == 1.0
