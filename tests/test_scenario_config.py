@@ -100,3 +100,20 @@ def test_toml_values_of_the_wrong_type_are_refused_not_coerced(tmp_path, line, k
 def test_an_integer_for_a_float_key_is_still_a_number(tmp_path) -> None:
     config = load_config(_write(tmp_path, "[sft]\nlearning_rate = 1\n[distill]\ndedupe_threshold = 1\n"))
     assert config.sft.learning_rate == 1.0 and config.distill.dedupe_threshold == 1.0
+
+
+# ------------------------------------------------------------------------------------------------ --help
+
+
+def _help(args: list[str]) -> str:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
+    assert result.exit_code == 0, result.output
+    return " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "section"), [(["distill"], "[distill]"), (["dataset", "build-calc-python"], "[dataset]")]
+)
+def test_help_names_the_toml_section_the_command_reads(args, section) -> None:
+    """Rich read "[distill]" in the help text as a style tag and printed "Run TOML ()"."""
+    assert f"Run TOML ({section}); flags override it." in _help(args)

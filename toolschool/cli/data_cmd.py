@@ -43,7 +43,7 @@ def _split_list(value: str | None) -> list[str] | None:
 
 @app.command("build-calc-python")
 def build_calc_python_cmd(
-    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML ([dataset]); flags override it."),
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML (\\[dataset]); flags override it."),
     gsm8k: str = typer.Option(None, help="GSM8K-style {question, answer}: file, or HF id ID[:CONFIG]:SPLIT."),
     cruxeval: str = typer.Option(None, help="CRUXEval-style {code, input, output}: file or HF id."),
     instructions: str = typer.Option(
@@ -153,7 +153,7 @@ def stats_cmd(
 
 
 def distill(
-    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML ([distill]); flags override it."),
+    config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML (\\[distill]); flags override it."),
     trials: str = typer.Option(None, help="Trial log (default: runs/NAME/explore/trials.jsonl)."),
     judge_model: str = typer.Option(None, help="LLM judge (model spec); default: rules only."),
     paraphrase_model: str = typer.Option(None, help="Paraphrasing model (model spec)."),
