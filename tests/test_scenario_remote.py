@@ -112,3 +112,59 @@ def test_the_room_a_context_length_refusal_leaves_is_read_from_its_message(messa
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------------ the report
+
+
+def _pipeline_run(tmp_path: Path) -> Path:
+    """A run folder as `toolschool run` leaves it: the eval stage's summary (models by path, the run's labels for
+    them, the held-out file) and, after `--from eval`, the previous eval moved aside to .previous/TIME/."""
+    run = tmp_path / "runs" / "demo"
+    models = {"smollm2-135m": "base", "runs/demo/sft/merged": "sft", "runs/demo/rl/merged": "sft+rl"}
+    rates = {"n": 4.0, "well_formed": 1.0, "correct": 0.25, "correct_tool": 0.5, "answer_accuracy": 0.25}
+    block = {"overall": rates, "by_category": {}, "per_tool": {"calculator": {"n": 4.0, "accuracy": 0.25}}}
+    settings = {"data": "runs/demo/eval/heldout.jsonl", "format": "hermes", "execute": True, "labels": models}
+    summary = {"models": {model: {"data": block} for model in models}, "settings": settings}
+    for folder in ("eval", ".previous/20261123-084848/eval"):
+        (run / folder).mkdir(parents=True)
+        (run / folder / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    return run
+
+
+def test_the_report_names_the_runs_models_by_their_role_and_the_data_they_were_scored_on(tmp_path: Path) -> None:
+    """The eval stage compares base, sft and sft+rl on a held-out file and records both in its summary; the report
+    showed only model paths and the benchmark name 'data', so which row is the trained model, and on what, was
+    not readable from it."""
+    from toolschool.evaluate.report import build_report
+
+    run = _pipeline_run(tmp_path)
+    markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
+    assert "| data | all | base (smollm2-135m) | 4 |" in markdown
+    assert "| data | all | sft+rl (runs/demo/rl/merged) | 4 |" in markdown
+    assert "`runs/demo/eval/heldout.jsonl`" in markdown and "calls executed" in markdown
+
+
+def test_outputs_a_rerun_moved_aside_are_not_reported_as_the_runs_results(tmp_path: Path) -> None:
+    """`toolschool run --from STAGE` moves that stage's outputs to .previous/TIME/ because they no longer hold:
+    the report plotted their eval beside the new one as if both were this run's models."""
+    from toolschool.evaluate.report import build_report
+
+    run = _pipeline_run(tmp_path)
+    markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
+    assert ".previous" not in markdown
+    assert markdown.count("| data | all |") == 3
+
+
+def test_the_reward_plot_shows_the_rewards_not_their_spread_nor_a_curve_twice() -> None:
+    """The RL log holds each reward as `rewards/NAME` and TRL's `rewards/NAME/mean`, `/std`, `reward_std` and
+    `frac_reward_zero_std`: all were drawn on the reward plot (15 lines for 4 rewards, the same curve twice,
+    a fraction and standard deviations on the reward axis, colours repeating)."""
+    from toolschool.evaluate.report import curve_groups
+
+    record = {"step": 1, "reward": 1.5, "reward_std": 1.5, "frac_reward_zero_std": 0.5, "kl": 0.0}
+    for name, value in (("format", 0.75), ("tool", 0.25)):
+        record |= {f"rewards/{name}/mean": value, f"rewards/{name}/std": 0.5, f"rewards/{name}": value}
+    assert set(curve_groups([record, {**record, "step": 2}])["reward"]) == {"reward", "rewards/format", "rewards/tool"}
+    only_trl = {"step": 1, "reward": 1.0, "rewards/format/mean": 1.0, "rewards/format/std": 0.0}
+    assert set(curve_groups([only_trl])["reward"]) == {"reward", "rewards/format/mean"}

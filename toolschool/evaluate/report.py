@@ -184,11 +184,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
+def _is_reward_curve(key: str, keys: list[str]) -> bool:
+    """A reward's value: `reward` and each `rewards/NAME` — not TRL's spreads (`reward_std`, `rewards/NAME/std`,
+    `frac_reward_zero_std`, a fraction of groups), nor its `rewards/NAME/mean` when `rewards/NAME` (the same
+    values, logged by toolschool) is there too."""
+    if "reward" not in key or key.endswith("std"):
+        return False
+    return not (key.endswith("/mean") and key.removesuffix("/mean") in keys)
+
+
 def curve_groups(records: list[dict[str, Any]]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
     """A training log's curves by plot: `loss`, `reward`, `train_metrics` (tool-use or token accuracy on the
     training batches / sampled completions) and `validation` (the nested validation records, in percent)."""
     keys = sorted({k for r in records for k, v in r.items() if _is_number(v) and k != "step"})
-    reward_keys = [k for k in keys if "reward" in k]
+    reward_keys = [k for k in keys if _is_reward_curve(k, keys)]
     train_metric_keys = [
         k
         for k in keys
@@ -241,9 +250,12 @@ def _training_section(run_dir: Path, out: Path, stage: str, log: Path) -> tuple[
 
 
 def find_summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every eval summary in the run, but not in report/ nor in hidden folders: `toolschool run --from STAGE`
+    moves the outputs that no longer hold to .previous/TIME/."""
     found = []
     for path in sorted(run_dir.rglob("summary.json")):
-        if "report" in path.relative_to(run_dir).parts:
+        parts = path.relative_to(run_dir).parts
+        if "report" in parts or any(part.startswith(".") for part in parts):
             continue
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -254,9 +266,31 @@ def find_summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     return found
 
 
-def _model_label(run_dir: Path, summary_path: Path, model: str, many: bool) -> str:
+def _model_label(run_dir: Path, summary_path: Path, summary: dict[str, Any], model: str, many: bool) -> str:
+    """The model as the table and plots name it: its role in the run when the eval recorded one (`toolschool
+    run` labels base, sft and sft+rl) with the model, and the summary's folder when the run has several."""
+    labels = (summary.get("settings") or {}).get("labels")
+    role = labels.get(model) if isinstance(labels, dict) else None
+    name = f"{role} ({model})" if isinstance(role, str) and role and role != model else model
     folder = summary_path.parent.relative_to(run_dir).as_posix()
-    return f"{model} ({folder})" if many else model
+    return f"{name} ({folder})" if many else name
+
+
+def _scored_on(run_dir: Path, summary_path: Path, summary: dict[str, Any]) -> str:
+    """Where a summary comes from and what it scored: its file, the test data or benchmarks, the format, and
+    whether the calls were executed (what answer accuracy needs)."""
+    settings = summary.get("settings") or {}
+    what = []
+    if settings.get("data"):
+        what.append(f"data `{settings['data']}`")
+    if settings.get("benchmarks"):
+        what.append("benchmarks " + ", ".join(f"`{b}`" for b in settings["benchmarks"]))
+    if settings.get("format"):
+        what.append(f"{settings['format']} format")
+    if "execute" in settings:
+        what.append("calls executed" if settings["execute"] else "calls not executed")
+    source = f"`{summary_path.relative_to(run_dir)}`"
+    return f"{source} ({', '.join(what)})" if what else source
 
 
 def bar_groups(
@@ -300,7 +334,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
     combined: dict[str, dict[str, Any]] = {}  # label -> {benchmark: block}
     for path, data in summaries:
         for model, benches in data["models"].items():
-            combined[_model_label(run_dir, path, model, len(summaries) > 1)] = benches
+            combined[_model_label(run_dir, path, data, model, len(summaries) > 1)] = benches
     if combined:
         header, rows = summary_rows({"models": combined})
         benchmarks = sorted({b for benches in combined.values() for b in benches})
@@ -313,7 +347,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             name = f"per_tool_{bench}.png"
             if _plot_bars(out / name, f"{bench}: accuracy per tool", tools, tool_groups, horizontal=True):
                 images.append(name)
-        sources = ", ".join(f"`{p.relative_to(run_dir)}`" for p, _ in summaries)
+        sources = "; ".join(_scored_on(run_dir, p, data) for p, data in summaries)
         legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
         sections.append(("Evaluation", images, f"From {sources}. {legend}\n\n" + markdown_table(header, rows)))
 
