@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -100,8 +101,6 @@ def test_a_deleted_stage_folder_reruns_it_and_the_finished_stages_after_it(eval_
     first = run_pipeline(eval_run)
     assert _status(first) == {"explore": "skipped", "distill": "done", "eval": "done"}
     run_dir = eval_run.run_dir()
-    import shutil
-
     shutil.rmtree(run_dir / "distill")
     printed = io.StringIO()
     again = run_pipeline(eval_run, console=Console(file=printed, width=300))
@@ -127,3 +126,49 @@ def test_a_marker_cut_short_is_not_a_finished_stage(eval_run) -> None:
     assert not list(marker.parent.glob(".DONE.json.*"))  # no temporary file left behind
     assert len(json.loads((eval_run.run_dir() / "eval" / "summary.json").read_text())["models"]) == 1
     assert set(STAGES) >= set(_status(again))
+
+
+def _losses(log: Path) -> list[tuple[int, float]]:
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in records if "loss" in r]
+
+
+def test_a_checkpoint_cut_short_is_passed_over_and_the_resumed_run_matches(
+    eval_run, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run killed while the Trainer saved checkpoint-2 leaves the folder without trainer_state.json (the file it
+    writes last); the next run resumed from that folder and stopped with a FileNotFoundError traceback."""
+    config = eval_run.model_copy(deep=True)
+    config.pipeline.stages = ["explore", "distill", "sft"]
+    config.sft.num_steps = 2
+    config.sft.batch_size = 2
+    config.sft.lora_rank = 4
+    config.sft.validation_samples = 0
+    config.sft.checkpoint_interval = 1
+    config.sft.log_interval = 1
+    run_pipeline(config)
+    sft_dir = config.run_dir() / "sft"
+    uninterrupted = _losses(sft_dir / "train_log.jsonl")
+    assert [step for step, _ in uninterrupted] == [1, 2]
+    # as a kill -9 between the checkpoint's files leaves the stage: no marker, no final model, no trainer state
+    for name in ("DONE.json", "merged", "adapter"):
+        path = sft_dir / name
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    (sft_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").unlink()
+    with caplog.at_level("WARNING"):
+        resumed = run_pipeline(config)
+    assert _status(resumed) == {"explore": "skipped", "distill": "skipped", "sft": "done"}
+    told = [r.getMessage() for r in caplog.records if "incomplete" in r.getMessage()]
+    assert len(told) == 1, told
+    assert (
+        "checkpoint-2 is incomplete (no trainer_state.json" in told[0]
+        and "checkpoint-1 is the last complete" in told[0]
+    )
+    assert resumed.outcomes[STAGES.index("sft")].summary["steps"] == 2
+    again = _losses(sft_dir / "train_log.jsonl")
+    assert [step for step, _ in again] == [1, 2], "each step logged once"
+    assert [loss for _, loss in again] == pytest.approx([loss for _, loss in uninterrupted], rel=1e-5), (
+        "the resumed step 2 trains as the uninterrupted one did"
+    )
+    assert (sft_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
+    assert (sft_dir / "merged" / "config.json").is_file()

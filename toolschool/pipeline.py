@@ -234,11 +234,11 @@ def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.train.common import latest_checkpoint
+    from toolschool.train.common import checkpoint_folders
     from toolschool.train.sft import run_sft
 
     out_dir = stage_path(config, "sft")  # run_sft saves the config
-    result = run_sft(config, out_dir, resume=latest_checkpoint(out_dir) is not None)
+    result = run_sft(config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
     return {
         "steps": result.steps,
         "model": str(result.merged_dir) if result.merged_dir else None,
@@ -248,7 +248,7 @@ def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.train.common import latest_checkpoint
+    from toolschool.train.common import checkpoint_folders
     from toolschool.train.rl import run_rl
 
     start = sft_model_dir(config)
@@ -256,7 +256,7 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         raise ToolschoolError(f"rl starts from the SFT model, but {start} does not exist", hint="run the sft stage")
     rl_config = _with(config, model={"name": str(start)})
     out_dir = stage_path(rl_config, "rl")  # run_rl saves the config
-    result = run_rl(rl_config, out_dir, resume=latest_checkpoint(out_dir) is not None)
+    result = run_rl(rl_config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
     return {"steps": result.steps, "model": str(result.merged_dir) if result.merged_dir else None}
 
 
@@ -424,9 +424,11 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
         resolve_batching(config.sft)
         check_scheduler(config.sft.lr_scheduler, "sft")
     if "rl" in stages:
-        from toolschool.train.rl import check_settings
+        from toolschool.train.rl import check_settings, check_train_data
 
         check_settings(config.rl, device=device, machine=device is not None)
+        if device is not None:  # a run, not `config show`: RL's data is there, or this run's distill writes it
+            check_train_data(config, distill_runs_first="distill" in stages)
 
 
 LOCK_FILE = ".lock"

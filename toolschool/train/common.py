@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -79,13 +80,38 @@ def checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.split("-")[-1])
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    """The highest-step `checkpoints/checkpoint-N` folder of a stage, if any."""
-    ckpt_root = out_dir / "checkpoints"
-    found = sorted(
-        (p for p in ckpt_root.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
+# The file the Trainer writes last into a checkpoint folder (after the weights, optimizer, scheduler and RNG state).
+CHECKPOINT_COMPLETE_FILE = "trainer_state.json"
+_TOLD_INCOMPLETE: set[Path] = set()  # the incomplete checkpoints this process has named already
+
+
+def checkpoint_folders(out_dir: Path) -> list[Path]:
+    """Every `checkpoints/checkpoint-N` folder of a stage, complete or not, by step: what an earlier run left."""
+    return sorted(
+        (p for p in (out_dir / "checkpoints").glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()),
         key=checkpoint_step,
     )
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    """The highest-step complete `checkpoints/checkpoint-N` folder of a stage, if any.
+
+    A run killed while the Trainer saved a checkpoint leaves its folder without `trainer_state.json`, the file it
+    writes last: resuming from it stopped with a FileNotFoundError traceback. It is passed over (with a line
+    saying so) for the one before; the resumed run trains those steps again and saves that checkpoint over it.
+    """
+    found = checkpoint_folders(out_dir)
+    while found and not (found[-1] / CHECKPOINT_COMPLETE_FILE).is_file():
+        torn = found.pop()
+        if main_process() and torn not in _TOLD_INCOMPLETE:  # once, though a run looks several times
+            _TOLD_INCOMPLETE.add(torn)
+            instead = f"{found[-1].name} is the last complete one" if found else "there is no complete one before it"
+            logging.getLogger(__name__).warning(
+                "%s is incomplete (no %s: the run stopped while saving it) and is passed over: %s",
+                torn,
+                CHECKPOINT_COMPLETE_FILE,
+                instead,
+            )
     return found[-1] if found else None
 
 
@@ -231,7 +257,7 @@ def fix_adapter_base(adapter_dir: Path, model_name: str) -> None:
         return
     cfg = json.loads(cfg_path.read_text())
     cfg["base_model_name_or_path"] = base
-    cfg_path.write_text(json.dumps(cfg, indent=2))
+    write_text_atomic(cfg_path, json.dumps(cfg, indent=2))  # runs after trainer_state.json: never half a config
 
 
 def adapter_base_callback(model_name: str) -> Any:
@@ -273,7 +299,7 @@ def save_final(
 
 
 def refuse_existing_checkpoints(out_dir: Path) -> None:
-    if latest_checkpoint(out_dir) is not None:
+    if checkpoint_folders(out_dir):  # an incomplete one too: a run started there, and a fresh one would mix with it
         raise ToolschoolError(
             f"{out_dir} already holds checkpoints from an earlier run",
             hint="pass --resume to continue it, or choose another --out / run name",

@@ -41,6 +41,7 @@ from toolschool.train.common import (
     latest_checkpoint,
     log_callbacks,
     lora_config,
+    refuse_existing_checkpoints,
     refuse_other_settings,
     refuse_other_training_data,
     restart_log_at,
@@ -123,9 +124,18 @@ def resolve_train_path(config: ToolschoolConfig) -> Path:
     if not train.is_file():
         raise ConfigError(
             f"training data '{train}' does not exist",
-            hint="pass --train PATH (a JSONL of conversations) or run `toolschool distill` first",
+            hint="pass --train PATH or set [rl] train in the run's TOML (a JSONL of conversations; the [sft] train "
+            "file serves too), or run `toolschool distill` first",
         )
     return train
+
+
+def check_train_data(config: ToolschoolConfig, *, distill_runs_first: bool) -> None:
+    """Before `toolschool run` starts its first stage: RL's training file exists, or the run's distill stage writes
+    it (the default `distill/train.jsonl`). Otherwise RL would stop only after SFT had trained."""
+    if config.rl.train is None and distill_runs_first:
+        return
+    resolve_train_path(config)
 
 
 def expected_answer_of(example: dict[str, Any]) -> str | None:
@@ -452,11 +462,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
     checkpoint = latest_checkpoint(out_dir) if resume else None
-    if not resume and latest_checkpoint(out_dir) is not None:
-        raise ToolschoolError(
-            f"{out_dir} already holds checkpoints from an earlier run",
-            hint="pass --resume to continue it, or choose another --out / run name",
-        )
+    if not resume:
+        refuse_existing_checkpoints(out_dir)  # an incomplete one too: a fresh run would mix with what it left
 
     start_adapter = _start_adapter(config.model.name)
 
@@ -672,6 +679,7 @@ __all__ = [
     "check_expected_answers",
     "check_reference_tokenizer",
     "check_settings",
+    "check_train_data",
     "flatten_log",
     "read_reward_curve",
     "run_rl",
