@@ -78,3 +78,32 @@ def test_under_accelerate_only_the_main_process_ends_the_log_and_writes_the_summ
     assert '"merged": null' not in result.output
     # the main process writes the log (here: nobody, as this process is told it is not the main one)
     assert not (out / "train_log.jsonl").exists()
+
+
+def test_run_with_sft_data_of_its_own_and_no_distill_refuses_rl_data_before_sft_trains(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """stages = ["sft", "rl"] with `[sft] train` set: RL reads `[rl] train`, by default the run's distill/train.jsonl,
+    which no stage of this run writes. The run trained SFT first and only then stopped, with a hint naming a
+    `--train` flag that `toolschool run` does not have."""
+    from toolschool.config import load_config
+    from toolschool.pipeline import run_pipeline
+
+    config = load_config(
+        None,
+        {
+            "run.root": str(tmp_path / "runs"),
+            "run.name": "own",
+            "model.name": str(tiny_model_dir),
+            "model.device": "cpu",
+            "sft.train": str(train_file),
+            "sft.num_steps": 1,
+            "rl.batch_size": 4,
+            "rl.num_generations": 2,
+            "pipeline.stages": ["sft", "rl"],
+        },
+    )
+    with pytest.raises(ToolschoolError) as refused:
+        run_pipeline(config)
+    assert "distill/train.jsonl" in str(refused.value) and "[rl] train" in refused.value.hint
+    assert not (tmp_path / "runs" / "own" / "sft").exists()
