@@ -107,3 +107,28 @@ def test_run_with_sft_data_of_its_own_and_no_distill_refuses_rl_data_before_sft_
         run_pipeline(config)
     assert "distill/train.jsonl" in str(refused.value) and "[rl] train" in refused.value.hint
     assert not (tmp_path / "runs" / "own" / "sft").exists()
+
+
+def test_run_with_merge_off_hands_each_stage_the_adapter_it_saved(tmp_path: Path) -> None:
+    """`[sft] merge = false` / `[rl] merge = false` save adapter/ only, which every command loads. The rl stage
+    then stopped with "rl starts from the SFT model, but .../sft/merged does not exist" after SFT had run, and the
+    eval stage silently left the model out of the comparison table."""
+    from toolschool.config import load_config
+    from toolschool.pipeline import eval_models, rl_model_dir, sft_model_dir
+
+    config = load_config(
+        None,
+        {"run.root": str(tmp_path / "runs"), "run.name": "m", "sft.merge": False, "rl.merge": False},
+    )
+    run = tmp_path / "runs" / "m"
+    for stage in ("sft", "rl"):
+        (run / stage / "adapter").mkdir(parents=True)
+        (run / stage / "adapter" / "adapter_config.json").write_text("{}")
+    assert sft_model_dir(config) == run / "sft" / "adapter"
+    assert dict(eval_models(config)) == {
+        "base": config.model.name,
+        "sft": str(run / "sft" / "adapter"),
+        "sft+rl": str(run / "rl" / "adapter"),
+    }
+    (run / "rl" / "merged").mkdir()  # a merged model, where there is one, stays what is compared
+    assert rl_model_dir(config) == run / "rl" / "merged"

@@ -197,12 +197,19 @@ def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolCon
     return ToolschoolConfig.model_validate(data)
 
 
+def saved_model_dir(stage_dir: Path) -> Path:
+    """The model a training stage saved: `merged/`, or `adapter/` alone when the stage ran with `merge = false`
+    (every command loads an adapter, with the chain of adapters it stands on)."""
+    merged, adapter = stage_dir / "merged", stage_dir / "adapter"
+    return adapter if not merged.is_dir() and adapter.is_dir() else merged
+
+
 def sft_model_dir(config: ToolschoolConfig) -> Path:
-    return config.run_dir() / "sft" / "merged"
+    return saved_model_dir(config.run_dir() / "sft")
 
 
 def rl_model_dir(config: ToolschoolConfig) -> Path:
-    return config.run_dir() / "rl" / "merged"
+    return saved_model_dir(config.run_dir() / "rl")
 
 
 # ------------------------------------------------------------------------------------------------ stages
