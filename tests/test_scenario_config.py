@@ -117,3 +117,32 @@ def _help(args: list[str]) -> str:
 def test_help_names_the_toml_section_the_command_reads(args, section) -> None:
     """Rich read "[distill]" in the help text as a style tag and printed "Run TOML ()"."""
     assert f"Run TOML ({section}); flags override it." in _help(args)
+
+
+def _readme_command_examples() -> list[tuple[list[str], str]]:
+    """(command path, example line) for each command line of the README's "## Commands" block."""
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    examples = []
+    for line in block.splitlines():
+        for command in line.split("; "):
+            command = re.sub(r"\s+#.*$", "", command).strip()
+            words = shlex.split(command)
+            if len(words) < 2 or words[1].startswith("-"):
+                continue  # `toolschool --version`
+            path = words[1:3] if words[1] in ("dataset", "tools", "models", "config") else words[1:2]
+            examples.append((path, command))
+    return examples
+
+
+@pytest.mark.parametrize(
+    ("path", "example"), _readme_command_examples(), ids=lambda v: " ".join(v) if isinstance(v, list) else ""
+)
+def test_every_command_help_shows_the_readme_example(path, example) -> None:
+    """`toolschool sft --help` (and every other command's) listed flags without one example of using them."""
+    shown = _help(path)
+    assert "Examples" in shown
+    assert " ".join(example.split()) in shown

@@ -89,22 +89,31 @@ def _register() -> None:
         sft_cmd,
         tools_cmd,
     )
+    from toolschool.cli.examples import epilog
 
-    app.command("run")(run_cmd.run)
-    app.command("explore")(explore_cmd.explore)
-    app.command("distill")(data_cmd.distill)
-    app.add_typer(data_cmd.app, name="dataset")
-    app.command("sft")(sft_cmd.sft)
-    app.command("rl")(rl_cmd.rl)
-    app.command("eval")(eval_cmd.eval_command)
-    app.command("evaluate")(eval_cmd.evaluate_command)
-    app.command("report")(eval_cmd.report_command)
-    app.command("continual")(continual_cmd.continual)
-    app.add_typer(tools_cmd.app, name="tools")
-    app.add_typer(models.app, name="models")
-    app.command("serve")(serve_cmd.serve)
-    app.command("generate")(serve_cmd.generate)
-    app.add_typer(config_cmd.app, name="config")
+    def command(name: str, function: Any) -> None:
+        app.command(name, epilog=epilog(name))(function)
+
+    def group(name: str, sub_app: typer.Typer) -> None:
+        for info in sub_app.registered_commands:  # each sub-command's --help ends with its examples
+            info.epilog = info.epilog or epilog(f"{name} {info.name}")
+        app.add_typer(sub_app, name=name)
+
+    command("run", run_cmd.run)
+    command("explore", explore_cmd.explore)
+    command("distill", data_cmd.distill)
+    group("dataset", data_cmd.app)
+    command("sft", sft_cmd.sft)
+    command("rl", rl_cmd.rl)
+    command("eval", eval_cmd.eval_command)
+    command("evaluate", eval_cmd.evaluate_command)
+    command("report", eval_cmd.report_command)
+    command("continual", continual_cmd.continual)
+    group("tools", tools_cmd.app)
+    group("models", models.app)
+    command("serve", serve_cmd.serve)
+    command("generate", serve_cmd.generate)
+    group("config", config_cmd.app)
 
 
 _register()
