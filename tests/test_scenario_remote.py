@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi import FastAPI, Request
 from helpers import CALC
 
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
-from toolschool.serve.server import running_server
+from toolschool.serve.server import running_app, running_server
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +169,66 @@ def test_the_reward_plot_shows_the_rewards_not_their_spread_nor_a_curve_twice() 
     assert set(curve_groups([record, {**record, "step": 2}])["reward"]) == {"reward", "rewards/format", "rewards/tool"}
     only_trl = {"step": 1, "reward": 1.0, "rewards/format/mean": 1.0, "rewards/format/std": 0.0}
     assert set(curve_groups([only_trl])["reward"]) == {"reward", "rewards/format/mean"}
+
+
+# ------------------------------------------------------------------------------------------------ served names
+
+
+def _explore_config(tmp_path: Path, model: str) -> Any:
+    from toolschool.config import ToolschoolConfig
+
+    return ToolschoolConfig.model_validate(
+        {
+            "run": {"name": "wrong-name", "root": str(tmp_path / "runs")},
+            "model": {"name": model},
+            "tools": {"toolbox": ["builtin"], "only": ["calculator", "weekday"]},
+            "explore": {"episodes": 2, "stm_slots": 1, "max_turns": 1, "max_tokens": 8, "demonstrations": 0},
+        }
+    )
+
+
+def test_an_explorer_name_the_endpoint_does_not_serve_stops_before_any_episode(url: str, tmp_path: Path) -> None:
+    """vLLM answers a model it does not serve with 404. The endpoint check only warned when GET /models did not list
+    the name (llama.cpp answers whatever name is sent), so every episode then failed on its own 404: a warning per
+    episode, errors.jsonl, exit 1 and a summary titled 'exploration — None (None)', instead of one line before
+    any work as for an unreachable endpoint."""
+    from toolschool.explore.stage import run_explore_stage
+    from toolschool.models.backends.openai_http import EndpointError
+
+    config = _explore_config(tmp_path, f"openai:{url}#wrong")
+    with pytest.raises(EndpointError, match=r"has no model 'wrong' .*it serves: tiny"):
+        run_explore_stage(config, out=tmp_path / "explore")
+    assert not (tmp_path / "explore" / "errors.jsonl").exists()
+    assert not (tmp_path / "explore" / "trials.jsonl").read_text(encoding="utf-8").strip()
+
+
+async def test_a_server_that_answers_any_model_name_is_not_refused_for_an_unlisted_one() -> None:
+    """llama.cpp's server lists its model under its file name and answers whatever `model` a request sends."""
+    app = FastAPI()
+    asked: list[str] = []
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {"object": "list", "data": [{"id": "models/qwen2.5-7b-q4_k_m.gguf", "object": "model"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        asked.append((await request.json())["model"])
+        message = {"role": "assistant", "content": "hello"}
+        return {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": message}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+        }
+
+    with running_app(app) as base_url:
+        backend = make_backend(f"openai:{base_url}#qwen")
+        try:
+            await backend.check()
+            (completion,) = await backend.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
+        finally:
+            await backend.aclose()
+    assert completion.text == "hello" and set(asked) == {"qwen"}

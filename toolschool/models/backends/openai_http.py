@@ -122,7 +122,23 @@ class OpenAIBackend(Backend):
         self.served_models = names
         if names and self.served_name not in names:
             log.warning("endpoint %s does not list model '%s' (it lists %s)", self.base_url, self.served_name, names)
+            await self._probe_model()
+        self._checked = True
         return names
+
+    async def _probe_model(self) -> None:
+        """Ask a model GET /models does not list for one token: a server that does not serve it (vLLM, Ollama,
+        OpenAI: 404) stops the run here with one line instead of failing every request of it, while one that
+        answers whatever name is sent (llama.cpp's server lists its model file) goes on."""
+        import openai
+
+        probe = {"model": self.served_name, "messages": [{"role": "user", "content": "hi"}], self.max_tokens_field: 1}
+        try:
+            await self._chat(probe)
+        except ToolschoolError as exc:
+            if isinstance(exc.__cause__, openai.NotFoundError):
+                raise
+            log.info("endpoint %s: the model probe failed (%s); going on", self.base_url, exc)
 
     async def _ensure_checked(self) -> None:
         if self._checked:
