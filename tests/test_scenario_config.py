@@ -146,3 +146,47 @@ def test_every_command_help_shows_the_readme_example(path, example) -> None:
     shown = _help(path)
     assert "Examples" in shown
     assert " ".join(example.split()) in shown
+
+
+# ------------------------------------------------------------------------------------------------ input files
+
+MISSING_INPUTS = [
+    ("distill", "trials", "[distill] trials"),
+    ("sft", "train", "[sft] train"),
+    ("sft", "validation", "[sft] validation"),
+    ("rl", "train", "[rl] train"),
+    ("pipeline", "eval_data", "[pipeline] eval_data"),
+]
+
+
+@pytest.mark.parametrize(("section", "key", "named"), MISSING_INPUTS)
+def test_an_input_file_that_does_not_exist_is_refused_before_the_first_stage(tmp_path, section, key, named) -> None:
+    """`[pipeline] eval_data` (or `[sft] train`, ...) naming no file was found only when its stage started: after
+    exploring, distilling and training, hours into a run on a CPU."""
+    from toolschool.pipeline import run_pipeline
+
+    missing = tmp_path / "nowhere" / "data.jsonl"
+    path = _write(tmp_path, f'[run]\nroot = "{tmp_path / "runs"}"\n[{section}]\n{key} = "{missing}"\n')
+    line = _refused(["config", "show", str(path)])
+    assert f"{named} = '{missing}' does not exist" in line
+    with pytest.raises(ConfigError, match="does not exist"):
+        run_pipeline(load_config(path))
+    assert not (tmp_path / "runs").exists()  # no stage ran
+
+
+def test_icl_without_demonstrations_is_refused_before_the_first_stage(tmp_path) -> None:
+    path = _write(tmp_path, "[eval]\nicl = 3\n")
+    assert "[eval] icl = 3 needs [eval] demos" in _refused(["config", "show", str(path)])
+
+
+def test_input_files_an_earlier_stage_writes_or_a_stage_that_does_not_run_are_not_required(tmp_path) -> None:
+    from toolschool.config import check_input_files
+
+    inside = tmp_path / "runs" / "default" / "distill" / "train.jsonl"  # distill writes it during the run
+    config = load_config(
+        _write(tmp_path, f'[run]\nroot = "{tmp_path / "runs"}"\n[rl]\ntrain = "{inside}"\n[sft]\ntrain = "/no/such"\n')
+    )
+    check_input_files(config, ["explore", "distill", "rl"])  # sft is not run
+    with pytest.raises(ConfigError, match="sft"):
+        check_input_files(config, ["sft"])
+    check_input_files(load_config(_write(tmp_path, '[pipeline]\neval_data = "builtin"\n')), ["eval"])

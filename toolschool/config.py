@@ -314,6 +314,42 @@ class ToolschoolConfig(Section):
         return Path(self.run.root) / self.run.name
 
 
+# Input files each stage reads when a key names one: (stage, section, key, what it must be).
+INPUT_FILES: tuple[tuple[str, str, str, str], ...] = (
+    ("explore", "explore", "prompts", "folder"),
+    ("distill", "distill", "trials", "file"),
+    ("sft", "sft", "train", "file"),
+    ("sft", "sft", "validation", "file"),
+    ("rl", "rl", "train", "file"),
+    ("eval", "pipeline", "eval_data", "file"),
+    ("eval", "eval", "demos", "file"),
+)
+
+
+def check_input_files(config: ToolschoolConfig, stages: Sequence[str]) -> None:
+    """The files and folders the TOML names for the stages in `stages` exist, checked before the first stage runs:
+    otherwise `[pipeline] eval_data` naming no file is found when the eval stage starts, after exploring, distilling
+    and training. A path inside the run folder is left to the stage (an earlier stage of the run may write it)."""
+    run_dir = config.run_dir().resolve()
+    for stage, section, key, kind in INPUT_FILES:
+        value = getattr(getattr(config, section), key)
+        if stage not in stages or value is None or (section, key, value) == ("pipeline", "eval_data", "builtin"):
+            continue
+        path = Path(value).expanduser()
+        if path.resolve().is_relative_to(run_dir):
+            continue
+        if not (path.is_dir() if kind == "folder" else path.is_file()):
+            state = f"is not a {kind}" if path.exists() else "does not exist"
+            raise ConfigError(
+                f"[{section}] {key} = '{value}' {state}", hint=f"point it at an existing {kind}, or unset it"
+            )
+    if "eval" in stages and config.eval.icl and not config.eval.demos:
+        raise ConfigError(
+            f"[eval] icl = {config.eval.icl} needs [eval] demos",
+            hint="set [eval] demos to a training JSONL to retrieve demonstrations from, or icl = 0",
+        )
+
+
 def _describe_expected(err: dict[str, Any]) -> str:
     kind = err.get("type", "")
     table = {

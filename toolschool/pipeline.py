@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.config import ToolschoolConfig, stage_dir, stage_path
+from toolschool.config import ToolschoolConfig, check_input_files, stage_dir, stage_path
 from toolschool.errors import ConfigError, ToolschoolError
 from toolschool.files import write_text_atomic
 from toolschool.locking import lock_or_refuse
@@ -424,6 +424,7 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
     """What the training stages refuse when they start, checked before the first stage runs: a bad [rl] or [sft]
     setting would otherwise surface after exploration and distillation (hours on a CPU). `device=None` leaves
     out what depends on this machine (`toolschool config show`)."""
+    check_input_files(config, stages)
     if "sft" in stages:
         from toolschool.train.common import check_scheduler
         from toolschool.train.sft import resolve_batching
