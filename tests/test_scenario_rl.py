@@ -132,3 +132,48 @@ def test_run_with_merge_off_hands_each_stage_the_adapter_it_saved(tmp_path: Path
     }
     (run / "rl" / "merged").mkdir()  # a merged model, where there is one, stays what is compared
     assert rl_model_dir(config) == run / "rl" / "merged"
+
+
+def test_lines_already_written_in_a_text_format_are_prompted_once_and_rewarded_against_their_written_call(
+    tokenizer,  # noqa: ANN001
+) -> None:
+    """`dataset build-calc-python` writes json/ and react/ files whose lines hold the format's instructions in the
+    system message and the gold call as text (meta.format). RL converted them again (a second instruction block
+    saying "no tools are available") and read the gold call as a direct answer: the right call scored tool -0.5
+    and no arguments reward, answering without calling scored +0.5 — training the model away from its tools."""
+    from toolschool.chat.formats import get_format
+    from toolschool.data.records import example_to_format
+    from toolschool.train.rewards import COMPONENTS, RewardSuite
+    from toolschool.train.rl import build_single_turn_rows
+
+    for name, right, direct in (
+        ("json", '{"tool": "calculator", "args": {"expression": "12*34"}}', '{"final": "408"}'),
+        ("react", ' I use it.\nAction: calculator\nAction Input: {"expression": "12*34"}', " x\nFinal Answer: 408"),
+    ):
+        fmt = get_format(name)
+        written = example_to_format(calc_example(12, 34), name)
+        (row,) = build_single_turn_rows([written], fmt, tokenizer, 4000, "x.jsonl")
+        (canonical,) = build_single_turn_rows([calc_example(12, 34)], fmt, tokenizer, 4000, "x.jsonl")
+        assert row["prompt"] == canonical["prompt"], name
+        suite = RewardSuite(fmt, ["format", "tool", "arguments", "length"])
+        scores = {}
+        for reply in (right, direct):
+            scored = suite.score([reply], [row["gold"]])[0]
+            scores[reply] = [COMPONENTS[n](scored) for n in suite.names]
+        assert scores[right] == [1.0, 0.5, 1.0, 0.0], (name, scores)
+        assert scores[direct] == [1.0, -0.5, 0.0, 0.0], (name, scores)
+
+
+def test_lines_written_in_another_format_than_rl_uses_are_refused_with_their_line(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from toolschool.data.records import example_to_format
+    from toolschool.errors import DataError
+    from toolschool.train.rl import run_rl
+
+    train = write_jsonl(tmp_path / "json.jsonl", [example_to_format(calc_example(2, 3), "json")] * 2)
+    with pytest.raises(DataError) as refused:
+        run_rl(rl_config(tiny_model_dir, train), tmp_path / "rl", progress=False)
+    assert f"{train}:1" in str(refused.value) and "'json' format" in str(refused.value)
+    assert "--format json" in refused.value.hint
+    assert not (tmp_path / "rl").exists()

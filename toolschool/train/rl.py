@@ -183,6 +183,42 @@ def check_reference_tokenizer(tokenizer: Any, ref_name: str) -> Any:
 # ------------------------------------------------------------------------------------------- datasets
 
 
+def written_format(example: dict[str, Any]) -> str | None:
+    """The text format a line is already written in (`meta.format` json/react, as `dataset build-calc-python`
+    writes its json/ and react/ files: the system message holds the format's instructions and tools, the replies
+    hold their calls as text), or None for a canonical (hermes) line."""
+    value = (example.get("meta") or {}).get("format")
+    return None if value in (None, "hermes") else str(value)
+
+
+def check_written_format(
+    examples: Sequence[dict[str, Any]], fmt_name: str, source: str, *, lines: Sequence[int] | None = None
+) -> None:
+    """Lines already written in another text format than the run's would be prompted and scored in the wrong one."""
+    wrong = [(i, w) for i, ex in enumerate(examples, 1) if (w := written_format(ex)) is not None and w != fmt_name]
+    if wrong:
+        shown = ", ".join(f"{source}:{_line(lines, i)}" for i, _ in wrong[:5])
+        more = f" and {len(wrong) - 5} more" if len(wrong) > 5 else ""
+        written = wrong[0][1]
+        raise DataError(
+            f"{len(wrong)} example(s) are already written in the '{written}' format (meta.format), but RL uses "
+            f"'{fmt_name}': {shown}{more}",
+            hint=f"pass --format {written}, or train on the dataset's hermes (canonical) file",
+        )
+
+
+def _written_gold(example: dict[str, Any]) -> dict[str, Any]:
+    """The first assistant turn of a line written in a text format, with its calls read from the text (as
+    evaluation reads them), so the rewards compare replies with the calls, not with the call's text as an answer."""
+    from toolschool.evaluate.items import item_from_example
+
+    item = item_from_example(example, 0)
+    assert item is not None  # check_has_assistant ran first
+    if item.gold_calls:
+        return {"role": "assistant", "content": "", "tool_calls": list(item.gold_calls)}
+    return {"role": "assistant", "content": item.gold_final or ""}
+
+
 def build_single_turn_rows(
     examples: Sequence[dict[str, Any]],
     fmt: Any,
@@ -192,11 +228,17 @@ def build_single_turn_rows(
     *,
     lines: Sequence[int] | None = None,
 ) -> list[dict[str, str]]:
-    """One row per example: the format-rendered prompt text (with the generation prompt and prefill), the gold."""
+    """One row per example: the format-rendered prompt text (with the generation prompt and prefill), the gold.
+
+    A line already written in the format (`written_format`) is sent as it is: converting it again would add a
+    second block of the format's instructions (with no tools), and its gold calls are read from the text."""
     rows, too_long = [], []
     for line, example in enumerate(examples, 1):
         prompt, gold = split_at_first_assistant(example["messages"])
-        messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
+        if written_format(example) is None:
+            messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
+        else:
+            messages, tools, gold = prompt, None, _written_gold(example)
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         text += fmt.prefill
         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -459,6 +501,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     if not examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(examples, str(train_path))
+    check_written_format(examples, fmt.name, str(train_path), lines=lines)
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
     checkpoint = latest_checkpoint(out_dir) if resume else None
@@ -680,6 +723,7 @@ __all__ = [
     "check_reference_tokenizer",
     "check_settings",
     "check_train_data",
+    "check_written_format",
     "flatten_log",
     "read_reward_curve",
     "run_rl",
