@@ -190,3 +190,63 @@ def test_input_files_an_earlier_stage_writes_or_a_stage_that_does_not_run_are_no
     with pytest.raises(ConfigError, match="sft"):
         check_input_files(config, ["sft"])
     check_input_files(load_config(_write(tmp_path, '[pipeline]\neval_data = "builtin"\n')), ["eval"])
+
+
+# ------------------------------------------------------------------------------------------------ toolkens
+
+
+def test_run_eval_stage_shows_a_toolken_sft_model_its_toolkens(tmp_path, tiny_model_dir) -> None:
+    """`[sft] toolkens = true` in a run: `toolschool eval` showed the SFT model `<tool_calculator>` as it was
+    trained, but the run's own eval stage offered it plain names, so its calls could never match."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from toolschool.pipeline import _stage_eval
+
+    run = tmp_path / "runs" / "default"
+    merged = run / "sft" / "merged"
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.add_tokens(["<tool_calculator>"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.resize_token_embeddings(len(tokenizer))
+    model.save_pretrained(merged)
+    tokenizer.save_pretrained(merged)
+    call = {"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}
+    line = {
+        "messages": [
+            {"role": "user", "content": "What is 6 * 7?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": "42"},
+            {"role": "assistant", "content": "42."},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "calculator",
+                    "description": "Evaluate arithmetic.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"expression": {"type": "string"}},
+                        "required": ["expression"],
+                    },
+                },
+            }
+        ],
+    }
+    data = tmp_path / "test.jsonl"
+    data.write_text(json.dumps(line) + "\n", encoding="utf-8")
+    config = load_config(
+        _write(
+            tmp_path,
+            f'[run]\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\n[sft]\ntoolkens = true\n'
+            f'[pipeline]\nstages = ["sft", "eval"]\neval_data = "{data}"\nexecute = false\n[eval]\nmax_tokens = 4\n',
+        )
+    )
+    _stage_eval(config, None)
+    seen = {
+        path.parent.name: json.loads(path.read_text(encoding="utf-8").splitlines()[0])["tools"]
+        for path in (run / "eval").rglob("data.items.jsonl")
+    }
+    assert sorted(seen.values()) == [["<tool_calculator>"], ["calculator"]]  # the SFT model / the base model

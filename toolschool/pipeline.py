@@ -334,6 +334,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
 
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
     from toolschool.models.backends import make_backend
     from toolschool.tools.registry import build_registry
 
@@ -362,10 +363,13 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
             benchmarks,
             options,
             out_dir,
-            make_backend=lambda m: make_backend(m, dtype=config.model.dtype, device=config.model.device),
+            make_backend=lambda m: backend_for_model(
+                make_backend(m, dtype=config.model.dtype, device=config.model.device), m
+            ),
             settings=eval_settings,
             resume=True,
             on_resume_problem=restart,
+            benchmarks_for=benchmarks_for_model,  # a toolken SFT model sees its <tool_NAME> names, as `eval` shows them
         )
     finally:
         registry.close()

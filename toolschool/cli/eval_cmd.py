@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -27,13 +26,12 @@ def _run(
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import (
-        Benchmark,
         check_models_distinct,
         make_options,
         resolve_benchmarks,
         run_evaluation,
     )
-    from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens, toolken_items
+    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
     from toolschool.models.backends import make_backend
 
     config = load_config(config_path, overrides)
@@ -63,15 +61,7 @@ def _run(
             return lambda _result: bar.advance(task)
 
         def backend_for(model: str):
-            backend = make_backend(model, dtype=config.model.dtype, device=config.model.device)
-            names = model_toolkens(model)
-            return ToolkenBackend(backend, names) if names else backend
-
-        def benchmarks_for(model: str, benchmarks: list[Benchmark]) -> list[Benchmark]:
-            # a toolken model sees the items with toolken names, the others as they are
-            if not model_toolkens(model):
-                return benchmarks
-            return [dataclasses.replace(b, items=toolken_items(b.items)) for b in benchmarks]
+            return backend_for_model(make_backend(model, dtype=config.model.dtype, device=config.model.device), model)
 
         try:
             summary = run_evaluation(
@@ -83,7 +73,7 @@ def _run(
                 settings=settings,
                 progress=progress,
                 resume=resume,
-                benchmarks_for=benchmarks_for,
+                benchmarks_for=benchmarks_for_model,
             )
         finally:
             if registry is not None:

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 from toolschool.chat.toolkens import (
     TOOLKEN,
@@ -71,3 +72,17 @@ class ToolkenBackend(Backend):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+def backend_for_model(backend: Backend, model: str) -> Backend:
+    """`backend` as `model` is spoken to: through a ToolkenBackend when it is a toolken model, else as it is."""
+    names = model_toolkens(model)
+    return ToolkenBackend(backend, names) if names else backend
+
+
+def benchmarks_for_model(model: str, benchmarks: list[Any]) -> list[Any]:
+    """The benchmarks (`evaluate.session.Benchmark`) as `model` sees them: a toolken model sees the items with its
+    toolken names, the others as they are (`toolschool eval` and the eval stage of `toolschool run` alike)."""
+    if not model_toolkens(model):
+        return benchmarks
+    return [dataclasses.replace(b, items=toolken_items(b.items)) for b in benchmarks]
