@@ -250,3 +250,22 @@ def test_run_eval_stage_shows_a_toolken_sft_model_its_toolkens(tmp_path, tiny_mo
         for path in (run / "eval").rglob("data.items.jsonl")
     }
     assert sorted(seen.values()) == [["<tool_calculator>"], ["calculator"]]  # the SFT model / the base model
+
+
+# ------------------------------------------------------------------------------------------------ flag names
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sft", "--learning-rate", "1e-3", "--lr", "1e-3"],
+        ["rl", "--learning-rate", "1e-6", "--num-steps", "2"],
+        ["rl", "--lr", "1e-6", "--steps", "2"],
+    ],
+)
+def test_flags_are_spelt_as_their_toml_keys_too(tmp_path, args) -> None:
+    """The TOML says `learning_rate` / `num_steps` (as TRL and the HF Trainer do); the flags were only `--lr` and,
+    for RL, `--steps` (`sft` says `--num-steps`): `--learning-rate` was "No such option"."""
+    missing = tmp_path / "missing.jsonl"
+    line = _refused([*args, "--train", str(missing), "--run", "x"])
+    assert f"training data '{missing}' does not exist" in line

@@ -20,13 +20,13 @@ def rl(
         None, "--reward", help="Reward component, repeatable: format tool arguments length answer fine_grained."
     ),
     method: str = typer.Option(None, help="lora | full"),
-    steps: int = typer.Option(None, "--steps", help="Optimizer steps."),
+    steps: int = typer.Option(None, "--num-steps", "--steps", help="Optimizer steps (rl.num_steps)."),
     batch_size: int = typer.Option(None, help="Completions per step (prompts x num_generations)."),
     num_generations: int = typer.Option(None, help="Samples per prompt."),
     max_tokens: int = typer.Option(None, help="Completion tokens."),
     temperature: float = typer.Option(None),
     beta: float = typer.Option(None, help="KL coefficient to the reference model."),
-    learning_rate: float = typer.Option(None, "--lr"),
+    learning_rate: float = typer.Option(None, "--learning-rate", "--lr", help="Learning rate (rl.learning_rate)."),
     ref_model: str = typer.Option(None, "--ref-model", help="Reference model for the KL (default: the start model)."),
     use_vllm: bool = typer.Option(None, "--use-vllm/--no-vllm", help="Generate with vLLM (GPU)."),
     share_prompts: bool = typer.Option(

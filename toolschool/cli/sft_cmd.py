@@ -26,7 +26,9 @@ def sft(
     batch_size: int = typer.Option(None),
     num_steps: int = typer.Option(None),
     max_length: int = typer.Option(None),
-    learning_rate: float = typer.Option(None, "--lr"),
+    learning_rate: float = typer.Option(
+        None, "--learning-rate", "--lr", help="Peak learning rate (sft.learning_rate)."
+    ),
     warmup_steps: int = typer.Option(None),
     batching: str = typer.Option(
         None, help="shared_prefix (default: tool schemas run once per batch) | padding_free | padded"
