@@ -177,3 +177,26 @@ def test_lines_written_in_another_format_than_rl_uses_are_refused_with_their_lin
     assert f"{train}:1" in str(refused.value) and "'json' format" in str(refused.value)
     assert "--format json" in refused.value.hint
     assert not (tmp_path / "rl").exists()
+
+
+def test_resume_after_the_start_model_was_retrained_in_place_says_its_weights_differ(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """`toolschool sft` run again into the same folder (or an interrupted `toolschool run` whose SFT was redone)
+    leaves RL checkpoints of the old weights at the same path: the refusal read "come from 'X' ..., not 'X' ..."."""
+    import shutil
+
+    from helpers import save_tiny_llama
+
+    from toolschool.train.rl import run_rl
+
+    start = tmp_path / "sft-merged"
+    shutil.copytree(tiny_model_dir, start)
+    out = tmp_path / "rl"
+    run_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
+    shutil.rmtree(start)
+    save_tiny_llama(start, tiny_model_dir, seed=5)  # the same architecture and tokenizer, other weights
+    with pytest.raises(ToolschoolError) as refused:
+        run_rl(rl_config(start, train_file, num_steps=2, max_tokens=4), out, resume=True, progress=False)
+    message = str(refused.value)
+    assert f"were trained from base model '{start}'" in message and "different weights" in message, message

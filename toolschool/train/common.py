@@ -234,6 +234,34 @@ def same_base(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
     return saved.get("weights") is None or identity.get("weights") is None or saved["weights"] == identity["weights"]
 
 
+def refuse_other_base(out_dir: Path, saved: dict[str, Any], identity: dict[str, Any]) -> None:
+    """Refuse to resume checkpoints trained from another base model than `identity` (the model loaded now), saying
+    how it differs: the same path can hold other weights (a start model trained again in place)."""
+    if same_base(saved, identity) and saved.get("vocab_size", identity.get("vocab_size")) == identity.get("vocab_size"):
+        return
+    if not all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
+        what = (
+            f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden "
+            f"{saved.get('hidden_size')}), not '{identity['model']}' ({identity['model_type']}, "
+            f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']})"
+        )
+    elif not same_base(saved, identity):
+        what = (
+            f"not '{identity['model']}', which has the same architecture ({identity['model_type']}, "
+            f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']}) but different weights "
+            f"(fingerprint {identity.get('weights')} vs {saved.get('weights')})"
+        )
+    else:
+        what = (
+            f"with a vocabulary of {saved.get('vocab_size')} tokens, not '{identity['model']}' with "
+            f"{identity.get('vocab_size')}"
+        )
+    raise ToolschoolError(
+        f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' {what}",
+        hint="resume with the same --model, or train into a new --out folder",
+    )
+
+
 def adapter_base(model_name: str) -> str | None:
     """What a LoRA trained on `model_name` must name as its base in adapter_config.json, where PEFT's own record
     would not load again: the embedded or hub name as the user wrote it (PEFT writes a cache path another machine

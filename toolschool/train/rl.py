@@ -42,10 +42,10 @@ from toolschool.train.common import (
     log_callbacks,
     lora_config,
     refuse_existing_checkpoints,
+    refuse_other_base,
     refuse_other_settings,
     refuse_other_training_data,
     restart_log_at,
-    same_base,
     save_final,
     sha256_file,
 )
@@ -456,8 +456,8 @@ def _check_resume(
     if not meta_path.is_file():
         return
     saved = json.loads(meta_path.read_text())
-    same_vocab = saved["base"].get("vocab_size") == identity.get("vocab_size")
-    if not (same_base(saved["base"], identity) and same_vocab) or saved.get("mode") != mode:
+    refuse_other_base(out_dir, saved["base"], identity)
+    if saved.get("mode") != mode:
         raise ToolschoolError(
             f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
             f"not '{identity['model']}' in {mode} mode",

@@ -34,10 +34,9 @@ from typing import Any
 
 from toolschool.chat.toolkens import plain_name, rename_tools_and_calls, toolken, with_renamed_calls
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
-from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.errors import ConfigError, DataError
 from toolschool.files import read_lines, write_text_atomic
 from toolschool.train.common import (
-    IDENTITY_KEYS,
     JsonlLogger,
     adapter_base_callback,
     base_identity,
@@ -49,10 +48,10 @@ from toolschool.train.common import (
     lora_config,
     main_process,
     refuse_existing_checkpoints,
+    refuse_other_base,
     refuse_other_settings,
     refuse_other_training_data,
     restart_log_at,
-    same_base,
     save_final,
     sha256_file,
 )
@@ -385,26 +384,8 @@ def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
 
 def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
     meta_path = out_dir / META_FILE
-    if not meta_path.is_file():
-        return
-    saved = json.loads(meta_path.read_text())["base"]
-    if not same_base(saved, identity):
-        if all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
-            what = (
-                f"not '{identity['model']}', which has the same architecture ({identity['model_type']}, "
-                f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']}) but different weights "
-                f"(fingerprint {identity.get('weights')} vs {saved.get('weights')})"
-            )
-        else:
-            what = (
-                f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden "
-                f"{saved.get('hidden_size')}), not '{identity['model']}' ({identity['model_type']}, "
-                f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']})"
-            )
-        raise ToolschoolError(
-            f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' {what}",
-            hint="resume with the same --model, or train into a new --out folder",
-        )
+    if meta_path.is_file():
+        refuse_other_base(out_dir, json.loads(meta_path.read_text())["base"], identity)
 
 
 def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
