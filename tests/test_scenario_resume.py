@@ -172,3 +172,14 @@ def test_a_checkpoint_cut_short_is_passed_over_and_the_resumed_run_matches(
     )
     assert (sft_dir / "checkpoints" / "checkpoint-2" / "trainer_state.json").is_file()
     assert (sft_dir / "merged" / "config.json").is_file()
+
+
+def test_an_interrupted_stage_that_cannot_resume_points_at_from_not_at_a_missing_out_flag(eval_run) -> None:
+    """`toolschool run` has no --out, yet an interrupted exploration whose log was written with another explorer
+    was refused with "... or write to another folder with --out"."""
+    marker = eval_run.run_dir() / "explore" / "DONE.json"
+    marker.unlink()  # exploration was interrupted; its log was written by the model "test"
+    with pytest.raises(ToolschoolError, match=r"cannot resume: the trial log was written with model = 'test'") as info:
+        run_pipeline(eval_run)
+    assert "--out" not in info.value.hint
+    assert "--from explore" in info.value.hint and info.value.hint.startswith("rerun with the same settings")
