@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from typer.testing import CliRunner
 
+from toolschool.cli import app
 from toolschool.errors import ConfigError
 from toolschool.evaluate.runner import EvalOptions
 from toolschool.evaluate.session import resolve_benchmarks, run_evaluation
@@ -167,3 +171,166 @@ def test_eval_execute_refuses_items_whose_tools_the_tool_set_lacks(shop: tuple[P
     assert "tool set" in info.value.message and "calculator" in info.value.message
     assert "[tools]" in (info.value.hint or "") and "--no-execute" in (info.value.hint or "")
     assert backends == [] and not (tmp_path / "eval").exists()
+
+
+# --- continual learning: a second tool set later, with replay of the first ----------------------------------------
+
+
+def _stock_line(sku: str, split: str) -> dict[str, Any]:
+    """A distilled conversation for the MCP tool `stock` (a second tool set, explored later)."""
+    parameters = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    schema = {
+        "type": "function",
+        "function": {"name": "stock", "description": "Units in stock.", "parameters": parameters},
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "stock", "arguments": {"sku": sku}}}
+    return {
+        "messages": [
+            {"role": "user", "content": f"How many {sku} are left?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "name": "stock", "content": "7 units"},
+            {"role": "assistant", "content": "7 are left."},
+        ],
+        "tools": [schema],
+        "meta": {"tool": "stock", "split": split},
+    }
+
+
+@pytest.fixture()
+def two_tool_sets(shop: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """(batches file: the shop module's tool, then the MCP tool; the data of both, train and held-out lines)."""
+    _, test = shop
+    with build_registry(toolbox=[], modules=[str(shop[0])]) as registry:
+        schema = registry.schemas()[0]
+    lines = [_shop_line(w, c, "train", schema) for w, c in [(1.0, "ES"), (4.0, "PT"), (6.0, "NL")]]
+    lines += [json.loads(line) for line in test.read_text().splitlines()]
+    lines += [_stock_line(sku, split) for sku, split in [("A1", "train"), ("B2", "train"), ("C3", "validation")]]
+    data = tmp_path / "both.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    batches = tmp_path / "batches.json"
+    batches.write_text(json.dumps([["shipping_cost"], ["stock"]]))
+    return batches, data
+
+
+def test_continual_folder_that_trained_nothing_takes_the_settings_of_the_rerun(
+    two_tool_sets: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A first try whose round 1 stops before training (the prompts with the user's tool schemas are longer than
+    [sft] max_length) left plan.json behind; the rerun the error asks for, with a larger max_length, was refused
+    as 'a continual run with different settings' although nothing was trained with the old ones."""
+    batches, data = two_tool_sets
+    out = tmp_path / "continual"
+    common = ["continual", "--batches", str(batches), "--data", str(data), "--model", str(tiny_model_dir)]
+    common += ["--steps-per-round", "1", "--eval-max-tokens", "2", "--batch-size", "2"]
+    argv = [*common, "--out", str(out)]
+    short = CliRunner().invoke(app, [*argv, "--max-length", "16"])
+    assert short.exit_code == 2, short.output
+    assert "max_length=16" in short.output and "[sft] max_length" in short.output.replace("\n", "")
+    assert (out / "plan.json").is_file() and not list(out.glob("round_*/sft_done.json"))
+
+    # the plan of a folder where a round finished training still holds: other settings are refused there
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "plan.json").write_text(json.dumps({"sft": {"max_length": 16}}))
+    (finished / "round_1").mkdir()
+    (finished / "round_1" / "sft_done.json").write_text("{}")
+    refused = CliRunner().invoke(app, [*common, "--out", str(finished)])
+    assert refused.exit_code == 2 and "different settings" in refused.output, refused.output
+
+    ok = CliRunner().invoke(app, [*argv, "--max-length", "512"])
+    assert ok.exit_code == 0, ok.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["sft"]["max_length"] == 512
+    matrix = json.loads((out / "matrix.json").read_text())
+    # round 2 trains on the MCP tool's lines plus a replay of the module tool's, and scores both batches
+    assert matrix["composition"][1]["replay"] == {"B1": 1} and matrix["composition"][1]["new"]["examples"] == 2
+    assert [cell is not None for cell in matrix["matrix"][1]] == [True, True]
+    assert [matrix["details"][1][j]["n"] for j in (0, 1)] == [3, 1]
+    sources = [json.loads(line)["meta"]["continual_source"] for line in (out / "round_2" / "train.jsonl").open()]
+    assert sorted(sources) == ["new", "new", "replay:B1"]
+
+
+def test_positional_only_parameters_are_passed_by_position() -> None:
+    """The schema offers `x` by name, as every argument; calling `f(x=...)` on `def f(x, /)` failed every call
+    with a TypeError observation, so the explorer never saw a result of such a tool."""
+
+    def scale(x: float, factor: float = 2.0, /, *, offset: float = 0.0) -> float:
+        """Scale a number.
+
+        Args:
+            x: The number.
+            factor: The factor.
+            offset: Added after.
+        """
+        return x * factor + offset
+
+    def pick(a: int = 1, b: int = 2, /) -> str:
+        """Two numbers, both optional.
+
+        Args:
+            a: First.
+            b: Second.
+        """
+        return f"{a},{b}"
+
+    tool = FunctionTool(scale)
+    assert tool.parameters["required"] == ["x"]
+    assert tool.execute({"x": 3}).text == "6"
+    assert tool.execute({"x": 3, "factor": 3, "offset": 1}).text == "10"
+    assert FunctionTool(pick).execute({"b": 5}).text == "1,5"
+    assert FunctionTool(pick).execute({}).text == "1,2"
+
+
+# --- an MCP server of the user's own ------------------------------------------------------------------------------
+
+NOISY_SERVER = '''
+import os, sys, time
+print("inventory server starting")  # a stray print on stdout, the protocol's channel
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("inventory", subscriptions=False)
+
+
+@server.tool()
+def stock(sku: str) -> str:
+    """Units in stock for a SKU."""
+    return f"{sku}: {len(sku) * 7} units"
+
+
+@server.tool()
+def refuse(reason: str) -> str:
+    """Always fails."""
+    raise ToolError(f"refused: {reason}")
+
+
+@server.tool()
+def die(code: int) -> str:
+    """Ends the server mid-call."""
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    server.run("stdio")
+'''
+
+
+def test_a_stray_print_of_an_mcp_server_is_one_line_not_a_traceback(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK logs a stdout line that is not JSON-RPC with a traceback: on the terminal it read as a crash of
+    toolschool, once per print of the server. It is one warning line naming the line and the fix."""
+    server = tmp_path / "inventory.py"
+    server.write_text(NOISY_SERVER)
+    command = f"{sys.executable} {server}"
+    with caplog.at_level(logging.WARNING), build_registry(toolbox=[], mcp=[command]) as registry:
+        assert sorted(registry.names()) == ["die", "refuse", "stock"]
+        assert registry.call("stock", {"sku": "AB"}).text == "AB: 14 units"
+        refused = registry.call("refuse", {"reason": "sunday"})
+        assert refused.is_error and refused.error_kind == "execution" and "refused: sunday" in refused.text
+        died = registry.call("die", {"code": 3})
+        assert died.is_error and died.error_kind == "server_error" and "restarted on the next call" in died.text
+        assert registry.call("stock", {"sku": "ABC"}).text == "ABC: 21 units"  # started again
+    stray = [r for r in caplog.records if "inventory server starting" in r.getMessage()]
+    assert stray and all(r.exc_info is None and r.exc_text is None for r in stray)
+    assert "not JSON-RPC" in stray[0].getMessage() and "stderr" in stray[0].getMessage()

@@ -68,6 +68,7 @@ class FunctionTool(Tool):
         self.parameters = parameters if parameters is not None else schema_from_signature(fn, arg_docs)
         # how JSON arguments become Python ones; the shown schema stays plain, validation also admits null
         self._params = _call_params(fn) if parameters is None else {}
+        self._positional = _positional_only(fn)
         self._validation_schema = _admit_null(self.parameters, self._params)
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.name):
             raise ToolschoolError(
@@ -88,12 +89,26 @@ class FunctionTool(Tool):
                 out[name] = param.enum_type(out[name])
         return out
 
+    def _call(self, args: dict[str, Any]) -> Any:
+        """Call the function: JSON arguments are named, so the parameters before a `/` are passed by position
+        (in order; one left out takes its default), the others by name."""
+        named = self._arguments(args)
+        positional = []
+        for name, default in self._positional:
+            if name in named:
+                positional.append(named.pop(name))
+            elif default is not inspect.Parameter.empty:
+                positional.append(default)
+            else:
+                break
+        return self.fn(*positional, **named)
+
     def execute(self, args: dict[str, Any]) -> Observation:
         problem = validation_error(self.name, self._validation_schema, args)
         if problem:
             return Observation(problem, is_error=True, error_kind="invalid_arguments")
         try:
-            result = self.fn(**self._arguments(args))
+            result = self._call(args)
             if inspect.isawaitable(result):
                 result = _run_coroutine(result)
         except Exception as exc:  # the function's own failure is an observation, never a crash
@@ -107,7 +122,7 @@ class FunctionTool(Tool):
         if problem:
             return Observation(problem, is_error=True, error_kind="invalid_arguments")
         try:
-            result = await self.fn(**self._arguments(args))
+            result = await self._call(args)
         except Exception as exc:
             return _failure(self.name, exc)
         return to_observation(result)
@@ -356,6 +371,15 @@ def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
             enum_type=inner if inspect.isclass(inner) and issubclass(inner, enum.Enum) else None,
         )
     return params
+
+
+def _positional_only(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
+    """(name, default) of each parameter before a `/`, in order: they cannot be passed by name."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): called by name as given
+        return []
+    return [(p.name, p.default) for p in parameters if p.kind is p.POSITIONAL_ONLY]
 
 
 def _admit_null(schema: dict[str, Any], params: dict[str, _CallParam]) -> dict[str, Any]:
