@@ -23,11 +23,18 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
 ) -> None:
     """Another LoRA rank cannot load the checkpoint (PEFT died with a size mismatch), and another batch size, group
     size, seed or format silently trained on other prompts than a straight run: each is refused by name, as SFT
-    does; a longer run with another learning rate still resumes."""
+    does; a longer run with another learning rate still resumes. A start model trained again in place (`toolschool
+    sft` into the same folder) is refused as other weights: the message read "come from 'X' ..., not 'X' ..."."""
+    import shutil
+
+    from helpers import save_tiny_llama
+
     from toolschool.train.rl import run_rl
 
+    start = tmp_path / "sft-merged"
+    shutil.copytree(tiny_model_dir, start)
     out = tmp_path / "rl"
-    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, max_tokens=4), out, progress=False)
+    run_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
     log_before = (out / "train_log.jsonl").read_text()
     changes = {
         "lora_rank": (8, "rl.lora_rank 16 (now 8)"),
@@ -36,25 +43,32 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
         "format": ("json", "rl.format hermes (now json)"),
     }
     for key, (value, named) in changes.items():
-        config = rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4, **{key: value})
+        config = rl_config(start, train_file, num_steps=2, max_tokens=4, **{key: value})
         with pytest.raises(ToolschoolError) as refused:
             run_rl(config, out, resume=True, progress=False)
         assert named in str(refused.value), (key, str(refused.value))
         assert "config.toml" in refused.value.hint
-    seeded = rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4)
+    seeded = rl_config(start, train_file, num_steps=2, max_tokens=4)
     seeded.run.seed = 7
     with pytest.raises(ToolschoolError, match=r"run\.seed 0 \(now 7\)"):
         run_rl(seeded, out, resume=True, progress=False)
     assert (out / "train_log.jsonl").read_text() == log_before  # nothing was trimmed or appended by the refusals
 
     resumed = run_rl(
-        rl_config(tiny_model_dir, train_file, num_steps=2, max_tokens=4, learning_rate=5e-4),
+        rl_config(start, train_file, num_steps=2, max_tokens=4, learning_rate=5e-4, merge=False),
         out,
         resume=True,
         progress=False,
     )
     assert resumed.steps == 2
     assert [r["step"] for r in read_log(out) if "reward" in r] == [1, 2]
+
+    shutil.rmtree(start)
+    save_tiny_llama(start, tiny_model_dir, seed=5)  # the same architecture and tokenizer, other weights
+    with pytest.raises(ToolschoolError) as refused:
+        run_rl(rl_config(start, train_file, num_steps=3, max_tokens=4), out, resume=True, progress=False)
+    message = str(refused.value)
+    assert f"were trained from base model '{start}'" in message and "different weights" in message, message
 
 
 def test_under_accelerate_only_the_main_process_ends_the_log_and_writes_the_summary(
@@ -177,26 +191,3 @@ def test_lines_written_in_another_format_than_rl_uses_are_refused_with_their_lin
     assert f"{train}:1" in str(refused.value) and "'json' format" in str(refused.value)
     assert "--format json" in refused.value.hint
     assert not (tmp_path / "rl").exists()
-
-
-def test_resume_after_the_start_model_was_retrained_in_place_says_its_weights_differ(
-    tiny_model_dir: Path, train_file: Path, tmp_path: Path
-) -> None:
-    """`toolschool sft` run again into the same folder (or an interrupted `toolschool run` whose SFT was redone)
-    leaves RL checkpoints of the old weights at the same path: the refusal read "come from 'X' ..., not 'X' ..."."""
-    import shutil
-
-    from helpers import save_tiny_llama
-
-    from toolschool.train.rl import run_rl
-
-    start = tmp_path / "sft-merged"
-    shutil.copytree(tiny_model_dir, start)
-    out = tmp_path / "rl"
-    run_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
-    shutil.rmtree(start)
-    save_tiny_llama(start, tiny_model_dir, seed=5)  # the same architecture and tokenizer, other weights
-    with pytest.raises(ToolschoolError) as refused:
-        run_rl(rl_config(start, train_file, num_steps=2, max_tokens=4), out, resume=True, progress=False)
-    message = str(refused.value)
-    assert f"were trained from base model '{start}'" in message and "different weights" in message, message
