@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import shlex
 import shutil
 import tempfile
@@ -26,6 +27,29 @@ from toolschool.tools.base import Observation, Tool
 from toolschool.tools.validation import validation_error
 
 _STOP_GRACE_S = 10.0  # how long a session asked to stop may take before it is cancelled
+_SDK_STDIO_LOGGER = "mcp.client.stdio"
+
+
+class _StrayStdoutLine(logging.Filter):
+    """The SDK logs a line its server wrote on stdout that is not JSON-RPC (a `print` in the server: stdout is the
+    protocol's channel) with the parser's traceback, which on the terminal reads as toolschool crashing, once per
+    print. The line is ignored and the session goes on, so it becomes one warning naming the line and the fix."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and str(record.msg).startswith("Failed to parse JSONRPC message"):
+            error = record.exc_info[1]
+            errors = getattr(error, "errors", None)
+            line = errors()[0].get("input") if callable(errors) and errors() else None
+            shown = repr(line if isinstance(line, str) else str(error))[:200]
+            record.msg = (
+                "an MCP server wrote a line on stdout that is not JSON-RPC, ignored: %s (servers must print to stderr)"
+            )
+            record.args = (shown,)
+            record.exc_info = record.exc_text = None
+        return True
+
+
+logging.getLogger(_SDK_STDIO_LOGGER).addFilter(_StrayStdoutLine())
 
 
 class _StartTimeout(Exception):
