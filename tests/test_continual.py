@@ -424,7 +424,8 @@ def test_a_refused_run_leaves_the_folders_config_toml_as_it_was(tmp_path: Path, 
     out = tmp_path / "out"
     flags = {"continual.batches": str(inputs["batches"]), "continual.data": str(inputs["data"])}
     held = load_inputs(load_config(None, flags)).plan
-    out.mkdir()
+    (out / "round_1").mkdir(parents=True)
+    (out / "round_1" / "sft_done.json").write_text("{}")  # a round trained with the folder's plan
     (out / "plan.json").write_text(json.dumps(held))
     (out / "config.toml").write_text("# the settings of the run in this folder\n")
     argv = ["continual", "--batches", str(inputs["batches"]), "--data", str(inputs["data"]), "--out", str(out)]
@@ -435,7 +436,8 @@ def test_a_refused_run_leaves_the_folders_config_toml_as_it_was(tmp_path: Path, 
 
     # --compare checks both folders before writing into either.
     root = tmp_path / "cmp"
-    (root / "continual_no_replay").mkdir(parents=True)
+    (root / "continual_no_replay" / "round_1").mkdir(parents=True)
+    (root / "continual_no_replay" / "round_1" / "round.json").write_text("{}")
     (root / "continual_no_replay" / "plan.json").write_text(json.dumps({**held, "seed": 99}))
     result = CliRunner().invoke(app, ["continual", *argv[1:5], "--compare", "--out", str(root)])
     assert result.exit_code == 2 and "continual_no_replay holds a continual run" in result.output.replace("\n", "")

@@ -410,7 +410,7 @@ def test_examples_cut_at_max_length_are_announced_before_training() -> None:
     assert truncation_warning({"examples": 36, "truncated": 0}, 512) is None
     assert truncation_warning({"examples": 36, "truncated": 22, "dropped_no_assistant_after_truncation": 7}, 512) == (
         "22 of 36 training examples are longer than max_length = 512 and were cut (7 of them kept no assistant "
-        "token and are left out); raise --max-length to train on them whole"
+        "token and are left out); raise --max-length to train on them whole ([sft] max_length in the config)"
     )
 
 

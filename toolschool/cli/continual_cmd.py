@@ -30,6 +30,7 @@ def continual(
     eval_max_tokens: int = typer.Option(None, help="Tokens generated per evaluated reply."),
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     batch_size: int = typer.Option(None, help="SFT sequences per step."),
+    max_length: int = typer.Option(None, help="SFT tokens per example (every tool schema is in the prompt)."),
     learning_rate: float = typer.Option(None, "--lr", help="SFT learning rate."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/continual)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/continual or continual_no_replay)."),
@@ -69,6 +70,7 @@ def continual(
         "continual.out": str(out) if out is not None else None,
         "sft.format": format,
         "sft.batch_size": batch_size,
+        "sft.max_length": max_length,
         "sft.learning_rate": learning_rate,
         "run.name": run_name,
         "run.seed": seed,
@@ -83,7 +85,7 @@ def continual(
         so a refused run leaves no folder behind and a folder's config.toml always describes its run."""
         inputs = load_inputs(config, replay=with_replay)
         if (folder / PLAN_FILE).is_file():
-            check_plan(folder, inputs.plan)
+            check_plan(folder, inputs.plan, write=False)
         return inputs
 
     def start(folder: Path, inputs: ContinualInputs) -> None:

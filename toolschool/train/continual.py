@@ -652,24 +652,43 @@ def steps_per_round(config: ToolschoolConfig) -> int:
 EVAL_KEYS: tuple[str, ...] = ("eval",)
 
 
-def check_plan(out_dir: Path, plan: dict[str, Any]) -> None:
+def check_plan(out_dir: Path, plan: dict[str, Any], *, write: bool = True) -> None:
     """A folder holds one plan: resuming with other settings would mix rounds that are not comparable.
 
     Other evaluation settings alone are allowed (the rounds are scored again, not trained again; `run_continual`
-    records them). Writes `plan.json` into a new folder; a caller that writes anything else there (the CLI's
-    config.toml) calls this first, so a refused rerun leaves the folder as it was."""
+    records them), and so is any change in a folder where nothing was trained yet. Writes `plan.json` into a new
+    folder (or over such an untrained one) unless `write` is False (a check only); a caller that writes anything
+    else there (the CLI's config.toml) calls this first, so a refused rerun leaves the folder as it was."""
     path = out_dir / PLAN_FILE
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
         changed = sorted(k for k in set(saved) | set(plan) if saved.get(k) != plan.get(k) and k not in EVAL_KEYS)
-        if changed:
+        if not changed:
+            return
+        if trained_anything(out_dir):
             raise ToolschoolError(
                 f"{out_dir} holds a continual run with different settings ({', '.join(changed)} changed)",
                 hint="rerun with the same settings to resume, or choose another --run / --out",
             )
-    else:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        # An earlier try stopped before anything was trained (say, examples longer than [sft] max_length): nothing
+        # depends on its plan, and the rerun its error asked for takes the folder.
+    if not write:
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+
+
+def trained_anything(out_dir: Path) -> bool:
+    """Whether a round in `out_dir` finished, finished its training, or saved a training checkpoint: work that
+    depends on the folder's plan (a round folder holding only its train.jsonl does not)."""
+    from toolschool.train.common import latest_checkpoint
+
+    for round_dir in out_dir.glob("round_*"):
+        if (round_dir / MARKER_FILE).is_file() or (round_dir / SFT_DONE_FILE).is_file():
+            return True
+        if latest_checkpoint(round_dir / "sft") is not None:
+            return True
+    return False
 
 
 def _round_config(config: ToolschoolConfig, start_model: str, train_path: Path) -> ToolschoolConfig:

@@ -486,7 +486,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
     if not prepared.rows:
         raise DataError(
             f"no training example keeps an assistant token within max_length={settings.max_length}",
-            hint="raise --max-length",
+            hint="raise --max-length ([sft] max_length in the config)",
         )
     stats = prepared.stats()
     if (warning := truncation_warning(stats, settings.max_length)) and main_process():
@@ -621,7 +621,7 @@ def truncation_warning(stats: dict[str, int], max_length: int) -> str | None:
     left_out = f" ({dropped} of them kept no assistant token and are left out)" if dropped else ""
     return (
         f"{cut} of {stats.get('examples', 0)} training examples are longer than max_length = {max_length} and were "
-        f"cut{left_out}; raise --max-length to train on them whole"
+        f"cut{left_out}; raise --max-length to train on them whole ([sft] max_length in the config)"
     )
 
 
