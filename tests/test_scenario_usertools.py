@@ -332,5 +332,5 @@ def test_a_stray_print_of_an_mcp_server_is_one_line_not_a_traceback(
         assert died.is_error and died.error_kind == "server_error" and "restarted on the next call" in died.text
         assert registry.call("stock", {"sku": "ABC"}).text == "ABC: 21 units"  # started again
     stray = [r for r in caplog.records if "inventory server starting" in r.getMessage()]
-    assert stray and all(r.exc_info is None and r.exc_text is None for r in stray)
+    assert stray and all(r.exc_info is None and r.exc_text is None and r.levelname == "WARNING" for r in stray)
     assert "not JSON-RPC" in stray[0].getMessage() and "stderr" in stray[0].getMessage()

@@ -46,6 +46,7 @@ class _StrayStdoutLine(logging.Filter):
             )
             record.args = (shown,)
             record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"  # the session goes on: not an error
         return True
 
 
