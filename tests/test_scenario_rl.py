@@ -85,9 +85,11 @@ def test_under_accelerate_only_the_main_process_ends_the_log_and_writes_the_summ
     monkeypatch.setattr(SharedPromptGRPOTrainer, "is_world_process_zero", lambda self: False)
     out = tmp_path / "rl"
     args = ["rl", "--model", str(tiny_model_dir), "--train", str(train_file), "--out", str(out), "--steps", "1"]
-    args += ["--batch-size", "4", "--num-generations", "2", "--max-tokens", "4", "--log-interval", "1"]
+    args += ["--batch-size", "4", "--num-generations", "2", "--max-tokens", "4", "--log-interval", "1", "--resume"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    # --resume with nothing to resume says so (as `toolschool sft` does) rather than starting over without a word
+    assert "no checkpoint in" in result.output and "starting at step 0" in result.output
     assert not (out / "summary.json").exists()
     assert '"merged": null' not in result.output
     # the main process writes the log (here: nobody, as this process is told it is not the main one)

@@ -71,6 +71,14 @@ def rl(
     err_console.print(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
     )
+    if resume:
+        from rich.markup import escape
+
+        from toolschool.train.common import latest_checkpoint
+
+        if latest_checkpoint(out_dir) is None:
+            where = escape(str(out_dir / "checkpoints"))
+            err_console.print(f"[yellow]no checkpoint in {where}: starting at step 0[/yellow]")
     result = run_rl(config, out_dir, resume=resume)
     if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)
         return
