@@ -172,7 +172,9 @@ class RLSection(Section):
         default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
     )
     learning_rate: float = Field(1e-5, gt=0)
-    batch_size: int = Field(8, ge=1, description="completions per optimizer step (prompts x num_generations)")
+    batch_size: int = Field(
+        8, ge=1, description="completions per optimizer step per process (prompts x num_generations)"
+    )
     num_generations: int = Field(4, ge=2, description="samples per prompt (the group of the advantages)")
     num_steps: int = Field(500, ge=1)
     max_tokens: int = Field(128, ge=1, description="completion tokens (multi_turn: all turns together)")

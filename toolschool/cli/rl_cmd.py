@@ -21,7 +21,7 @@ def rl(
     ),
     method: str = typer.Option(None, help="lora | full"),
     steps: int = typer.Option(None, "--num-steps", "--steps", help="Optimizer steps (rl.num_steps)."),
-    batch_size: int = typer.Option(None, help="Completions per step (prompts x num_generations)."),
+    batch_size: int = typer.Option(None, help="Completions per step per process (prompts x num_generations)."),
     num_generations: int = typer.Option(None, help="Samples per prompt."),
     max_tokens: int = typer.Option(None, help="Completion tokens."),
     temperature: float = typer.Option(None),
