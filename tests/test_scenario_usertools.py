@@ -334,3 +334,24 @@ def test_a_stray_print_of_an_mcp_server_is_one_line_not_a_traceback(
     stray = [r for r in caplog.records if "inventory server starting" in r.getMessage()]
     assert stray and all(r.exc_info is None and r.exc_text is None and r.levelname == "WARNING" for r in stray)
     assert "not JSON-RPC" in stray[0].getMessage() and "stderr" in stray[0].getMessage()
+
+
+def test_enum_members_inside_lists_dicts_tuples_and_sets_are_built_too() -> None:
+    def order(
+        sizes: list[Size], by_item: dict[str, Size], pair: tuple[Size, Level], levels: set[Level] | None = None
+    ) -> str:
+        """Order boxes.
+
+        Args:
+            sizes: The sizes.
+            by_item: A size per item.
+            pair: A size and a level.
+            levels: Levels.
+        """
+        named = sorted(level.name for level in levels or ())
+        return f"{[s.name for s in sizes]} { ({k: v.name for k, v in by_item.items()}) } {pair[0].name}/{pair[1].name} {named}"  # noqa: E501
+
+    tool = FunctionTool(order)
+    observation = tool.execute({"sizes": ["S", "L"], "by_item": {"cup": "L"}, "pair": ["S", 2], "levels": [1, 2]})
+    assert not observation.is_error, observation.text
+    assert observation.text == "['SMALL', 'LARGE'] {'cup': 'LARGE'} SMALL/HIGH ['HIGH', 'LOW']"

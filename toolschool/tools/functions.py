@@ -83,10 +83,8 @@ class FunctionTool(Tool):
             if name not in out:
                 if param.nullable and not param.has_default:
                     out[name] = None
-            elif out[name] is not None and param.container is not None:
-                out[name] = param.container(out[name])
-            elif out[name] is not None and param.enum_type is not None:  # validated: one of the members' values
-                out[name] = param.enum_type(out[name])
+            elif out[name] is not None and param.convert is not None:
+                out[name] = param.convert(out[name])
         return out
 
     def _call(self, args: dict[str, Any]) -> Any:
@@ -347,8 +345,7 @@ def _json_type(annotation: Any, where: str) -> tuple[dict[str, Any], bool]:
 class _CallParam:
     nullable: bool  # the annotation admits None
     has_default: bool
-    container: type | None  # tuple, set or frozenset: built from the JSON list
-    enum_type: type[enum.Enum] | None = None  # an Enum: its member looked up by the JSON value
+    convert: Callable[[Any], Any] | None  # the JSON value (validated, not None) -> the Python one; None: as it is
 
 
 def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
@@ -360,17 +357,36 @@ def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
         members = (
             typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, types.UnionType) else ()
         )
-        nullable = annotation is type(None) or type(None) in members
-        non_none = [m for m in members if m is not type(None)]
-        inner = non_none[0] if len(non_none) == 1 else annotation
-        container = typing.get_origin(inner) or inner
         params[param.name] = _CallParam(
-            nullable=nullable,
+            nullable=annotation is type(None) or type(None) in members,
             has_default=param.default is not inspect.Parameter.empty,
-            container=container if container in (tuple, set, frozenset) else None,
-            enum_type=inner if inspect.isclass(inner) and issubclass(inner, enum.Enum) else None,
+            convert=_converter(annotation),
         )
     return params
+
+
+def _converter(annotation: Any) -> Callable[[Any], Any] | None:
+    """How a validated JSON value becomes the value the annotation promises, or None when it is that already: an
+    Enum's member (from its value), a tuple or set (from the JSON list), also inside lists, dicts, tuples and sets."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        non_none = [a for a in args if a is not type(None)]
+        inner = _converter(non_none[0]) if len(non_none) == 1 else None  # X | Y: the value could be either
+        return None if inner is None else (lambda value: None if value is None else inner(value))
+    if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
+        return annotation
+    if origin is tuple and args and Ellipsis not in args:  # fixed length (validated): one conversion per position
+        each = [_converter(a) for a in args]
+        return lambda value: tuple(c(v) if c else v for c, v in zip(each, value, strict=True))
+    kind = origin or annotation
+    if kind in (list, tuple, set, frozenset):
+        item = _converter(args[0]) if args and args[0] is not Ellipsis else None
+        if kind is list and item is None:
+            return None
+        return lambda value: kind(item(v) if item else v for v in value)
+    if kind is dict and len(args) == 2 and (entry := _converter(args[1])) is not None:
+        return lambda value: {k: entry(v) for k, v in value.items()}
+    return None
 
 
 def _positional_only(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
