@@ -441,6 +441,26 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
         check_settings(config.rl, device=device, machine=device is not None)
         if device is not None:  # a run, not `config show`: RL's data is there, or this run's distill writes it
             check_train_data(config, distill_runs_first="distill" in stages)
+    check_trained_format(config, stages)
+
+
+def check_trained_format(config: ToolschoolConfig, stages: list[str]) -> None:
+    """SFT teaches a format; RL rewards and the eval stage must read the trained model's replies in that same one.
+    Each section has its own `format` (default hermes), so setting it in [sft] alone would train json and then
+    reward and score every json reply as a malformed hermes answer."""
+    readers = [s for s in ("sft", "rl") if s in stages]
+    if readers and "eval" in stages:
+        readers.append("eval")
+    formats = {stage: getattr(config, stage).format for stage in readers}
+    if len(set(formats.values())) <= 1:
+        return
+    trained = formats[readers[0]]
+    shown = ", ".join(f"[{stage}] format = '{value}'" for stage, value in formats.items())
+    raise ConfigError(
+        f"the stages that train and read the student disagree on its tool-call format: {shown}; the RL rewards and "
+        "the evaluation would read the trained model's replies in another format than it learned",
+        hint=f'set format = "{trained}" in each of [{"], [".join(readers)}] (every section defaults to "hermes")',
+    )
 
 
 LOCK_FILE = ".lock"
