@@ -161,25 +161,6 @@ def _default_data(checkpoint: Path) -> Path | None:
     return None
 
 
-RUN_META_FILES = ("toolschool_sft.json", "toolschool_rl.json")
-
-
-def _trained_format(checkpoint: Path) -> str | None:
-    """The tool-call format the SFT/RL run that wrote `checkpoint` trained with (its metadata file sits in the
-    stage folder: above `merged/`, `adapter/` and `checkpoints/checkpoint-N/`), or None outside such a run."""
-    resolved = checkpoint.resolve()
-    for folder in [resolved, *resolved.parents][:3]:
-        for name in RUN_META_FILES:
-            meta = folder / name
-            if meta.is_file():
-                try:
-                    value = json.loads(meta.read_text(encoding="utf-8")).get("format")
-                except (OSError, json.JSONDecodeError):
-                    return None
-                return value if isinstance(value, str) else None
-    return None
-
-
 def evaluate_command(
     checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
     num_samples: int = typer.Option(50, "--num-samples", "-n", min=1, help="Evaluate the first N items."),
@@ -216,7 +197,10 @@ def evaluate_command(
         data = str(found)
         err_console.print(f"[dim]evaluate: data {escape(data)}, the run's test data (--data overrides)[/dim]")
     if format is None and path.is_dir():
-        format = _trained_format(path)
+        from toolschool.train.common import trained_format
+
+        found_format = trained_format(path)
+        format = found_format[0] if found_format else None
         if format is not None:
             err_console.print(f"[dim]evaluate: format '{format}', as the run was trained (--format overrides)[/dim]")
     default_out = path / "eval" if path.is_dir() else None

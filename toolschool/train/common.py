@@ -358,3 +358,26 @@ def log_callbacks(
                 logger.write({"step": state.global_step, **record})
 
     return [LogCallback(), TensorBoardCallback(tb_writer=SummaryWriter(log_dir=str(tb_dir)))]
+
+
+RUN_META_FILES = ("toolschool_sft.json", "toolschool_rl.json")
+
+
+def trained_format(model: str | Path) -> tuple[str, Path] | None:
+    """(the tool-call format, the metadata file saying so) of the SFT/RL run that wrote the model folder `model`
+    (the file sits in the stage folder: above `merged/`, `adapter/` and `checkpoints/checkpoint-N/`), or None for
+    any other model (embedded names, hub ids, endpoints, folders outside such a run)."""
+    path = Path(model)
+    if not path.is_dir():
+        return None
+    resolved = path.resolve()
+    for folder in [resolved, *resolved.parents][:3]:
+        for name in RUN_META_FILES:
+            meta = folder / name
+            if meta.is_file():
+                try:
+                    value = json.loads(meta.read_text(encoding="utf-8")).get("format")
+                except (OSError, json.JSONDecodeError, AttributeError):
+                    return None
+                return (value, meta) if isinstance(value, str) else None
+    return None

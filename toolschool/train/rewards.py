@@ -21,10 +21,11 @@ also logs the batch's valid-format rate, tool accuracy and argument accuracy thr
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolschool.chat.toolkens import plain_name, plain_names_in_text, with_renamed_calls
 from toolschool.chat.types import ParsedReply, arguments_from_wire
 from toolschool.errors import ConfigError
 
@@ -195,17 +196,23 @@ def _outside(fmt_name: str, parsed: ParsedReply, text: str, tail: str) -> bool:
 class RewardSuite:
     """Scores completions once per batch and exposes the chosen components as named TRL reward functions."""
 
-    def __init__(self, fmt: Any, names: Sequence[str], *, mode: str = "single_turn") -> None:
+    def __init__(
+        self, fmt: Any, names: Sequence[str], *, mode: str = "single_turn", toolkens: Iterable[str] = ()
+    ) -> None:
         check_reward_names(names, mode=mode)
         self.fmt = fmt
         self.names = list(names)
         self.mode = mode
+        # a model trained with STE toolkens writes <tool_NAME>: read as NAME, as evaluation reads it
+        self.toolkens = set(toolkens)
         self._last: tuple[Any, list[Scored]] | None = None
 
     # -- parsing ----------------------------------------------------------------------------------------------
     def parse_text(self, completion: str) -> tuple[ParsedReply, bool]:
         """A single-turn completion (text after the prompt and the format's prefill) -> (parsed, outside text)."""
         text = (self.fmt.prefill or "") + completion
+        if self.toolkens:
+            text = plain_names_in_text(text, self.toolkens)
         head, tail = _cut_at_stop(text, self.fmt.stop)
         parsed = self.fmt.parse(head)
         return parsed, _outside(self.fmt.name, parsed, head, tail)
@@ -246,6 +253,8 @@ class RewardSuite:
             turns, outside = self.parse_messages(completion)
             first = turns[0]
         gold_calls = _gold_calls(gold)
+        if self.toolkens:
+            gold_calls = with_renamed_calls(gold_calls, plain_name)
         item = score_item(first, gold_calls, None, mode="semantic")
         answer_correct: bool | None = None
         if self.mode == "multi_turn" and expected:

@@ -32,6 +32,7 @@ from typing import Any
 
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.evaluate.toolkens import model_toolkens
 from toolschool.files import read_lines, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
@@ -217,6 +218,42 @@ def _written_gold(example: dict[str, Any]) -> dict[str, Any]:
     if item.gold_calls:
         return {"role": "assistant", "content": "", "tool_calls": list(item.gold_calls)}
     return {"role": "assistant", "content": item.gold_final or ""}
+
+
+def check_start_model(model: str, settings: RLSection) -> None:
+    """RL continues what SFT taught: a start model trained to write another format than `rl.format` would be
+    rewarded for replies it never learned to write, and one with STE toolkens cannot run TRL's tool loop."""
+    from toolschool.train.common import trained_format
+
+    found = trained_format(model)
+    if found is not None and found[0] != settings.format:
+        raise ToolschoolError(
+            f"'{model}' was trained with the {found[0]} format ({found[1]}), but rl.format = '{settings.format}': "
+            f"its replies would be read as {settings.format} and rewarded as malformed",
+            hint=f'pass --format {found[0]} (or set [rl] format = "{found[0]}")',
+        )
+    if settings.mode == "multi_turn" and model_toolkens(model):
+        raise ToolschoolError(
+            f"rl.mode = 'multi_turn' cannot train a toolken model ('{model}' names its tools <tool_NAME>): TRL's tool "
+            "loop runs the calls by the names the model writes",
+            hint="use --mode single_turn, which reads its toolken calls as evaluation does",
+        )
+
+
+def toolken_examples(examples: Sequence[dict[str, Any]], toolkens: set[str]) -> Sequence[dict[str, Any]]:
+    """For a start model trained with STE toolkens (`toolkens`: its tools), copies of the examples whose prompts
+    offer and whose gold calls name each tool as `<tool_NAME>`, as SFT trained it and evaluation prompts it; the
+    reward maps its `<tool_NAME>` calls back to the plain names. Other models get the examples as they are."""
+    if not toolkens:
+        return examples
+    import copy
+
+    from toolschool.chat.toolkens import rename_tools_and_calls, toolken
+
+    out = copy.deepcopy(list(examples))
+    for example in out:
+        rename_tools_and_calls(example.get("tools") or [], example["messages"], toolken)
+    return out
 
 
 def build_single_turn_rows(
@@ -494,6 +531,8 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     device = resolve_device(config.model.device)
     check_settings(settings, device=device)
     fmt = get_format(settings.format)
+    check_start_model(config.model.name, settings)
+    toolkens = model_toolkens(config.model.name)
     train_path = resolve_train_path(config)
     examples, report = load_dataset_jsonl(train_path, on_error="stop")
     train_sha256 = sha256_file(train_path)
@@ -538,7 +577,12 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         )
     else:
         rows = build_single_turn_rows(
-            examples, fmt, tokenizer, settings.max_prompt_tokens, str(train_path), lines=lines
+            toolken_examples(examples, toolkens),
+            fmt,
+            tokenizer,
+            settings.max_prompt_tokens,
+            str(train_path),
+            lines=lines,
         )
     # Each step needs batch_size / num_generations distinct prompts; with fewer examples than that the sampler
     # would yield no batch at all and training would end at step 0. Cycle the examples up to one full step.
@@ -555,7 +599,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
         if settings.reward_weights is None or rewards == settings.rewards
         else [*settings.reward_weights, 1.0]
     )
-    suite = RewardSuite(fmt, rewards, mode=settings.mode)
+    suite = RewardSuite(fmt, rewards, mode=settings.mode, toolkens=toolkens)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
