@@ -269,3 +269,25 @@ def test_flags_are_spelt_as_their_toml_keys_too(tmp_path, args) -> None:
     missing = tmp_path / "missing.jsonl"
     line = _refused([*args, "--train", str(missing), "--run", "x"])
     assert f"training data '{missing}' does not exist" in line
+
+
+# ------------------------------------------------------------------------------------------------ [eval] in a run
+
+
+def test_the_run_evaluates_on_eval_data_and_executes_as_the_eval_section_says(tmp_path) -> None:
+    """`[eval] data = "test.jsonl"` and `[eval] execute = false` were silently ignored by `toolschool run`, whose
+    eval stage read only `[pipeline] eval_data` / `execute`: it scored the distill split, running the calls."""
+    test = tmp_path / "test.jsonl"
+    test.touch()
+    config = load_config(_write(tmp_path, f'[eval]\ndata = "{test}"\nexecute = false\n'))
+    assert (config.pipeline.eval_data, config.pipeline.execute) == (str(test), False)
+    result = runner.invoke(app, ["config", "show", str(tmp_path / "run.toml")])
+    assert f'eval_data = "{test}"' in result.stdout.split("[pipeline]")[1]  # what the run will use, as it will
+    # the [pipeline] keys, when set, are the run's; the [eval] ones stay for `toolschool eval`
+    own = load_config(
+        _write(tmp_path, f'[eval]\ndata = "{test}"\nexecute = false\n[pipeline]\neval_data = "builtin"\n')
+    )
+    assert (own.pipeline.eval_data, own.pipeline.execute, own.eval.data) == ("builtin", False, str(test))
+    both = load_config(_write(tmp_path, "[eval]\nexecute = false\n[pipeline]\nexecute = true\n"))
+    assert (both.pipeline.execute, both.eval.execute) == (True, False)
+    assert load_config(None).pipeline.execute is True  # the run executes by default, `toolschool eval` does not

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from toolschool.errors import ConfigError
 
@@ -314,6 +314,16 @@ class ToolschoolConfig(Section):
 
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
+
+    @model_validator(mode="after")
+    def _run_evaluates_as_eval_says(self) -> ToolschoolConfig:
+        """`[eval] data` and `execute` are the run's eval stage's too, unless `[pipeline] eval_data` / `execute` say
+        otherwise: that stage reads only the [pipeline] keys, and ignored the [eval] ones a user set."""
+        if self.eval.data is not None and "eval_data" not in self.pipeline.model_fields_set:
+            self.pipeline.eval_data = self.eval.data
+        if "execute" in self.eval.model_fields_set and "execute" not in self.pipeline.model_fields_set:
+            self.pipeline.execute = self.eval.execute
+        return self
 
 
 # Input files each stage reads when a key names one: (stage, section, key, what it must be).
