@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import typer
+from rich.markup import escape
 
 from toolschool.cli.console import err_console
 from toolschool.cli.models import MODEL_HELP
@@ -24,20 +25,35 @@ def serve(
     api_key: str = typer.Option(
         None, envvar="TOOLSCHOOL_SERVE_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 requests."
     ),
+    format: str = typer.Option(
+        None,
+        "--format",
+        help="hermes | json | react: how the model writes calls (default: as its SFT/RL run trained it, else hermes)",
+    ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
+    from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens
     from toolschool.models.backends import make_backend
     from toolschool.models.spec import parse_model_spec
+    from toolschool.serve.formats import FormatBackend, served_format
     from toolschool.serve.server import base_url, bind_socket, check_log_level, check_port, run_server
 
     check_log_level(log_level)  # options first: loading the model can take minutes
     check_port(port)
+    fmt, where = served_format(model, format)  # an unknown --format fails here, before the model loads
     if max_batch_size < 1:
         raise ToolschoolError(f"--max-batch-size must be at least 1, got {max_batch_size}")
     if parse_model_spec(model).kind == "openai":
         raise ToolschoolError(f"model '{model}' is already an endpoint", hint="serve local weights or a folder")
     sock = bind_socket(host, port)  # fail on a bad or busy port before spending time loading the model
     backend = make_backend(model, dtype=dtype, device=device, max_batch_size=max_batch_size)
+    if where is not None:
+        err_console.print(f"[dim]serve: {escape(where)} (--format overrides)[/dim]")
+    if fmt.name != "hermes":  # calls the model writes in json/react come back as OpenAI tool_calls too
+        backend = FormatBackend(backend, fmt)
+    toolkens = model_toolkens(model)
+    if toolkens:  # trained with STE toolkens: shown its tools as <tool_NAME>, its calls read back as NAME
+        backend = ToolkenBackend(backend, toolkens)
     name = served_name or model
     err_console.print(f"serving [bold]{name}[/bold] at {base_url(host, port)} (stop with Ctrl+C or SIGTERM)")
     run_server(backend, name, host=host, port=port, log_level=log_level, api_key=api_key, sock=sock)

@@ -43,14 +43,16 @@ def toolken_items(items: list[EvalItem]) -> list[EvalItem]:
 
 
 class ToolkenBackend(Backend):
-    """A backend for a toolken model: the prompts it is sent already name tools `<tool_NAME>` (toolken_items);
-    this writes the calls of the conversations sent back to it (--execute) as toolkens too, and maps
-    `<tool_NAME>` in its replies to the plain names."""
+    """A backend for a toolken model: it offers the model's tools as `<tool_NAME>` (evaluation items come renamed
+    already, by toolken_items; `toolschool serve` clients send the plain schemas), writes the calls of the
+    conversations sent back to it (--execute, chat history) and a forced call's opener (the prefill) as toolkens
+    too, and maps `<tool_NAME>` in its replies to the plain names."""
 
     def __init__(self, inner: Backend, names: set[str]) -> None:
         self.inner = inner
         self.names = names
         self.name = getattr(inner, "name", "model")
+        self.tokenizer = getattr(inner, "tokenizer", None)  # `toolschool serve` decodes logprobs' tokens with it
 
     def _plain(self, name: str) -> str:
         return plain_names_in_text(name, self.names)
@@ -60,7 +62,13 @@ class ToolkenBackend(Backend):
             {**m, "tool_calls": with_renamed_calls(m["tool_calls"], toolken)} if m.get("tool_calls") else m
             for m in request.messages
         ]
-        completions = await self.inner.generate(dataclasses.replace(request, messages=messages))
+        tools = copy.deepcopy(request.tools) if request.tools else request.tools
+        rename_tools_and_calls(tools or [], [], lambda name: toolken(name) if name in self.names else name)
+        prefill = request.prefill
+        for name in self.names:  # a named tool_choice's opener: `{"name": "calculator", "arguments": `
+            prefill = prefill.replace(json.dumps(name), json.dumps(toolken(name)))
+        sent = dataclasses.replace(request, messages=messages, tools=tools, prefill=prefill)
+        completions = await self.inner.generate(sent)
         return [
             dataclasses.replace(
                 c,
