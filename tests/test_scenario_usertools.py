@@ -169,7 +169,7 @@ def test_eval_execute_refuses_items_whose_tools_the_tool_set_lacks(shop: tuple[P
                 make_backend=lambda m: backends.append(m) or GoldCaller(),
             )
     assert "tool set" in info.value.message and "calculator" in info.value.message
-    assert "[tools]" in (info.value.hint or "") and "--no-execute" in (info.value.hint or "")
+    assert "--module / --mcp" in (info.value.hint or "") and "--no-execute" in (info.value.hint or "")
     assert backends == [] and not (tmp_path / "eval").exists()
 
 
@@ -355,3 +355,19 @@ def test_enum_members_inside_lists_dicts_tuples_and_sets_are_built_too() -> None
     observation = tool.execute({"sizes": ["S", "L"], "by_item": {"cup": "L"}, "pair": ["S", 2], "levels": [1, 2]})
     assert not observation.is_error, observation.text
     assert observation.text == "['SMALL', 'LARGE'] {'cup': 'LARGE'} SMALL/HIGH ['HIGH', 'LOW']"
+
+
+def test_eval_cli_takes_the_users_tools_for_execute(
+    shop: tuple[Path, Path], tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """As `toolschool explore --module`: without a config file, --module / --mcp say where the calls run."""
+    module, data = shop
+    argv = ["eval", "--model", str(tiny_model_dir), "--data", str(data), "--execute", "--max-tokens", "4"]
+    argv += ["--out", str(tmp_path / "eval")]
+    refused = CliRunner().invoke(app, argv)
+    assert refused.exit_code == 2 and "shipping_cost" in refused.output and "--module" in refused.output
+    assert not list((tmp_path / "eval").glob("*/data.items.jsonl"))
+    ran = CliRunner().invoke(app, [*argv, "--module", str(module)])
+    assert ran.exit_code == 0, ran.output
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["models"][str(tiny_model_dir)]["data"]["overall"]["n"] == 3

@@ -26,6 +26,7 @@ def _run(
     from toolschool.config import load_config, stage_dir
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import (
+        check_executable,
         check_models_distinct,
         make_options,
         resolve_benchmarks,
@@ -45,10 +46,17 @@ def _run(
 
         tools = config.tools
         registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
-    options = make_options(settings, registry)
-    check_models_distinct(chosen)
-    _check_models(chosen)
-    out_dir = stage_dir(config, "eval", out or config.eval.out)
+    try:
+        options = make_options(settings, registry)
+        if registry is not None:  # before the output folder is written: a refused run leaves nothing behind
+            check_executable(benchmarks, registry)
+        check_models_distinct(chosen)
+        _check_models(chosen)
+        out_dir = stage_dir(config, "eval", out or config.eval.out)
+    except BaseException:
+        if registry is not None:  # its MCP servers would outlive the refusal
+            registry.close()
+        raise
     total = sum(len(b.items) for b in benchmarks)
     err_console.print(f"[dim]eval: {', '.join(chosen)} on {total} items -> {out_dir}[/dim]")
 
@@ -114,6 +122,9 @@ def eval_command(
     demos: str = typer.Option(None, help="Training JSONL to retrieve demonstrations from."),
     retriever: str = typer.Option(None, help="bm25 (default) | dense"),
     execute: bool = typer.Option(None, "--execute/--no-execute", help="Run the calls and score the final answer."),
+    toolbox: list[str] = typer.Option(None, "--toolbox", help="--execute: built-in toolbox to load (repeatable)."),
+    mcp: list[str] = typer.Option(None, "--mcp", help="--execute: MCP server command over stdio (repeatable)."),
+    module: list[str] = typer.Option(None, "--module", help="--execute: module of @tool functions (repeatable)."),
     arguments: str = typer.Option(None, help="exact | semantic: argument matching that decides 'correct'."),
     max_tokens: int = typer.Option(None),
     concurrency: int = typer.Option(None, help="Items in flight at once (1: one at a time)."),
@@ -131,6 +142,9 @@ def eval_command(
         "eval.demos": demos,
         "eval.retriever": retriever,
         "eval.execute": execute,
+        "tools.toolbox": toolbox or None,  # the tools the calls run in, as `toolschool explore` takes them
+        "tools.mcp": mcp or None,
+        "tools.modules": module or None,
         "eval.arguments": arguments,
         "eval.max_tokens": max_tokens,
         "eval.concurrency": concurrency,
