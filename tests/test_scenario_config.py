@@ -291,3 +291,11 @@ def test_the_run_evaluates_on_eval_data_and_executes_as_the_eval_section_says(tm
     both = load_config(_write(tmp_path, "[eval]\nexecute = false\n[pipeline]\nexecute = true\n"))
     assert (both.pipeline.execute, both.eval.execute) == (True, False)
     assert load_config(None).pipeline.execute is True  # the run executes by default, `toolschool eval` does not
+
+
+@pytest.mark.parametrize("name", ["", "  ", ".", "./"])
+def test_a_run_name_that_is_no_folder_under_the_root_is_refused(name) -> None:
+    """`--run "$NAME"` with NAME unset wrote runs/sft, runs/eval ... straight into the root, beside the other runs."""
+    with pytest.raises(ConfigError, match="'run.name' = .* — expected a folder name under run.root"):
+        load_config(None, {"run.name": name})
+    assert load_config(None, {"run.name": "group/exp-1"}).run_dir() == Path("runs/group/exp-1")

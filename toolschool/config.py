@@ -56,8 +56,18 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _run_folder_name(value: str) -> str:
+    """A run name is a folder of its own: an empty one (`--run "$UNSET"`) or "." put the stage folders straight into
+    the root, beside the other runs (an absolute path is a folder of its own too)."""
+    if not value.strip() or not Path(value).parts:
+        raise ValueError("a folder name under run.root, e.g. 'demo' or 'group/exp1' (not empty)")
+    return value
+
+
 class RunSection(Section):
-    name: str = Field("default", description="run name: outputs go to ROOT/NAME/<stage>/")
+    name: Annotated[str, AfterValidator(_run_folder_name)] = Field(
+        "default", description="run name: outputs go to ROOT/NAME/<stage>/"
+    )
     root: str = Field("runs", description="folder holding all runs")
     seed: int = Field(0, description="seed for sampling, shuffling and initialisation")
 
