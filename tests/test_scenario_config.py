@@ -261,14 +261,15 @@ def test_run_eval_stage_shows_a_toolken_sft_model_its_toolkens(tmp_path, tiny_mo
         ["sft", "--learning-rate", "1e-3", "--lr", "1e-3"],
         ["rl", "--learning-rate", "1e-6", "--num-steps", "2"],
         ["rl", "--lr", "1e-6", "--steps", "2"],
+        ["continual", "--learning-rate", "1e-3", "--batches", "/no/batches.json"],
     ],
 )
 def test_flags_are_spelt_as_their_toml_keys_too(tmp_path, args) -> None:
     """The TOML says `learning_rate` / `num_steps` (as TRL and the HF Trainer do); the flags were only `--lr` and,
     for RL, `--steps` (`sft` says `--num-steps`): `--learning-rate` was "No such option"."""
     missing = tmp_path / "missing.jsonl"
-    line = _refused([*args, "--train", str(missing), "--run", "x"])
-    assert f"training data '{missing}' does not exist" in line
+    line = _refused([*args, "--data" if args[0] == "continual" else "--train", str(missing), "--run", "x"])
+    assert "No such option" not in line and "does not exist" in line
 
 
 # ------------------------------------------------------------------------------------------------ [eval] in a run

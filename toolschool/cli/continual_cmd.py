@@ -31,7 +31,7 @@ def continual(
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     batch_size: int = typer.Option(None, help="SFT sequences per step."),
     max_length: int = typer.Option(None, help="SFT tokens per example (every tool schema is in the prompt)."),
-    learning_rate: float = typer.Option(None, "--lr", help="SFT learning rate."),
+    learning_rate: float = typer.Option(None, "--learning-rate", "--lr", help="SFT learning rate (sft.learning_rate)."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/continual)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/continual or continual_no_replay)."),
     seed: int = typer.Option(None),
