@@ -400,3 +400,44 @@ def test_serve_format_flag_overrides_the_trained_format(tmp_path: Path, tiny_mod
 
     result = CliRunner().invoke(app, ["serve", "--model", str(merged), "--format", "xml"])
     assert result.exit_code == 2 and "unknown chat format 'xml'" in result.output
+
+
+# ------------------------------------------------------------------------------------------ toolkens in evaluation
+
+
+@pytest.mark.parametrize("name", ["json", "react"])
+def test_a_toolken_model_sees_its_own_calls_with_toolkens_in_a_text_format(tmp_path: Path, name: str) -> None:
+    """With --execute (the run's eval stage default) the model's call goes back into the conversation; a text
+    format writes it as text before the backend sees it, so ToolkenBackend could not rename it and the toolken model
+    saw its own call under the plain name it was never trained on (ICL demonstrations the same)."""
+    import asyncio
+
+    from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.retrieval import DemoPool
+    from toolschool.evaluate.runner import EvalOptions, evaluate_item
+    from toolschool.evaluate.toolkens import ToolkenBackend, toolken_items
+    from toolschool.tools.registry import build_registry
+
+    fmt = get_format(name)
+    lines = [json.loads(line) for line in _write_lines(tmp_path / "data.jsonl", 2).read_text().splitlines()]
+    item = toolken_items([item_from_example(lines[0], 0)])[0]
+    call = fmt.format_reply(
+        {"role": "assistant", "tool_calls": [tool_call("<tool_calculator>", {"expression": "10 * 7"})]}
+    )
+    scripted = _Scripted(call.removeprefix(fmt.prefill))
+    backend = ToolkenBackend(scripted, {"calculator"})
+    registry = build_registry(toolbox=["builtin"], only=["calculator"])
+    try:
+        options = EvalOptions(
+            format=name, execute=True, registry=registry, max_turns=2, icl_k=1, demos=DemoPool(lines[1:])
+        )
+        result = asyncio.run(evaluate_item(backend, item, options))
+    finally:
+        registry.close()
+    assert result.parsed.calls[0]["function"]["name"] == "calculator"  # read back under the plain name
+    first, second = scripted.requests
+    shown = [m["content"] for m in second.messages if m["role"] == "assistant"]
+    assert len(shown) == 3  # the demonstration's call and answer, then the model's own call
+    written = '"tool": "<tool_calculator>"' if name == "json" else "Action: <tool_calculator>\n"
+    assert written in shown[0] and written in shown[2], shown
+    assert second.messages[-1]["content"] == "Observation: 70"

@@ -56,3 +56,19 @@ def rename_tools_and_calls(
 def with_renamed_calls(calls: list[dict[str, Any]], rename: Callable[[str], str]) -> list[dict[str, Any]]:
     """Copies of `calls` with each function name renamed."""
     return [{**c, "function": {**c["function"], "name": rename(c["function"]["name"])}} for c in calls]
+
+
+def calls_named_as_offered(messages: list[dict[str, Any]], tools: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with each call to a tool that `tools` offers as its toolken `<tool_NAME>` renamed so.
+
+    Calls put beside the tools of a toolken model's prompt (ICL demonstrations, its own executed calls read back
+    under the plain names) must look as the model wrote them in training, before a text format (json, react) turns
+    them into text that no backend can rename any more.
+    """
+    offered = {m.group(1) for t in tools if (m := TOOLKEN.fullmatch(str(t.get("function", t).get("name"))))}
+    if not offered:
+        return messages
+    rename: Callable[[str], str] = lambda name: toolken(name) if name in offered else name  # noqa: E731
+    return [
+        {**m, "tool_calls": with_renamed_calls(m["tool_calls"], rename)} if m.get("tool_calls") else m for m in messages
+    ]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from toolschool.chat.formats import get_format
+from toolschool.chat.toolkens import calls_named_as_offered
 from toolschool.chat.types import ParsedReply
 from toolschool.errors import DataError
 from toolschool.evaluate.items import EvalItem
@@ -111,7 +112,8 @@ def _to_messages(
 async def _generate(
     backend: Backend, fmt: Any, item: EvalItem, messages: list[dict[str, Any]], options: EvalOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
-    sent, sent_tools = _to_messages(fmt, item, messages, item.tools)
+    # a toolken model's item offers <tool_NAME>: demonstrations and executed calls are named so too
+    sent, sent_tools = _to_messages(fmt, item, calls_named_as_offered(messages, item.tools), item.tools)
     params = SamplingParams(
         max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
     )
