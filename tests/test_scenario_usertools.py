@@ -371,3 +371,24 @@ def test_eval_cli_takes_the_users_tools_for_execute(
     assert ran.exit_code == 0, ran.output
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["models"][str(tiny_model_dir)]["data"]["overall"]["n"] == 3
+
+
+def test_an_integer_written_with_a_point_reaches_an_int_parameter_as_an_int() -> None:
+    """JSON Schema counts 3.0 as an integer, so the call is valid; the function typed `int` got the float 3.0, and
+    `"x" * n` or `range(n)` failed with a TypeError observation for a call the schema had accepted."""
+
+    def repeat(text: str, n: int, widths: list[int] | None = None) -> str:
+        """Repeat a text.
+
+        Args:
+            text: The text.
+            n: How many times.
+            widths: Paddings.
+        """
+        return text * n + "".join(" " * w for w in widths or [])
+
+    tool = FunctionTool(repeat)
+    assert tool.execute({"text": "ab", "n": 3.0}).text == "ababab"
+    assert tool.execute({"text": "a", "n": 1, "widths": [2.0, 1]}).text == "a   "
+    refused = tool.execute({"text": "ab", "n": 2.5})
+    assert refused.error_kind == "invalid_arguments" and "2.5 is not of type 'integer'" in refused.text

@@ -17,7 +17,8 @@ def area(width: float, height: float = 1.0, unit: Literal["m", "cm"] = "m") -> s
 Parameters with a default or typed `X | None` are optional (an omitted `X | None` without a default is passed as
 None, and an explicit null is accepted for it); `Literal[...]` and `Enum` become `enum`; `list[X]`,
 `dict[str, X]`, `tuple[...]`, `set[X]`, `bool`, `int`, `float`, `str` map to their JSON types; a tuple or set
-parameter receives a tuple or set, not the JSON list, and an Enum parameter its member, not the JSON value. A
+parameter receives a tuple or set, not the JSON list, an Enum parameter its member, not the JSON value, and an int
+parameter an int for 3.0 (which JSON Schema accepts as an integer), also inside lists and dicts. A
 docstring that documents an argument the function does not take is refused (a typo there would silently leave the
 real argument undescribed). `load_module_tools` collects the `@tool`-decorated functions (and module-level `Tool`
 instances) of a module; undecorated functions are ignored on purpose, so helpers in the same module never leak into
@@ -367,7 +368,8 @@ def _call_params(fn: Callable[..., Any]) -> dict[str, _CallParam]:
 
 def _converter(annotation: Any) -> Callable[[Any], Any] | None:
     """How a validated JSON value becomes the value the annotation promises, or None when it is that already: an
-    Enum's member (from its value), a tuple or set (from the JSON list), also inside lists, dicts, tuples and sets."""
+    Enum's member (from its value), a tuple or set (from the JSON list), an int (from an integral float like 3.0),
+    also inside lists, dicts, tuples and sets."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         non_none = [a for a in args if a is not type(None)]
@@ -375,6 +377,8 @@ def _converter(annotation: Any) -> Callable[[Any], Any] | None:
         return None if inner is None else (lambda value: None if value is None else inner(value))
     if inspect.isclass(annotation) and issubclass(annotation, enum.Enum):
         return annotation
+    if annotation is int:  # JSON Schema counts 3.0 as an integer: the function gets the int it is typed for
+        return lambda value: int(value) if isinstance(value, float) and value.is_integer() else value
     if origin is tuple and args and Ellipsis not in args:  # fixed length (validated): one conversion per position
         each = [_converter(a) for a in args]
         return lambda value: tuple(c(v) if c else v for c, v in zip(each, value, strict=True))
