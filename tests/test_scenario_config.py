@@ -300,3 +300,28 @@ def test_a_run_name_that_is_no_folder_under_the_root_is_refused(name) -> None:
     with pytest.raises(ConfigError, match="'run.name' = .* — expected a folder name under run.root"):
         load_config(None, {"run.name": name})
     assert load_config(None, {"run.name": "group/exp-1"}).run_dir() == Path("runs/group/exp-1")
+
+
+def _readme_command_lines() -> list[list[str]]:
+    import re
+    import shlex
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    found = []
+    for block in re.findall(r"```[a-z]*\n(.*?)```", readme, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            for command in line.split("; "):
+                match = re.search(r"(?:^|\s)toolschool\s+(.*)$", re.sub(r"\s+#.*$", "", command).strip())
+                if match and not match.group(1).startswith("--version"):
+                    found.append(shlex.split(match.group(1)))
+    return found
+
+
+def test_every_readme_command_line_names_flags_that_exist() -> None:
+    """Each `toolschool ...` line of the README, with --help appended: a flag it names that the command lacks (or a
+    command that does not exist) is a usage error instead of the help."""
+    lines = _readme_command_lines()
+    assert len(lines) > 40
+    for args in lines:
+        result = runner.invoke(app, [*args, "--help"])
+        assert result.exit_code == 0, (args, result.output[-400:])
