@@ -193,3 +193,37 @@ def test_lines_written_in_another_format_than_rl_uses_are_refused_with_their_lin
     assert f"{train}:1" in str(refused.value) and "'json' format" in str(refused.value)
     assert "--format json" in refused.value.hint
     assert not (tmp_path / "rl").exists()
+
+
+def test_multi_turn_keeps_the_argument_types_the_model_wrote_as_evaluation_does(tokenizer) -> None:  # noqa: ANN001
+    """TRL's response parser types each argument by the tool's schema ("7" becomes 7 for an integer), so a rollout
+    writing `"days": "7"` ran date_add and was rewarded, while `toolschool eval --execute` runs the call as written
+    and the tool refuses it ("'7' is not of type 'integer'"): RL rewarded what evaluation counts as a failed call."""
+    import copy
+
+    from trl.trainer.grpo_trainer import parse_response
+
+    from toolschool.tools.registry import build_registry
+    from toolschool.train.rl import _set_response_parser, tool_callable
+
+    tok = copy.deepcopy(tokenizer)
+    _set_response_parser(tok)
+    registry = build_registry(only=["date_add"])
+    try:
+        tools = [tool_callable(registry.get("date_add"))]
+        prefix = tok.apply_chat_template(
+            [{"role": "user", "content": "What date is 7 days after 2024-01-01?"}],
+            tools=tools,
+            tokenize=True,
+            add_generation_prompt=True,
+            return_dict=False,
+        )
+        text = '<tool_call>\n{"name": "date_add", "arguments": {"date": "2024-01-01", "days": "7"}}\n</tool_call>'
+        ids = tok(text + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        call = parse_response(tok, ids, prefix=prefix, tools=tools)["tool_calls"][0]["function"]
+        assert call["arguments"] == {"date": "2024-01-01", "days": "7"}
+        observation = tools[0](**call["arguments"])  # what TRL's tool loop runs
+        assert observation == registry.call("date_add", {"date": "2024-01-01", "days": "7"}).text
+        assert "is not of type 'integer'" in observation
+    finally:
+        registry.close()

@@ -426,6 +426,10 @@ def _decode_string_arguments(tokenizer: Any) -> None:
     Our format parser (and so evaluation, which runs such a call) accepts `"arguments": "{...}"`; the template's
     parser keeps the string, and TRL's tool loop then calls `tool(**string)`, which only yields an error observation.
     Arguments that are no JSON object stay as they are (the format reward counts that call malformed).
+
+    The parser is not given the tools: with them, transformers types each argument by the tool's schema ("7"
+    becomes 7 for an integer), so the call would run where evaluation, which runs the arguments as written, gets
+    the tool's "not of type" error; RL must reward what evaluation counts, not a call repaired for it.
     """
     from toolschool.chat.formats.base import coerce_arguments
 
@@ -434,6 +438,7 @@ def _decode_string_arguments(tokenizer: Any) -> None:
         return
 
     def parse_response(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop("tools", None)
         parsed = parse(*args, **kwargs)
         for call in (parsed.get("tool_calls") or []) if isinstance(parsed, dict) else []:
             function = call.get("function") if isinstance(call, dict) else None
