@@ -325,3 +325,20 @@ def test_every_readme_command_line_names_flags_that_exist() -> None:
     for args in lines:
         result = runner.invoke(app, [*args, "--help"])
         assert result.exit_code == 0, (args, result.output[-400:])
+
+
+# ------------------------------------------------------------------------------------------------ misplaced keys
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("lora_rank = 8\n[sft]\nnum_steps = 5\n", "'lora_rank' is a key of [sft]"),  # written above its header
+        ("[model]\nname = 'x'\nlearning_rate = 1e-4\n", "'learning_rate' is a key of [sft], [rl]"),
+        ("[run]\nepisodes = 2\n", "'episodes' is a key of [explore]"),
+    ],
+)
+def test_a_key_under_the_wrong_header_names_the_section_it_belongs_to(tmp_path, text, where) -> None:
+    """A key written above its header (or under the one before) was "unknown" with the wrong section's key list."""
+    line = _refused(["config", "show", str(_write(tmp_path, text))])
+    assert where in line

@@ -403,6 +403,17 @@ def _known_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return sorted(current.model_fields) if current is not None else []
 
 
+def _sections_with_key(model: type[BaseModel], key: str, *, exclude: str) -> list[str]:
+    """The top-level sections of `model` that have a key `key` (other than `exclude`), in their order."""
+    found = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if name != exclude and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if key in annotation.model_fields:
+                found.append(name)
+    return found
+
+
 def format_validation_error(
     exc: ValidationError, source: str, model: type[BaseModel], flag_keys: Sequence[str] = ()
 ) -> str:
@@ -418,6 +429,9 @@ def format_validation_error(
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             section = ".".join(str(p) for p in loc[:-1]) or "top level"
             tip = f"did you mean '{close[0]}'? " if close else ""
+            homes = _sections_with_key(model, str(loc[-1]), exclude=section)
+            if homes:  # written above its header, or under the header before
+                tip += f"'{loc[-1]}' is a key of {', '.join(f'[{h}]' for h in homes)}: move it under that header? "
             lines.append(f"{source_of}: unknown key '{key}' — {tip}known keys in [{section}]: {', '.join(known)}")
         else:
             value = err.get("input")
