@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from toolschool.cli import app
-from toolschool.errors import ConfigError
+from toolschool.errors import ConfigError, ToolschoolError
 from toolschool.evaluate.runner import EvalOptions
 from toolschool.evaluate.session import resolve_benchmarks, run_evaluation
 from toolschool.models.backend import Backend, Completion, GenerationRequest
@@ -392,3 +392,20 @@ def test_an_integer_written_with_a_point_reaches_an_int_parameter_as_an_int() ->
     assert tool.execute({"text": "a", "n": 1, "widths": [2.0, 1]}).text == "a   "
     refused = tool.execute({"text": "ab", "n": 2.5})
     assert refused.error_kind == "invalid_arguments" and "2.5 is not of type 'integer'" in refused.text
+
+
+def test_a_tool_module_missing_a_dependency_names_the_dependency_not_the_module(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--module shop_tools` (a dotted name) whose own import fails on a missing package was told to pass a module
+    importable from the current directory, which it is: the fix is installing the package it imports."""
+    (tmp_path / "shop_tools_dep.py").write_text("import no_such_package_for_tools\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ToolschoolError) as info:
+        build_registry(toolbox=[], modules=["shop_tools_dep"])
+    assert "'shop_tools_dep' failed to import" in info.value.message
+    assert "No module named 'no_such_package_for_tools'" in info.value.message
+    assert "install" in (info.value.hint or "") and "no_such_package_for_tools" in (info.value.hint or "")
+    with pytest.raises(ToolschoolError, match="cannot import tool module 'no_such_tools_module'") as missing:
+        build_registry(toolbox=[], modules=["no_such_tools_module"])
+    assert "importable from the current directory" in (missing.value.hint or "")

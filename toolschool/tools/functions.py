@@ -217,7 +217,7 @@ def _import(spec: str) -> types.ModuleType:
             loader_spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(module_name, None)
-            raise ToolschoolError(f"tool module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
+            raise _import_failure(spec, exc) from exc
         return module
     cwd = os.getcwd()
     if cwd not in sys.path:
@@ -225,12 +225,26 @@ def _import(spec: str) -> types.ModuleType:
     try:
         return importlib.import_module(spec)
     except ModuleNotFoundError as exc:
-        raise ToolschoolError(
-            f"cannot import tool module {spec!r}: {exc}",
-            hint="pass a dotted module importable from the current directory, or a path to a .py file",
-        ) from exc
+        if exc.name is None or spec == exc.name or spec.startswith(exc.name + "."):  # the module itself is not there
+            raise ToolschoolError(
+                f"cannot import tool module {spec!r}: {exc}",
+                hint="pass a dotted module importable from the current directory, or a path to a .py file",
+            ) from exc
+        raise _import_failure(spec, exc) from exc
     except Exception as exc:
-        raise ToolschoolError(f"tool module {spec!r} failed to import: {type(exc).__name__}: {exc}") from exc
+        raise _import_failure(spec, exc) from exc
+
+
+def _import_failure(spec: str, exc: Exception) -> ToolschoolError:
+    """The module was found, but running it failed; a package it imports that is missing is named as the fix."""
+    hint = None
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        top = exc.name.split(".")[0]
+        if top == spec.split(".")[0]:  # a module of the user's own package
+            hint = f"the package has no module {exc.name!r}: check the import in the tool module"
+        else:
+            hint = f"install {top!r} where toolschool runs (the tool module imports it)"
+    return ToolschoolError(f"tool module {spec!r} failed to import: {type(exc).__name__}: {exc}", hint=hint)
 
 
 # --- schema from a signature -------------------------------------------------------------------------------------
