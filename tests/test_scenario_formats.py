@@ -441,3 +441,16 @@ def test_a_toolken_model_sees_its_own_calls_with_toolkens_in_a_text_format(tmp_p
     written = '"tool": "<tool_calculator>"' if name == "json" else "Action: <tool_calculator>\n"
     assert written in shown[0] and written in shown[2], shown
     assert second.messages[-1]["content"] == "Observation: 70"
+
+
+def test_serve_returns_an_unparsable_react_reply_as_the_model_wrote_it(tmp_path: Path, tiny_model_dir: Path) -> None:
+    import httpx
+
+    from toolschool.serve.server import running_server
+
+    scripted = _Scripted(" I am not sure.")
+    backend = _served_backend(_fake_sft_run(tmp_path, tiny_model_dir, "react"), scripted)
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "tools": [CALC]}
+    with running_server(backend, "student") as url:
+        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=30).json()
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Thought: I am not sure."}

@@ -32,7 +32,7 @@ def serve(
     ),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
-    from toolschool.evaluate.toolkens import ToolkenBackend, model_toolkens
+    from toolschool.evaluate.toolkens import backend_for_model
     from toolschool.models.backends import make_backend
     from toolschool.models.spec import parse_model_spec
     from toolschool.serve.formats import FormatBackend, served_format
@@ -51,9 +51,8 @@ def serve(
         err_console.print(f"[dim]serve: {escape(where)} (--format overrides)[/dim]")
     if fmt.name != "hermes":  # calls the model writes in json/react come back as OpenAI tool_calls too
         backend = FormatBackend(backend, fmt)
-    toolkens = model_toolkens(model)
-    if toolkens:  # trained with STE toolkens: shown its tools as <tool_NAME>, its calls read back as NAME
-        backend = ToolkenBackend(backend, toolkens)
+    # trained with STE toolkens: shown its tools as <tool_NAME>, its calls read back as NAME
+    backend = backend_for_model(backend, model)
     name = served_name or model
     err_console.print(f"serving [bold]{name}[/bold] at {base_url(host, port)} (stop with Ctrl+C or SIGTERM)")
     run_server(backend, name, host=host, port=port, log_level=log_level, api_key=api_key, sock=sock)

@@ -45,8 +45,11 @@ class FormatBackend(Backend):
         return prefill  # continue_final_message: the client's partial reply, written in the model's format
 
     def _as_hermes(self, completion: Completion, sent_prefill: str, server_prefill: str) -> Completion:
+        # a reply returned as text is the whole reply the model wrote: the format's prefill ("Thought:") included
+        # (a forced call's opener is not: the server reads its reply after its own hermes opener)
+        as_written = dataclasses.replace(completion, text=("" if server_prefill else sent_prefill) + completion.text)
         if completion.finish_reason == "length":
-            return completion  # cut off: returned as the text it is (the server does the same with hermes)
+            return as_written  # cut off: returned as the text it is (the server does the same with hermes)
         parsed = self.fmt.parse(sent_prefill + completion.text)
         if parsed.calls:
             if server_prefill:  # a forced call: its thought is not part of the call the server reads
@@ -56,7 +59,7 @@ class FormatBackend(Backend):
         elif parsed.final is not None:
             text = parsed.final
         else:
-            text = completion.text
+            return as_written
         return dataclasses.replace(completion, text=text)
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
