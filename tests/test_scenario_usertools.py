@@ -4,10 +4,12 @@ observations must agree between the stages, and bad input must fail clearly befo
 
 from __future__ import annotations
 
+import collections.abc
 import enum
 import json
 import logging
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -409,3 +411,25 @@ def test_a_tool_module_missing_a_dependency_names_the_dependency_not_the_module(
     with pytest.raises(ToolschoolError, match="cannot import tool module 'no_such_tools_module'") as missing:
         build_registry(toolbox=[], modules=["no_such_tools_module"])
     assert "importable from the current directory" in (missing.value.hint or "")
+
+
+def test_sequence_parameters_are_json_arrays() -> None:
+    """`Sequence[int]` (collections.abc or typing) is the usual hint for a read-only list argument: the schema code
+    meant to take it, but compared the origin with `typing.Sequence`, which it never is, and refused the tool."""
+
+    def total(xs: collections.abc.Sequence[int], labels: typing.Sequence[str] = ()) -> int:
+        """Sum numbers.
+
+        Args:
+            xs: The numbers.
+            labels: Names.
+        """
+        return sum(xs) + len(labels)
+
+    tool = FunctionTool(total)
+    assert tool.parameters["properties"]["xs"] == {
+        "type": "array",
+        "items": {"type": "integer"},
+        "description": "The numbers.",
+    }
+    assert tool.execute({"xs": [1, 2.0], "labels": ["a"]}).text == "4"

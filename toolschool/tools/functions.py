@@ -38,6 +38,7 @@ import re
 import sys
 import types
 import typing
+from collections import abc
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -338,7 +339,7 @@ def _json_type(annotation: Any, where: str) -> tuple[dict[str, Any], bool]:
         else:
             schema["prefixItems"] = items
         return schema, False
-    if annotation in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset, typing.Sequence):
+    if annotation in (list, tuple, set, frozenset) or origin in (list, tuple, set, frozenset, abc.Sequence):
         schema = {"type": "array"}
         if args and args[0] is not Ellipsis:
             schema["items"] = _json_type(args[0], where)[0]
