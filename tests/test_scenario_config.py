@@ -342,3 +342,26 @@ def test_a_key_under_the_wrong_header_names_the_section_it_belongs_to(tmp_path, 
     """A key written above its header (or under the one before) was "unknown" with the wrong section's key list."""
     line = _refused(["config", "show", str(_write(tmp_path, text))])
     assert where in line
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('[model]\nname = "./no/such/model"\n', "[model] name = './no/such/model'"),
+        ('[pipeline]\nexplorer = "openai:http://127.0.0.1:8000/v1"\n', "[pipeline] explorer = "),
+        ('[distill]\njudge_model = "/no/judge"\n', "[distill] judge_model = '/no/judge'"),
+        ('[rl]\nref_model = "~/no/ref"\nbeta = 0.1\n', "[rl] ref_model = '~/no/ref'"),
+    ],
+)
+def test_a_model_that_cannot_be_found_is_refused_before_the_first_stage(tmp_path, text, named) -> None:
+    """With an endpoint exploring, a mistyped `[model] name` folder was found only when SFT loaded it, after the
+    whole exploration; a judge, after it."""
+    line = _refused(["config", "show", str(_write(tmp_path, text))])
+    assert named in line
+    assert "not an existing folder" in line or "without the served model name" in line
+
+
+def test_a_model_folder_that_holds_no_model_is_refused_before_the_first_stage(tmp_path) -> None:
+    (tmp_path / "empty").mkdir()
+    line = _refused(["config", "show", str(_write(tmp_path, f'[model]\nname = "{tmp_path / "empty"}"\n'))])
+    assert "[model] name" in line and "holds no config.json" in line

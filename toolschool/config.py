@@ -365,11 +365,43 @@ def check_input_files(config: ToolschoolConfig, stages: Sequence[str]) -> None:
             raise ConfigError(
                 f"[{section}] {key} = '{value}' {state}", hint=f"point it at an existing {kind}, or unset it"
             )
+    _check_models(config, stages)
     if "eval" in stages and config.eval.icl and not config.eval.demos:
         raise ConfigError(
             f"[eval] icl = {config.eval.icl} needs [eval] demos",
             hint="set [eval] demos to a training JSONL to retrieve demonstrations from, or icl = 0",
         )
+
+
+def _check_models(config: ToolschoolConfig, stages: Sequence[str]) -> None:
+    """Every model the stages in `stages` will load can be found: a model spec that is no folder, embedded name, hub
+    id or endpoint, or a folder holding no model, is refused now (with an endpoint exploring, a mistyped `[model]
+    name` folder surfaced only when SFT loaded it). Nothing is loaded or downloaded here."""
+    from toolschool.errors import ModelLoadError
+    from toolschool.models.loading import resolve_chain
+    from toolschool.models.spec import parse_model_spec
+
+    student = ("model", "name", config.model.name)
+    wanted = {
+        "explore": [("pipeline", "explorer", config.pipeline.explorer) if config.pipeline.explorer else student],
+        "distill": [
+            ("distill", "judge_model", config.distill.judge_model),
+            ("distill", "paraphrase_model", config.distill.paraphrase_model),
+        ],
+        "sft": [student],
+        "rl": [("rl", "ref_model", config.rl.ref_model)],
+        "eval": [student],
+    }
+    for stage in stages:
+        for section, key, value in wanted.get(stage, []):
+            if value is None:
+                continue
+            try:
+                spec = parse_model_spec(value)
+                if spec.kind == "local":
+                    resolve_chain(spec)  # a folder holding a model (or an adapter naming a base that exists)
+            except ModelLoadError as exc:
+                raise ConfigError(f"[{section}] {key} = '{value}': {exc.message}", hint=exc.hint) from None
 
 
 def _describe_expected(err: dict[str, Any]) -> str:
