@@ -454,3 +454,24 @@ def test_serve_returns_an_unparsable_react_reply_as_the_model_wrote_it(tmp_path:
     with running_server(backend, "student") as url:
         answer = httpx.post(f"{url}/chat/completions", json=body, timeout=30).json()
     assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Thought: I am not sure."}
+
+
+def test_eval_says_when_a_model_is_scored_in_another_format_than_it_was_trained(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """`toolschool eval -m runs/x/sft/merged` scores in --format (default hermes) whatever the model learned; a
+    json-trained model then scored 0% well-formed without a word. The score stands (--format is the user's choice,
+    e.g. to compare models in one format), and a line names the trained format."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    merged = _fake_sft_run(tmp_path, tiny_model_dir, "json")
+    data = _write_lines(tmp_path / "test.jsonl", 1)
+    args = ["eval", "-m", str(merged), "--data", str(data), "--max-tokens", "2", "--out", str(tmp_path / "e")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert f"{merged} was trained with the json format but is scored in hermes (--format json" in said
+    same = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "e2"), "--format", "json"])
+    assert same.exit_code == 0 and "was trained with" not in same.output

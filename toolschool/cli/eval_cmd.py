@@ -52,6 +52,7 @@ def _run(
             check_executable(benchmarks, registry)
         check_models_distinct(chosen)
         _check_models(chosen)
+        _note_trained_formats(chosen, config.eval.format)
         out_dir = stage_dir(config, "eval", out or config.eval.out)
     except BaseException:
         if registry is not None:  # its MCP servers would outlive the refusal
@@ -96,6 +97,21 @@ def _run(
                     "longer context fits them)[/yellow]"
                 )
     err_console.print(f"[dim]wrote {out_dir / 'summary.json'}, summary.md and per-item JSONL[/dim]")
+
+
+def _note_trained_formats(models: list[str], format_name: str) -> None:
+    """A line for each model whose SFT/RL run trained it in another format than the one it is scored in here: the
+    evaluation reads its replies as `format_name` (a fair choice when comparing models in one format), which for a
+    model that never learned that format means every reply scores as malformed."""
+    from toolschool.train.common import trained_format
+
+    for model in models:
+        found = trained_format(model)
+        if found is not None and found[0] != format_name:
+            err_console.print(
+                f"[yellow]eval: {escape(model)} was trained with the {found[0]} format but is scored in {format_name} "
+                f"(--format {found[0]} reads its replies as it was trained)[/yellow]"
+            )
 
 
 def _check_models(models: list[str]) -> None:
