@@ -8,9 +8,15 @@ as such a kill leaves them; the Ctrl-C tests send the signal once the first outp
 
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -183,3 +189,129 @@ def test_an_interrupted_stage_that_cannot_resume_points_at_from_not_at_a_missing
         run_pipeline(eval_run)
     assert "--out" not in info.value.hint
     assert "--from explore" in info.value.hint and info.value.hint.startswith("rerun with the same settings")
+
+
+@contextmanager
+def _held_by_another_run(folder: Path):
+    """`folder/.lock` held as another running process holds it (flock locks of two opens exclude each other)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        yield
+
+
+def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run) -> None:
+    """Two `toolschool sft` (or rl, or eval) into one --out at once both trained/scored into it: the same checkpoint
+    folders written by two processes, the train log and the items file holding both runs' lines."""
+    from toolschool.train.rl import run_rl
+    from toolschool.train.sft import run_sft
+
+    distilled = eval_run.model_copy(deep=True)
+    distilled.pipeline.stages = ["explore", "distill"]
+    run_pipeline(distilled)
+    run_dir = eval_run.run_dir()
+    sft_dir = run_dir / "sft"
+    sft = eval_run.model_copy(deep=True)
+    sft.sft.num_steps, sft.sft.batch_size, sft.sft.lora_rank, sft.sft.validation_samples = 1, 2, 4, 0
+    with _held_by_another_run(sft_dir), pytest.raises(ToolschoolError) as info:
+        run_sft(sft, sft_dir, progress=False)
+    assert f"{sft_dir} is being trained into by another running sft" in str(info.value)
+    assert "--out" in info.value.hint and not (sft_dir / "checkpoints").exists()
+
+    rl_dir = run_dir / "rl"
+    rl = eval_run.model_copy(deep=True)
+    rl.rl.train = str(run_dir / "distill" / "train.jsonl")
+    rl.rl.num_steps, rl.rl.batch_size, rl.rl.num_generations, rl.rl.max_tokens, rl.rl.lora_rank = 1, 2, 2, 4, 4
+    with _held_by_another_run(rl_dir), pytest.raises(ToolschoolError, match="being trained into by another running rl"):
+        run_rl(rl, rl_dir, progress=False)
+    assert not (rl_dir / "checkpoints").exists()
+
+    with _held_by_another_run(run_dir / "eval"), pytest.raises(ToolschoolError) as info:
+        run_pipeline(eval_run)
+    assert "is being written by another running evaluation" in str(info.value)
+    assert not list((run_dir / "eval").glob("*/data.items.jsonl")) and not is_done(eval_run, "eval")
+    # once the other run is gone, the same calls go through (nothing was left locked)
+    assert _status(run_pipeline(eval_run))["eval"] == "done"
+
+
+def _wait_for_lines(path_glob: tuple[Path, str], process: subprocess.Popen, count: int) -> None:
+    """Until the files matching the glob hold `count` newline-ended lines (or the process ended)."""
+    folder, pattern = path_glob
+    while process.poll() is None:
+        if sum(p.read_bytes().count(b"\n") for p in folder.glob(pattern)) >= count:
+            return
+        time.sleep(0.05)
+
+
+def test_ctrl_c_in_toolschool_run_then_rerun_scores_every_item_once_as_an_uninterrupted_run(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """The README: "an interrupted [eval] resumes after its last scored item". Real processes and signals: a second
+    `toolschool run` of the folder is refused with one line, Ctrl-C stops the first with how to continue, a line
+    cut by a kill -9 mid-write is dropped, and the rerun scores each item once, as a run never interrupted does."""
+    toml = tmp_path / "run.toml"
+    toml.write_text(
+        f'[run]\nname = "c"\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\ndtype = "fp32"\n'
+        '[tools]\ntoolbox = ["builtin"]\nonly = ["calculator", "weekday"]\n'
+        "[eval]\nmax_tokens = 4\nmax_turns = 1\nconcurrency = 1\n"
+        '[pipeline]\nstages = ["explore", "distill", "eval"]\neval_data = "builtin"\nheldout_per_tool = 3\n'
+    )
+    config = load_config(toml)
+    _explored(config)
+    run_dir = config.run_dir()
+    command = [str(Path(sys.executable).parent / "toolschool"), "run", str(toml)]
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(run_dir / ".lock")], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout.readline().strip() == b"held"
+        refused = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert refused.returncode == 2
+    assert "is in use by another running `toolschool run`" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (run_dir / "distill").exists()
+
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_lines((run_dir / "eval", "*/data.items.jsonl"), first, 1)
+    first.send_signal(signal.SIGINT)
+    _, err = first.communicate(timeout=120)
+    items = next((run_dir / "eval").glob("*/data.items.jsonl"))
+    scored = items.read_text().splitlines()
+    if first.returncode == 0:  # the evaluation finished before the signal came: nothing left to resume
+        pytest.skip("the run finished before Ctrl-C reached it")
+    assert first.returncode == 130, err
+    assert "interrupted — work written so far is kept; rerun the same command to continue" in err
+    assert 1 <= len(scored) < 6 and all(json.loads(line) for line in scored) and not is_done(config, "eval")
+    with items.open("a") as handle:  # what a kill -9 in the middle of writing the next line leaves
+        handle.write(json.dumps({"index": 99, "item": "cut"})[:20])
+
+    resumed = run_pipeline(config)
+    assert _status(resumed) == {"explore": "skipped", "distill": "skipped", "eval": "done"}
+    indexes = [json.loads(line)["index"] for line in items.read_text().splitlines()]
+    assert sorted(indexes) == list(range(6)), "each item scored once, the cut line dropped"
+    summary = json.loads((run_dir / "eval" / "summary.json").read_text())
+    assert next(iter(summary["models"].values()))["data"]["resumed_items"] == len(scored)
+
+    fresh = load_config(toml, {"run.name": "uninterrupted"})
+    _explored(fresh)
+    reference = run_pipeline(fresh)
+    assert [{k: v for k, v in row.items() if k != "path"} for row in resumed.table] == [
+        {k: v for k, v in row.items() if k != "path"} for row in reference.table
+    ]
+    reference_items = next((fresh.run_dir() / "eval").glob("*/data.items.jsonl")).read_text().splitlines()
+    by_index = {json.loads(line)["index"]: json.loads(line) for line in items.read_text().splitlines()}
+    for line in reference_items:
+        record = json.loads(line)
+        assert by_index[record["index"]]["raw_output"] == record["raw_output"]
+
+
+_HOLD_LOCK = """
+import fcntl, sys
+handle = open(sys.argv[1], "a")
+fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+print("held", flush=True)
+sys.stdin.read()
+"""

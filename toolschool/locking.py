@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import IO, Any
 
 from toolschool.errors import ToolschoolError
@@ -18,3 +21,17 @@ def lock_or_refuse(handle: IO[Any], refusal: ToolschoolError) -> None:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise refusal from None
+
+
+LOCK_FILE = ".lock"
+
+
+@contextmanager
+def folder_lock(directory: Path, refusal: ToolschoolError) -> Iterator[None]:
+    """Hold `directory/.lock` (the folder is created) while the block runs, or raise `refusal` at once if another
+    process holds it: two runs writing one output folder at the same time would write the same checkpoints, logs or
+    item lines twice and mix them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / LOCK_FILE).open("a", encoding="utf-8") as handle:
+        lock_or_refuse(handle, refusal)
+        yield

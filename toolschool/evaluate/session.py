@@ -26,6 +26,7 @@ from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
 from toolschool.files import read_lines
+from toolschool.locking import folder_lock
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 
@@ -142,6 +143,39 @@ def run_evaluation(
     check_models_distinct(models)
     if options.execute and options.registry is not None:
         check_executable(benchmarks, options.registry)
+    with folder_lock(
+        out_dir,
+        ToolschoolError(
+            f"{out_dir} is being written by another running evaluation",
+            hint="wait for it to finish (or stop it: --resume then continues it), or evaluate into another --out",
+        ),
+    ):  # two evaluations of one folder at once would score the same items twice and replace each other's files
+        return _evaluate_all(
+            models,
+            benchmarks,
+            options,
+            out_dir,
+            make_backend,
+            settings,
+            progress,
+            resume,
+            on_resume_problem,
+            benchmarks_for,
+        )
+
+
+def _evaluate_all(
+    models: list[str],
+    benchmarks: list[Benchmark],
+    options: EvalOptions,
+    out_dir: Path,
+    make_backend: Callable[[str], Any],
+    settings: dict[str, Any] | None,
+    progress: Callable[[str, int], Callable[[ItemResult], None]] | None,
+    resume: bool,
+    on_resume_problem: Callable[[str], None] | None,
+    benchmarks_for: Callable[[str, list[Benchmark]], list[Benchmark]] | None,
+) -> dict[str, Any]:
     own = {model: benchmarks_for(model, benchmarks) if benchmarks_for else benchmarks for model in models}
     # every model's finished items are read (and their settings checked) before any model runs
     finished: dict[str, list[dict[int, ItemResult]] | None] = dict.fromkeys(models)

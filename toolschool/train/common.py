@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -324,6 +325,22 @@ def save_final(
         final.save_pretrained(merged_dir, safe_serialization=True)
         tokenizer.save_pretrained(merged_dir)
     return adapter_dir, merged_dir
+
+
+def training_lock(out_dir: Path, stage: str) -> AbstractContextManager[None]:
+    """The output folder's lock for one training run (its main process only: the other processes of an
+    `accelerate launch` write into the same folder as part of the same run)."""
+    from toolschool.locking import folder_lock
+
+    if not main_process():
+        return nullcontext()
+    return folder_lock(
+        out_dir,
+        ToolschoolError(
+            f"{out_dir} is being trained into by another running {stage}",
+            hint="wait for it to finish (or stop it: --resume then continues it), or train into another --out folder",
+        ),
+    )
 
 
 def refuse_existing_checkpoints(out_dir: Path) -> None:

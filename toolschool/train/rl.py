@@ -26,6 +26,7 @@ import inspect
 import json
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ from toolschool.train.common import (
     restart_log_at,
     save_final,
     sha256_file,
+    training_lock,
 )
 from toolschool.train.rewards import RewardSuite, check_reward_names
 from toolschool.train.sft import split_at_first_assistant
@@ -522,6 +524,11 @@ def _check_resume(
 
 def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RLResult:
     """Train as configured into `out_dir`: checkpoints, train_log.jsonl, tensorboard/, adapter/ and merged/."""
+    with ExitStack() as held:  # the folder's lock, from when the run first looks into the folder
+        return _run_rl(config, out_dir, resume=resume, progress=progress, held=held)
+
+
+def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack) -> RLResult:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -548,6 +555,7 @@ def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pro
     check_written_format(examples, fmt.name, str(train_path), lines=lines)
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
+    held.enter_context(training_lock(out_dir, "rl"))  # a second run at once would write the same files
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if not resume:
         refuse_existing_checkpoints(out_dir)  # an incomplete one too: a fresh run would mix with what it left

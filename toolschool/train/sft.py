@@ -28,6 +28,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from toolschool.train.common import (
     restart_log_at,
     save_final,
     sha256_file,
+    training_lock,
 )
 
 META_FILE = "toolschool_sft.json"
@@ -416,6 +418,11 @@ def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
 
 def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
     """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
+    with ExitStack() as held:  # the folder's lock, from when the run first looks into the folder
+        return _run_sft(config, out_dir, resume=resume, progress=progress, held=held)
+
+
+def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack) -> SFTResult:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -461,6 +468,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
         check_lora_targets(model, settings.target_modules, "sft")
     identity = base_identity(loaded)
 
+    held.enter_context(training_lock(out_dir, "sft"))  # a second run at once would write the same files
     checkpoint = latest_checkpoint(out_dir) if resume else None
     train_sha256 = sha256_file(train_path)
     settings_now = resume_settings(config, batching)
