@@ -433,3 +433,16 @@ def test_sequence_parameters_are_json_arrays() -> None:
         "description": "The numbers.",
     }
     assert tool.execute({"xs": [1, 2.0], "labels": ["a"]}).text == "4"
+
+
+def test_a_tool_bound_to_two_names_in_its_module_is_one_tool(tmp_path: Path) -> None:
+    """`check_host = ping` (an alias) made the module offer the same tool twice: 'duplicate tool name ping:
+    provided by module:m and by module:m', with the advice to drop one of the sources."""
+    module = tmp_path / "alias_tools.py"
+    module.write_text(
+        "from toolschool.tools.functions import tool\n\n\n@tool\ndef ping(host: str) -> str:\n"
+        '    """Ping a host.\n\n    Args:\n        host: The host.\n    """\n    return f"pong {host}"\n\n\n'
+        "check_host = ping\n"
+    )
+    with build_registry(toolbox=[], modules=[str(module)]) as registry:
+        assert registry.names() == ["ping"] and registry.call("ping", {"host": "a"}).text == "pong a"

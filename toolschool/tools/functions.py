@@ -187,10 +187,9 @@ def load_module_tools(spec: str) -> list[Tool]:
     found: list[Tool] = []
     for value in vars(module).values():
         marked = getattr(value, _MARK, None)
-        if isinstance(marked, Tool):
-            found.append(marked)
-        elif isinstance(value, Tool):
-            found.append(value)
+        candidate = marked if isinstance(marked, Tool) else value if isinstance(value, Tool) else None
+        if candidate is not None and all(candidate is not seen for seen in found):  # an alias is the same tool
+            found.append(candidate)
     if not found:
         raise ToolschoolError(
             f"module {spec!r} defines no tools",
