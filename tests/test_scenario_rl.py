@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,31 @@ def test_multi_turn_keeps_the_argument_types_the_model_wrote_as_evaluation_does(
         assert "is not of type 'integer'" in observation
     finally:
         registry.close()
+
+
+def test_run_with_rl_but_no_sft_model_is_refused_before_the_first_stage(tmp_path: Path) -> None:
+    """The rl stage starts from the SFT stage's model; with "sft" left out of [pipeline] stages and no SFT model in
+    the run folder, the run distilled (or explored, for hours) and only then stopped at the rl stage."""
+    from test_pipeline import _trial
+
+    from toolschool.config import load_config
+    from toolschool.pipeline import run_pipeline
+
+    config = load_config(
+        None,
+        {
+            "run.root": str(tmp_path / "runs"),
+            "run.name": "nosft",
+            "tools.only": ["calculator"],
+            "rl.batch_size": 4,
+            "rl.num_generations": 2,
+            "pipeline.stages": ["distill", "rl"],
+        },
+    )
+    explore = config.run_dir() / "explore"
+    explore.mkdir(parents=True)
+    (explore / "trials.jsonl").write_text("".join(json.dumps(_trial(i, 12 + i, 31)) + "\n" for i in range(8)))
+    with pytest.raises(ToolschoolError) as refused:
+        run_pipeline(config)
+    assert "sft" in str(refused.value) and "[pipeline] stages" in refused.value.hint
+    assert not (config.run_dir() / "distill").exists()

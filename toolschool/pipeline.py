@@ -260,11 +260,18 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
     start = sft_model_dir(config)
     if not start.is_dir():
-        raise ToolschoolError(f"rl starts from the SFT model, but {start} does not exist", hint="run the sft stage")
+        raise _no_sft_model(start)
     rl_config = _with(config, model={"name": str(start)})
     out_dir = stage_path(rl_config, "rl")  # run_rl saves the config
     result = run_rl(rl_config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
     return {"steps": result.steps, "model": str(result.merged_dir) if result.merged_dir else None}
+
+
+def _no_sft_model(start: Path) -> ToolschoolError:
+    return ToolschoolError(
+        f"the rl stage starts from the SFT stage's model, but {start} does not exist",
+        hint='add "sft" to [pipeline] stages, or train RL from another model with `toolschool rl --model MODEL`',
+    )
 
 
 def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
@@ -441,6 +448,8 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
         check_settings(config.rl, device=device, machine=device is not None)
         if device is not None:  # a run, not `config show`: RL's data is there, or this run's distill writes it
             check_train_data(config, distill_runs_first="distill" in stages)
+            if "sft" not in stages and not sft_model_dir(config).is_dir():  # nor its start model
+                raise _no_sft_model(sft_model_dir(config))
     check_trained_format(config, stages)
 
 
