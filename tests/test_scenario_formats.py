@@ -475,3 +475,30 @@ def test_eval_says_when_a_model_is_scored_in_another_format_than_it_was_trained(
     assert f"{merged} was trained with the json format but is scored in hermes (--format json" in said
     same = CliRunner().invoke(app, [*args[:-1], str(tmp_path / "e2"), "--format", "json"])
     assert same.exit_code == 0 and "was trained with" not in same.output
+
+
+def test_serve_a_toolken_model_trained_in_json(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`sft --toolkens --format json`: the model is prompted with `<tool_calculator>` in the json instructions and
+    its calls come back as plain tool_calls, a named tool_choice included."""
+    import httpx
+
+    from toolschool.serve.server import running_server
+
+    merged = _fake_sft_run(tmp_path, tiny_model_dir, "json")
+    tokenizer_file = merged / "tokenizer.json"
+    data = json.loads(tokenizer_file.read_text())
+    data["added_tokens"].append({"id": 49152, "content": "<tool_calculator>", "special": False})
+    tokenizer_file.write_text(json.dumps(data))
+    scripted = _Scripted('{"tool": "<tool_calculator>", "args": {"expression": "2+2"}}')
+    backend = _served_backend(merged, scripted)
+    body = {"messages": [{"role": "user", "content": "2+2?"}], "tools": [CALC], "temperature": 0}
+    with running_server(backend, "student") as url:
+        auto = httpx.post(f"{url}/chat/completions", json=body, timeout=30).json()
+        scripted.text = ' {"expression": "2+2"}}'
+        named = {"type": "function", "function": {"name": "calculator"}}
+        forced = httpx.post(f"{url}/chat/completions", json=body | {"tool_choice": named}, timeout=30).json()
+    assert "- <tool_calculator>: Evaluate" in scripted.requests[0].messages[0]["content"]
+    assert scripted.requests[1].prefill == '{"tool": "<tool_calculator>", "args":'
+    for answer in (auto, forced):
+        call = answer["choices"][0]["message"]["tool_calls"][0]["function"]
+        assert (call["name"], json.loads(call["arguments"])) == ("calculator", {"expression": "2+2"})
