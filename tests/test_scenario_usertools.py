@@ -446,3 +446,11 @@ def test_a_tool_bound_to_two_names_in_its_module_is_one_tool(tmp_path: Path) -> 
     )
     with build_registry(toolbox=[], modules=[str(module)]) as registry:
         assert registry.names() == ["ping"] and registry.call("ping", {"host": "a"}).text == "pong a"
+
+
+def test_an_mcp_command_starting_with_an_environment_variable_says_how_to_set_it() -> None:
+    """`--mcp "API_KEY=x my-server"` is how a shell starts it, but the command is not run by a shell: the message
+    said the command 'API_KEY=x' was not found and to install the server."""
+    with pytest.raises(ToolschoolError, match="MCP server command 'API_KEY=x' not found") as info:
+        build_registry(toolbox=[], mcp=["API_KEY=x my-server --flag"])
+    assert "env API_KEY=x my-server" in (info.value.hint or "")

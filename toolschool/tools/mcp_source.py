@@ -88,10 +88,10 @@ class MCPToolSource:
             raise ToolschoolError("empty MCP server command", hint='pass --mcp "COMMAND ARGS"')
         executable = shutil.which(argv[0])
         if executable is None:
-            raise ToolschoolError(
-                f"MCP server command {argv[0]!r} not found",
-                hint="install the server or give its full path, e.g. --mcp '.venv/bin/mcp-server-time'",
-            )
+            hint = "install the server or give its full path, e.g. --mcp '.venv/bin/mcp-server-time'"
+            if "=" in argv[0]:  # NAME=value COMMAND: a shell's way to set a variable, but no shell runs the command
+                hint = f"the command is not run by a shell: set variables with env, e.g. --mcp 'env {command.strip()}'"
+            raise ToolschoolError(f"MCP server command {argv[0]!r} not found", hint=hint)
         self.command = command
         self.argv = [executable, *argv[1:]]
         self.start_timeout = start_timeout
