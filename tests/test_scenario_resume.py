@@ -315,3 +315,19 @@ fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
 print("held", flush=True)
 sys.stdin.read()
 """
+
+
+def test_a_judge_cache_line_cut_by_a_kill_does_not_break_the_run_after_the_next(tmp_path: Path) -> None:
+    """distill's cache.jsonl (judge and paraphrase replies) ignored a line cut by a kill -9 but appended the next
+    reply to it: the run after that stopped with "cache.jsonl:2: not a cache entry — delete the cache file"."""
+    from toolschool.data.distill import ReplyCache
+
+    path = tmp_path / "cache.jsonl"
+    path.write_text(json.dumps({"key": "a", "value": "Yes"}) + "\n" + json.dumps({"key": "b", "value": "No"})[:12])
+    resumed = ReplyCache(path)  # the interrupted run's rerun: the cut reply is asked for again
+    assert resumed.get("a") == "Yes" and resumed.get("b") is None
+    resumed.put("b", "No")
+    resumed.put("c", ["a paraphrase"])
+    again = ReplyCache(path)  # the run after
+    assert [again.get(k) for k in "abc"] == ["Yes", "No", ["a paraphrase"]]
+    assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "b", "c"]

@@ -54,7 +54,12 @@ class ReplyCache:
         self.path = path
         self._data: dict[str, Any] = {}
         if path.exists():
-            lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: replies may hold U+2028
+            data = path.read_bytes()
+            whole = data.rfind(b"\n") + 1  # a run killed mid-write leaves a last line without its newline
+            if whole < len(data):  # cut it off: the next entry appended to it would make both one broken line
+                with path.open("r+b") as raw:
+                    raw.truncate(whole)
+            lines = data[:whole].decode("utf-8").split("\n")  # not splitlines: replies may hold U+2028
             for number, line in enumerate(lines, start=1):
                 if not line.strip():
                     continue
