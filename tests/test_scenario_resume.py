@@ -331,3 +331,19 @@ def test_a_judge_cache_line_cut_by_a_kill_does_not_break_the_run_after_the_next(
     again = ReplyCache(path)  # the run after
     assert [again.get(k) for k in "abc"] == ["Yes", "No", ["a paraphrase"]]
     assert [json.loads(line)["key"] for line in path.read_text().splitlines()] == ["a", "b", "c"]
+
+
+def test_the_eval_stage_shows_its_progress_and_counts_resumed_items_once(eval_run) -> None:
+    """`toolschool run` showed nothing while the eval stage scored (minutes on a CPU: the demo's 119 s), though every
+    other stage shows its progress; resumed, the bar starts at the items kept and ends at the total, not past it."""
+    run_pipeline(eval_run)
+    eval_dir = eval_run.run_dir() / "eval"
+    (eval_dir / "DONE.json").unlink()  # killed after its first item
+    items = next(eval_dir.glob("*/data.items.jsonl"))
+    total = len(items.read_text().splitlines())
+    items.write_text(items.read_text().splitlines(keepends=True)[0])
+    printed = io.StringIO()
+    run_pipeline(eval_run, console=Console(file=printed, width=200))
+    shown = printed.getvalue()
+    assert "base · data" in shown and f"{total}/{total}" in shown, shown
+    assert f"{total + 1}/{total}" not in shown

@@ -18,6 +18,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -364,26 +365,47 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
             if console is not None:
                 console.print(f"eval: {problem}; starting the evaluation over", markup=False, highlight=False)
 
-        # An eval stage killed part-way keeps the items it scored, unless they were scored otherwise.
-        summary = run_evaluation(
-            names,
-            benchmarks,
-            options,
-            out_dir,
-            make_backend=lambda m: backend_for_model(
-                make_backend(m, dtype=config.model.dtype, device=config.model.device), m
-            ),
-            settings=eval_settings,
-            resume=True,
-            on_resume_problem=restart,
-            benchmarks_for=benchmarks_for_model,  # a toolken SFT model sees its <tool_NAME> names, as `eval` shows them
-        )
+        with _eval_progress(console) as bar:
+
+            def progress(label: str, count: int) -> Callable[[Any], None] | None:
+                if bar is None:
+                    return None
+                model, _, bench = label.partition(" · ")  # a bar per model, named as in the table
+                task = bar.add_task(f"{eval_settings['labels'].get(model, model)} · {bench}", total=count)
+                return lambda _result: bar.advance(task)
+
+            # An eval stage killed part-way keeps the items it scored, unless they were scored otherwise.
+            summary = run_evaluation(
+                names,
+                benchmarks,
+                options,
+                out_dir,
+                make_backend=lambda m: backend_for_model(
+                    make_backend(m, dtype=config.model.dtype, device=config.model.device), m
+                ),
+                settings=eval_settings,
+                progress=progress,
+                resume=True,
+                on_resume_problem=restart,
+                benchmarks_for=benchmarks_for_model,  # a toolken SFT model sees its <tool_NAME> names, as `eval` does
+            )
     finally:
         registry.close()
     table = comparison_table(summary, models)
     (out_dir / "comparison.json").write_text(json.dumps(table, indent=2), encoding="utf-8")
     (out_dir / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     return {"data": str(data), "items": len(benchmarks[0].items), "table": table}
+
+
+def _eval_progress(console: Any) -> AbstractContextManager[Any]:
+    """The eval stage's progress bars on the run's console, as `toolschool eval` shows them (it scores every held-out
+    item with each model: minutes on a CPU, with nothing on the screen before); none without a console."""
+    if console is None:
+        return nullcontext()
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console)
 
 
 def _stage_report(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
