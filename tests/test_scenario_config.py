@@ -365,3 +365,19 @@ def test_a_model_folder_that_holds_no_model_is_refused_before_the_first_stage(tm
     (tmp_path / "empty").mkdir()
     line = _refused(["config", "show", str(_write(tmp_path, f'[model]\nname = "{tmp_path / "empty"}"\n'))])
     assert "[model] name" in line and "holds no config.json" in line
+
+
+def test_config_show_prints_the_batching_the_older_padding_free_key_means(tmp_path) -> None:
+    """`[sft] padding_free = true` trains padding-free, but `config show` printed `batching = "shared_prefix"`."""
+    import tomllib
+
+    from toolschool.train.sft import resolve_batching
+
+    for value, batching in (("true", "padding_free"), ("false", "padded")):
+        path = _write(tmp_path, f"[sft]\npadding_free = {value}\n")
+        result = runner.invoke(app, ["config", "show", str(path)])
+        assert result.exit_code == 0, result.output
+        assert tomllib.loads(result.stdout)["sft"]["batching"] == batching
+        assert resolve_batching(load_config(path).sft) == batching
+    contradiction = _write(tmp_path, '[sft]\npadding_free = true\nbatching = "padded"\n')
+    assert "contradicts" in _refused(["config", "show", str(contradiction)])

@@ -134,6 +134,14 @@ class SFTSection(Section):
     dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
 
+    @model_validator(mode="after")
+    def _batching_of_padding_free(self) -> SFTSection:
+        """The older `padding_free = true/false` alone means batching padding_free / padded: say so in `batching`, so
+        `config show` and the saved config.toml print the batching that trains (a contradiction stays refused)."""
+        if self.padding_free is not None and "batching" not in self.model_fields_set:
+            self.batching = "padding_free" if self.padding_free else "padded"
+        return self
+
 
 class ExploreSection(Section):
     """STE exploration (Wang et al., 2024); defaults follow the paper: 15 episodes x 3 trials, 4 calls per trial."""
