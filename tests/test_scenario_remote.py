@@ -232,3 +232,39 @@ async def test_a_server_that_answers_any_model_name_is_not_refused_for_an_unlist
         finally:
             await backend.aclose()
     assert completion.text == "hello" and set(asked) == {"qwen"}
+
+
+def test_a_continual_report_names_the_model_that_learned_and_the_steps_per_round(tmp_path: Path) -> None:
+    """The forgetting matrix alone does not say which model learned the batches nor how long each round trained;
+    matrix.json records both, and the report now states them."""
+    from toolschool.evaluate.report import build_report
+    from toolschool.train.continual import forgetting_summary, write_matrix
+
+    run = tmp_path / "run"
+    for name, replay in (("continual", True), ("continual_no_replay", False)):
+        data = {
+            "model": "smollm2-135m",
+            "steps_per_round": 24,
+            "batches": [["date_add"], ["calculator"]],
+            "matrix": [[87.5, None], [50.0, 0.0]],
+            "details": [[{"n": 16}, None], [{"n": 16}, {"n": 8}]],
+            "replay": replay,
+            "replay_ratio": 0.1 if replay else 0.0,
+            "summary": forgetting_summary([[87.5, None], [50.0, 0.0]]),
+        }
+        (run / name).mkdir(parents=True)
+        write_matrix(run / name, data)
+    markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
+    assert markdown.count("Starting model `smollm2-135m`, 24 SFT steps per round.") == 2
+
+
+def test_a_training_run_without_an_evaluation_says_so(tmp_path: Path) -> None:
+    """`toolschool run` with the eval stage left out (or not reached) reported the training curves alone, without a
+    word on the missing comparison."""
+    from toolschool.evaluate.report import build_report
+
+    run = tmp_path / "run"
+    (run / "sft").mkdir(parents=True)
+    (run / "sft" / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.5}) + "\n", encoding="utf-8")
+    markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
+    assert "## Evaluation\n\nNo evaluation in this run (no eval `summary.json`)" in markdown

@@ -350,6 +350,12 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
         sources = "; ".join(_scored_on(run_dir, p, data) for p, data in summaries)
         legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
         sections.append(("Evaluation", images, f"From {sources}. {legend}\n\n" + markdown_table(header, rows)))
+    elif sections:  # trained, not (yet) evaluated: say so rather than end the report at the training curves
+        note = (
+            "No evaluation in this run (no eval `summary.json`): run `toolschool eval` into it (`--run NAME`), or "
+            "the eval stage of `toolschool run`, to compare the models."
+        )
+        sections.append(("Evaluation", [], note))
 
     continual = _continual_section(run_dir, out)
     if continual is not None:
@@ -380,12 +386,27 @@ def _continual_section(run_dir: Path, out: Path) -> tuple[str, list[str], str] |
     if not sources:
         return None
     images, texts = [], []
+    for folder in ("continual", "continual_no_replay"):
+        if (started := _continual_start(run_dir / folder / "matrix.json")) is not None:
+            texts.append(f"`{folder}/`: {started}")
     for markdown, png, name in sources:
         if png.is_file():
             shutil.copyfile(png, out / name)
             images.append(name)
         texts.append(f"From `{markdown.relative_to(run_dir)}`.\n\n{markdown.read_text(encoding='utf-8').strip()}")
     return "Continual learning", images, "\n\n".join(texts)
+
+
+def _continual_start(matrix_path: Path) -> str | None:
+    """The model a continual run started from and its SFT steps per round, as its matrix.json records them."""
+    try:
+        data = json.loads(matrix_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(data, dict) or not data.get("model"):
+        return None
+    steps = data.get("steps_per_round")
+    return f"Starting model `{data['model']}`" + (f", {steps} SFT steps per round." if steps else ".")
 
 
 def _write_markdown(path: Path, run_dir: Path, sections: list[tuple[str, list[str], str]]) -> None:
