@@ -381,3 +381,39 @@ def test_config_show_prints_the_batching_the_older_padding_free_key_means(tmp_pa
         assert resolve_batching(load_config(path).sft) == batching
     contradiction = _write(tmp_path, '[sft]\npadding_free = true\nbatching = "padded"\n')
     assert "contradicts" in _refused(["config", "show", str(contradiction)])
+
+
+SFT_FLAGS = {
+    "--format": "format",
+    "--method": "method",
+    "--lora-rank": "lora_rank",
+    "--lora-alpha": "lora_alpha",
+    "--lora-dropout": "lora_dropout",
+    "--batch-size": "batch_size",
+    "--num-steps": "num_steps",
+    "--max-length": "max_length",
+    "--learning-rate": "learning_rate",
+    "--warmup-steps": "warmup_steps",
+    "--checkpoint-interval": "checkpoint_interval",
+    "--log-interval": "log_interval",
+    "--validation-interval": "validation_interval",
+    "--validation-samples": "validation_samples",
+}
+
+
+def test_sft_help_states_the_defaults_the_config_has() -> None:
+    """`toolschool sft --help` listed `--lora-rank <int>` and a dozen more with no word on what they default to
+    (issue 7 names them: rank 32, batch 8, 800 steps, max_length 512, intervals 200 / 50 / 200, 50 samples)."""
+    import re
+
+    from toolschool.config import SFTSection
+
+    result = runner.invoke(app, ["sft", "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
+    rows = {}
+    for line in result.output.splitlines():
+        match = re.match(r"\W*(--[a-z-]+)", line)
+        if match:
+            rows[match.group(1)] = line
+    for flag, key in SFT_FLAGS.items():
+        default = SFTSection.model_fields[key].default
+        assert f"default {default}" in rows[flag] or f"default: {default}" in rows[flag], (flag, rows[flag])

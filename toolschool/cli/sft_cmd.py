@@ -15,31 +15,31 @@ def sft(
     model: str = typer.Option(None, "--model", "-m", help="Base model (embedded name, HF id, folder)."),
     train: str = typer.Option(None, help="Training JSONL (default: runs/NAME/distill/train.jsonl)."),
     validation: str = typer.Option(None, help="Validation JSONL for in-training validation."),
-    format: str = typer.Option(None, "--format", help="hermes | json | react"),
-    method: str = typer.Option(None, help="lora | full"),
-    lora_rank: int = typer.Option(None),
-    lora_alpha: int = typer.Option(None),
-    lora_dropout: float = typer.Option(None),
+    format: str = typer.Option(None, "--format", help="hermes | json | react (default hermes)."),
+    method: str = typer.Option(None, help="lora | full (default lora)."),
+    lora_rank: int = typer.Option(None, help="LoRA rank (default 32)."),
+    lora_alpha: int = typer.Option(None, help="LoRA alpha (default 64)."),
+    lora_dropout: float = typer.Option(None, help="LoRA dropout (default 0.0, PEFT's)."),
     target_modules: list[str] = typer.Option(
         None, help='LoRA target module, repeatable (default "all-linear"), e.g. --target-modules q_proj'
     ),
-    batch_size: int = typer.Option(None),
-    num_steps: int = typer.Option(None),
-    max_length: int = typer.Option(None),
+    batch_size: int = typer.Option(None, help="Sequences per optimizer step per process (default 8)."),
+    num_steps: int = typer.Option(None, help="Optimizer steps (default 800)."),
+    max_length: int = typer.Option(None, help="Tokens per example; longer ones are cut and counted (default 512)."),
     learning_rate: float = typer.Option(
-        None, "--learning-rate", "--lr", help="Peak learning rate (sft.learning_rate)."
+        None, "--learning-rate", "--lr", help="Peak learning rate (sft.learning_rate; default 0.0002)."
     ),
-    warmup_steps: int = typer.Option(None),
+    warmup_steps: int = typer.Option(None, help="Learning-rate warm-up steps (default 20)."),
     batching: str = typer.Option(
         None, help="shared_prefix (default: tool schemas run once per batch) | padding_free | padded"
     ),
     group_by_length: bool = typer.Option(
         None, "--group-by-length/--no-group-by-length", help="Batch examples of similar length (default: on)."
     ),
-    checkpoint_interval: int = typer.Option(None),
-    log_interval: int = typer.Option(None),
-    validation_interval: int = typer.Option(None),
-    validation_samples: int = typer.Option(None),
+    checkpoint_interval: int = typer.Option(None, help="Steps between checkpoints (default 200)."),
+    log_interval: int = typer.Option(None, help="Steps between log records (default 50)."),
+    validation_interval: int = typer.Option(None, help="Steps between validations (default 200)."),
+    validation_samples: int = typer.Option(None, help="Validation items generated each time; 0: none (default 50)."),
     toolkens: bool = typer.Option(None, "--toolkens/--no-toolkens", help="Add one token per tool name."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/sft)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/sft)."),
