@@ -417,3 +417,33 @@ def test_sft_help_states_the_defaults_the_config_has() -> None:
     for flag, key in SFT_FLAGS.items():
         default = SFTSection.model_fields[key].default
         assert f"default {default}" in rows[flag] or f"default: {default}" in rows[flag], (flag, rows[flag])
+
+
+RL_FLAGS = {
+    "--num-steps": "num_steps",
+    "--batch-size": "batch_size",
+    "--num-generations": "num_generations",
+    "--max-tokens": "max_tokens",
+    "--temperature": "temperature",
+    "--beta": "beta",
+    "--learning-rate": "learning_rate",
+    "--log-interval": "log_interval",
+    "--checkpoint-interval": "checkpoint_interval",
+}
+
+
+def test_rl_help_states_the_defaults_the_config_has() -> None:
+    """Issue 9's defaults (lr 1e-5, batch 8, 500 steps, 128 tokens, temperature 1.0, intervals 10 / 100) were in
+    the config but not in `toolschool rl --help`."""
+    import re
+
+    from toolschool.config import RLSection
+
+    result = runner.invoke(app, ["rl", "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
+    rows = {}
+    for line in result.output.splitlines():
+        match = re.match(r"\W*(--[a-z-]+)", line)
+        if match:
+            rows[match.group(1)] = line
+    for flag, key in RL_FLAGS.items():
+        assert f"default {RLSection.model_fields[key].default})" in rows[flag], (flag, rows[flag])

@@ -20,20 +20,24 @@ def rl(
         None, "--reward", help="Reward component, repeatable: format tool arguments length answer fine_grained."
     ),
     method: str = typer.Option(None, help="lora | full"),
-    steps: int = typer.Option(None, "--num-steps", "--steps", help="Optimizer steps (rl.num_steps)."),
-    batch_size: int = typer.Option(None, help="Completions per step per process (prompts x num_generations)."),
-    num_generations: int = typer.Option(None, help="Samples per prompt."),
-    max_tokens: int = typer.Option(None, help="Completion tokens."),
-    temperature: float = typer.Option(None),
-    beta: float = typer.Option(None, help="KL coefficient to the reference model."),
-    learning_rate: float = typer.Option(None, "--learning-rate", "--lr", help="Learning rate (rl.learning_rate)."),
+    steps: int = typer.Option(None, "--num-steps", "--steps", help="Optimizer steps (rl.num_steps; default 500)."),
+    batch_size: int = typer.Option(
+        None, help="Completions per step per process (prompts x num_generations; default 8)."
+    ),
+    num_generations: int = typer.Option(None, help="Samples per prompt (default 4)."),
+    max_tokens: int = typer.Option(None, help="Completion tokens (default 128)."),
+    temperature: float = typer.Option(None, help="Sampling temperature (default 1.0)."),
+    beta: float = typer.Option(None, help="KL coefficient to the reference model (default 0.04)."),
+    learning_rate: float = typer.Option(
+        None, "--learning-rate", "--lr", help="Learning rate (rl.learning_rate; default 1e-05)."
+    ),
     ref_model: str = typer.Option(None, "--ref-model", help="Reference model for the KL (default: the start model)."),
     use_vllm: bool = typer.Option(None, "--use-vllm/--no-vllm", help="Generate with vLLM (GPU)."),
     share_prompts: bool = typer.Option(
         None, "--share-prompts/--no-share-prompts", help="Run each distinct prompt once per log-prob pass (default on)."
     ),
-    log_interval: int = typer.Option(None),
-    checkpoint_interval: int = typer.Option(None),
+    log_interval: int = typer.Option(None, help="Steps between log records (default 10)."),
+    checkpoint_interval: int = typer.Option(None, help="Steps between checkpoints (default 100)."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/rl)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/rl)."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
