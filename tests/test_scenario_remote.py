@@ -268,3 +268,24 @@ def test_a_training_run_without_an_evaluation_says_so(tmp_path: Path) -> None:
     (run / "sft" / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.5}) + "\n", encoding="utf-8")
     markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
     assert "## Evaluation\n\nNo evaluation in this run (no eval `summary.json`)" in markdown
+
+
+def test_an_exploration_whose_episodes_all_failed_still_names_its_model(tmp_path: Path) -> None:
+    """An endpoint that refuses every request (here a 400 for every one) stops every episode: the summary took the
+    model and format from the first trial, so it said `exploration — None (None)` and summary.json held nulls."""
+    from toolschool.explore.stage import run_explore_stage
+    from toolschool.models.backend import Backend, Completion
+    from toolschool.models.backends.openai_http import EndpointError
+
+    class Refusing(Backend):
+        name = "refusing"
+
+        async def generate(self, request: GenerationRequest) -> list[Completion]:
+            raise EndpointError("endpoint http://127.0.0.1:1/v1 rejected the request (HTTP 400: no)")
+
+    config = _explore_config(tmp_path, "openai:http://127.0.0.1:1/v1#teacher")
+    result = run_explore_stage(config, out=tmp_path / "explore", backend_factory=lambda _: Refusing())
+    written = json.loads((tmp_path / "explore" / "summary.json").read_text(encoding="utf-8"))
+    assert len(result.failures) == 4 and written["total"]["trials"] == 0
+    assert (written["model"], written["format"]) == ("openai:http://127.0.0.1:1/v1#teacher", "hermes")
+    assert written["ablations"] == result.summary["ablations"] is not None

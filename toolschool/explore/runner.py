@@ -188,6 +188,10 @@ async def run_exploration(
             progress.stop()
     seconds = time.perf_counter() - started
     summary = summarize(read_trials(ctx.log.path), tools)
+    # with no trial logged (every episode failed) the summary cannot read these from a trial
+    summary["model"] = summary["model"] or ctx.model_name
+    summary["format"] = summary["format"] or ctx.fmt.name
+    summary["ablations"] = summary["ablations"] or ctx.settings.ablations.to_dict()
     summary["run"] = {
         "trials_this_run": trials_run,
         "seconds": round(seconds, 2),
