@@ -447,3 +447,13 @@ def test_rl_help_states_the_defaults_the_config_has() -> None:
             rows[match.group(1)] = line
     for flag, key in RL_FLAGS.items():
         assert f"default {RLSection.model_fields[key].default})" in rows[flag], (flag, rows[flag])
+
+
+def test_a_toml_saved_with_a_byte_order_mark_is_read() -> None:
+    """Editors on Windows save UTF-8 with a BOM; the file was "not valid TOML ... at line 1, column 1"."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run.toml"
+        path.write_bytes('\ufeff[run]\nname = "bom"\n'.encode())
+        assert load_config(path).run.name == "bom"

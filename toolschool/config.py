@@ -503,7 +503,7 @@ def read_toml(path: Path) -> dict[str, Any]:
     if path.is_dir():
         raise ConfigError(f"config path '{path}' is a folder", hint="pass a .toml file")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a BOM (Windows editors) is no TOML error
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(
             f"config file '{path}' is not valid TOML: {exc}", hint="fix the syntax at that line"
