@@ -347,3 +347,39 @@ def test_the_eval_stage_shows_its_progress_and_counts_resumed_items_once(eval_ru
     shown = printed.getvalue()
     assert "base · data" in shown and f"{total}/{total}" in shown, shown
     assert f"{total + 1}/{total}" not in shown
+
+
+def test_more_episodes_in_the_toml_continue_the_finished_exploration_instead_of_being_refused(
+    eval_run, tiny_model_dir: Path
+) -> None:
+    """`toolschool explore` lets only --episodes change on resume ("more episodes explore further"), but the run
+    refused a raised `[explore] episodes` and pointed at --from explore, which starts exploring over without the
+    trials already logged."""
+    from toolschool.pipeline import _write_marker
+
+    config = eval_run.model_copy(deep=True)
+    config.explore.episodes, config.explore.stm_slots, config.explore.max_tokens = 12, 1, 4
+    trials = config.run_dir() / "explore" / "trials.jsonl"
+    records = [json.loads(line) for line in trials.read_text().splitlines()]
+    no_ablation = {"no_exec_feedback": False, "no_stm": False, "no_ltm": False, "no_reflection": False}
+    for record in records:  # as the tiny model would have logged them
+        record.update(model=str(tiny_model_dir), format="hermes", ablations=no_ablation)
+    trials.write_text("".join(json.dumps(r) + "\n" for r in records))
+    _write_marker(config, "explore", 0.0, {})
+    assert _status(run_pipeline(config)) == {"explore": "skipped", "distill": "done", "eval": "done"}
+
+    more = config.model_copy(deep=True)
+    more.explore.episodes = 13
+    printed = io.StringIO()
+    result = run_pipeline(more, console=Console(file=printed, width=300))
+    assert _status(result) == {"explore": "done", "distill": "done", "eval": "done"}
+    assert "explore continues with explore.episodes: 12 -> 13" in printed.getvalue()
+    logged = [json.loads(line) for line in trials.read_text().splitlines()]
+    assert logged[:12] == records and [(r["episode"], r["slot"]) for r in logged[12:]] == [(12, 0)]
+    assert json.loads((config.run_dir() / "explore" / "DONE.json").read_text())["settings"]["explore.episodes"] == 13
+    assert len(list((config.run_dir() / ".previous").glob("*/eval/DONE.json"))) == 1  # the stale eval moved aside
+    # another change of a setting that shapes a trial is still refused
+    hotter = more.model_copy(deep=True)
+    hotter.explore.episodes, hotter.explore.temperature = 14, 0.1
+    with pytest.raises(ToolschoolError, match=r"stage 'explore' .* other settings: .*explore.temperature"):
+        run_pipeline(hotter)
