@@ -289,3 +289,22 @@ def test_an_exploration_whose_episodes_all_failed_still_names_its_model(tmp_path
     assert len(result.failures) == 4 and written["total"]["trials"] == 0
     assert (written["model"], written["format"]) == ("openai:http://127.0.0.1:1/v1#teacher", "hermes")
     assert written["ablations"] == result.summary["ablations"] is not None
+
+
+def test_the_training_sections_name_the_model_trained_and_on_how_many_examples(tmp_path: Path) -> None:
+    """A loss curve without the model it belongs to: sft/ and rl/ record their start model, method and examples
+    (toolschool_sft.json / toolschool_rl.json), and the report now says them above the curves."""
+    from toolschool.evaluate.report import build_report
+
+    run = tmp_path / "run"
+    meta = {
+        "sft": {"base": {"model": "smollm2-135m"}, "method": "lora", "format": "hermes", "data": {"examples": 12}},
+        "rl": {"base": {"model": "runs/demo/sft/merged"}, "method": "lora", "format": "hermes", "examples": 2},
+    }
+    for stage, record in meta.items():
+        (run / stage).mkdir(parents=True)
+        (run / stage / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 1.0}) + "\n", encoding="utf-8")
+        (run / stage / f"toolschool_{stage}.json").write_text(json.dumps(record), encoding="utf-8")
+    markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
+    assert "Trained from `smollm2-135m` (lora, hermes format) on 12 examples." in markdown
+    assert "Trained from `runs/demo/sft/merged` (lora, hermes format) on 2 examples." in markdown

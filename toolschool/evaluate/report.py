@@ -246,7 +246,29 @@ def _training_section(run_dir: Path, out: Path, stage: str, log: Path) -> tuple[
     ]
     images = [name for group, name, title, ylabel in plots if _plot_lines(out / name, title, ylabel, groups[group])]
     text = f"{len(records)} log records from `{log.relative_to(run_dir)}`. {_last_values_text(records)}"
-    return f"Training: {stage}", images, text
+    trained = _trained_from(log.parent / f"toolschool_{stage}.json")
+    return f"Training: {stage}", images, f"{trained} {text}" if trained else text
+
+
+def _trained_from(meta_path: Path) -> str | None:
+    """What a training stage started from, as it recorded it (toolschool_sft.json / toolschool_rl.json): the
+    model, method, format and the number of training examples."""
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    base = meta.get("base") if isinstance(meta, dict) else None
+    if not isinstance(base, dict) or not base.get("model"):
+        return None
+    how = ", ".join(str(meta[k]) + (" format" if k == "format" else "") for k in ("method", "format") if meta.get(k))
+    data = meta.get("data") if isinstance(meta.get("data"), dict) else {}
+    examples = meta.get("examples", data.get("examples"))
+    text = f"Trained from `{base['model']}`" + (f" ({how})" if how else "")
+    if not _is_number(examples):
+        return text + "."
+    cut = data.get("truncated")
+    cut_text = f", {cut:g} of them cut at max_length" if _is_number(cut) and cut else ""
+    return text + f" on {examples:g} example{'' if examples == 1 else 's'}{cut_text}."
 
 
 def find_summaries(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
