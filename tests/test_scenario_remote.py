@@ -308,3 +308,29 @@ def test_the_training_sections_name_the_model_trained_and_on_how_many_examples(t
     markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
     assert "Trained from `smollm2-135m` (lora, hermes format) on 12 examples." in markdown
     assert "Trained from `runs/demo/sft/merged` (lora, hermes format) on 2 examples." in markdown
+
+
+def test_a_per_tool_plot_that_shows_only_some_tools_says_so(tmp_path: Path) -> None:
+    """The per-tool plot draws the 20 tools with the most items (STE has hundreds of APIs) and left the others out
+    without a word; its title now says how many of how many it shows."""
+    from toolschool.evaluate import report
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    per_tool = {f"api_{k:02d}": {"n": float(30 - k), "accuracy": 0.5} for k in range(25)}
+    block = {"overall": {"n": 100.0, "correct": 0.5}, "by_category": {}, "per_tool": per_tool}
+    summary = {"models": {"m": {"ste": block}}, "settings": {}}
+    (run / "eval" / "summary.json").write_text(json.dumps(summary), encoding="utf-8")
+    titles: list[str] = []
+    plot = report._plot_bars
+
+    def recording(path: Path, title: str, *args: Any, **kwargs: Any) -> bool:
+        titles.append(title)
+        return plot(path, title, *args, **kwargs)
+
+    report._plot_bars = recording  # type: ignore[assignment]
+    try:
+        report.build_report(run)
+    finally:
+        report._plot_bars = plot  # type: ignore[assignment]
+    assert "ste: accuracy per tool (the 20 of 25 tools with the most items)" in titles

@@ -367,7 +367,9 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
             if _plot_bars(out / name, f"{bench}: metrics by model", labels, groups):
                 images.append(name)
             name = f"per_tool_{bench}.png"
-            if _plot_bars(out / name, f"{bench}: accuracy per tool", tools, tool_groups, horizontal=True):
+            every = {t for benches in combined.values() for t in (benches.get(bench, {}).get("per_tool") or {})}
+            shown = f" (the {len(tools)} of {len(every)} tools with the most items)" if len(every) > len(tools) else ""
+            if _plot_bars(out / name, f"{bench}: accuracy per tool{shown}", tools, tool_groups, horizontal=True):
                 images.append(name)
         sources = "; ".join(_scored_on(run_dir, p, data) for p, data in summaries)
         legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
