@@ -555,7 +555,6 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     check_written_format(examples, fmt.name, str(train_path), lines=lines)
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
-    held.enter_context(training_lock(out_dir, "rl"))  # a second run at once would write the same files
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if not resume:
         refuse_existing_checkpoints(out_dir)  # an incomplete one too: a fresh run would mix with what it left
@@ -574,6 +573,8 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
     settings_now = resume_settings(config)
+    # before the first write (not earlier: a refused setting leaves no folder); a second run at once is refused here
+    held.enter_context(training_lock(out_dir, "rl"))
     if resume and checkpoint:
         _check_resume(out_dir, identity, settings.mode, settings.method, (train_path, train_sha256), settings_now)
     elif resume:
