@@ -30,8 +30,19 @@ LOCK_FILE = ".lock"
 def folder_lock(directory: Path, refusal: ToolschoolError) -> Iterator[None]:
     """Hold `directory/.lock` (the folder is created) while the block runs, or raise `refusal` at once if another
     process holds it: two runs writing one output folder at the same time would write the same checkpoints, logs or
-    item lines twice and mix them."""
+    item lines twice and mix them.
+
+    A run refused or failing before it wrote anything leaves no folder behind: one this lock created, holding
+    nothing but the lock file, is removed again when the block raises."""
+    created = not directory.exists()
     directory.mkdir(parents=True, exist_ok=True)
-    with (directory / LOCK_FILE).open("a", encoding="utf-8") as handle:
-        lock_or_refuse(handle, refusal)
-        yield
+    lock_path = directory / LOCK_FILE
+    try:
+        with lock_path.open("a", encoding="utf-8") as handle:
+            lock_or_refuse(handle, refusal)
+            yield
+    except BaseException:
+        if created and [entry.name for entry in directory.iterdir()] == [LOCK_FILE]:
+            lock_path.unlink(missing_ok=True)
+            directory.rmdir()
+        raise

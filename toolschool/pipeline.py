@@ -26,7 +26,7 @@ from typing import Any
 from toolschool.config import ToolschoolConfig, check_input_files, stage_dir, stage_path
 from toolschool.errors import ConfigError, ToolschoolError
 from toolschool.files import write_text_atomic
-from toolschool.locking import lock_or_refuse
+from toolschool.locking import folder_lock
 
 STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
 MARKER = "DONE.json"
@@ -520,9 +520,6 @@ def check_trained_format(config: ToolschoolConfig, stages: list[str]) -> None:
     )
 
 
-LOCK_FILE = ".lock"
-
-
 def run_pipeline(
     config: ToolschoolConfig,
     *,
@@ -539,17 +536,14 @@ def run_pipeline(
 
     stages = enabled_stages(config)
     check_stage_settings(config, stages, device=resolve_device(config.model.device))
-    run_dir = config.run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with (run_dir / LOCK_FILE).open("a", encoding="utf-8") as lock:
-        lock_or_refuse(
-            lock,
-            ToolschoolError(
-                f"the run folder {run_dir} is in use by another running `toolschool run`",
-                hint="wait for it to finish (or stop it: a rerun then continues where it stopped), "
-                "or use another run name (--run)",
-            ),
-        )
+    with folder_lock(
+        config.run_dir(),
+        ToolschoolError(
+            f"the run folder {config.run_dir()} is in use by another running `toolschool run`",
+            hint="wait for it to finish (or stop it: a rerun then continues where it stopped), "
+            "or use another run name (--run)",
+        ),
+    ):
         return _run_stages(config, stages, from_stage, console, on_stage)
 
 

@@ -23,14 +23,13 @@ an interrupted SFT continues from its last checkpoint (run_sft resume=True).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import hashlib
 import json
 import math
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,13 +37,12 @@ from typing import Any
 from toolschool.config import ContinualSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.files import write_text_atomic
-from toolschool.locking import lock_or_refuse
+from toolschool.locking import folder_lock
 from toolschool.train.common import sha256_file
 
 MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
 PLAN_FILE = "plan.json"
-LOCK_FILE = ".lock"
 MATRIX_STEM = "matrix"
 TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
 TRAIN_SPLITS = frozenset({"train", "training"})
@@ -767,24 +765,16 @@ def run_continual(
     """
     inputs = inputs or load_inputs(config, replay=replay)
     check_plan(out_dir, inputs.plan)
-    with _folder_lock(out_dir):
+    # a second run of the same folder at the same time would train the same round into the same sft/ folder
+    with folder_lock(
+        out_dir,
+        ToolschoolError(
+            f"another toolschool continual is running in {out_dir}",
+            hint="wait for it to finish (or stop it), or use another --run / --out",
+        ),
+    ):
         _write_json(out_dir / PLAN_FILE, inputs.plan)  # the evaluation settings the rounds are now scored with
         return _run_rounds(config, out_dir, inputs, reuse_from, progress, log or (lambda _text: None))
-
-
-@contextlib.contextmanager
-def _folder_lock(out_dir: Path) -> Iterator[None]:
-    """Held while a run works in `out_dir` (flock, released when the process ends however it ends): a second
-    run of the same folder at the same time would train the same round into the same sft/ folder."""
-    with (out_dir / LOCK_FILE).open("a") as handle:
-        lock_or_refuse(
-            handle,
-            ToolschoolError(
-                f"another toolschool continual is running in {out_dir}",
-                hint="wait for it to finish (or stop it), or use another --run / --out",
-            ),
-        )
-        yield
 
 
 def _run_rounds(
