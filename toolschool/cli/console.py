@@ -5,10 +5,11 @@ spec) as `a🅱c:d`, and toolschool writes no `:emoji:` codes of its own.
 
 Results are not wrapped at the console width (`soft_wrap`): piped or redirected, rich would break lines at 80
 columns, so `toolschool config show run.toml > resolved.toml` gave TOML that did not parse back and long paths
-came out in pieces. Tables still fit the width.
+came out in pieces. Tables still fit the width. The same holds for warnings and errors on stderr: a log file
+kept a path in a warning ("no checkpoint in /long/path/checkpoints") broken over two lines.
 """
 
 from rich.console import Console
 
 console = Console(emoji=False, soft_wrap=True)
-err_console = Console(stderr=True, emoji=False)
+err_console = Console(stderr=True, emoji=False, soft_wrap=True)
