@@ -9,7 +9,19 @@ came out in pieces. Tables still fit the width. The same holds for warnings and 
 kept a path in a warning ("no checkpoint in /long/path/checkpoints") broken over two lines.
 """
 
+from pathlib import Path
+
 from rich.console import Console
+from rich.markup import escape
 
 console = Console(emoji=False, soft_wrap=True)
 err_console = Console(stderr=True, emoji=False, soft_wrap=True)
+
+
+def say_if_resume_starts_over(out_dir: Path) -> None:
+    """`--resume` into a folder with no checkpoint (a typo in --out, say) trains from step 0: say so first."""
+    from toolschool.train.common import latest_checkpoint
+
+    if latest_checkpoint(out_dir) is None:
+        where = escape(str(out_dir / "checkpoints"))
+        err_console.print(f"[yellow]no checkpoint in {where}: starting at step 0[/yellow]")

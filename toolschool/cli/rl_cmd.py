@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from toolschool.cli.console import console, err_console
+from toolschool.cli.console import console, err_console, say_if_resume_starts_over
 
 
 def rl(
@@ -76,13 +76,7 @@ def rl(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
     )
     if resume:
-        from rich.markup import escape
-
-        from toolschool.train.common import latest_checkpoint
-
-        if latest_checkpoint(out_dir) is None:
-            where = escape(str(out_dir / "checkpoints"))
-            err_console.print(f"[yellow]no checkpoint in {where}: starting at step 0[/yellow]")
+        say_if_resume_starts_over(out_dir)
     result = run_rl(config, out_dir, resume=resume)
     if not result.main_process:  # under `accelerate launch` the main process writes the summary (with the paths)
         return
