@@ -33,3 +33,14 @@ class ModelLoadError(ToolschoolError):
 
 class DataError(ToolschoolError):
     """A data file is missing or has bad lines."""
+
+
+class ResumeRefused(ToolschoolError):
+    """Checkpoints or logs in an output folder were made otherwise (data, settings, base model) than a resume asks.
+
+    `keep` is what to keep the same to resume ("the same training file"); the hint adds the command's own way to
+    start over (`fresh`), which `toolschool run` replaces with its --from."""
+
+    def __init__(self, message: str, *, keep: str, fresh: str = "train into a new --out folder") -> None:
+        self.keep = keep
+        super().__init__(message, hint=f"resume with {keep}, or {fresh}")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.config import ToolschoolConfig, check_input_files, stage_dir, stage_path
-from toolschool.errors import ConfigError, ToolschoolError
+from toolschool.errors import ConfigError, ResumeRefused, ToolschoolError
 from toolschool.files import write_text_atomic
 from toolschool.locking import folder_lock
 
@@ -605,8 +605,11 @@ def _run_stages(
         started = time.perf_counter()
         try:
             summary = STAGE_FUNCTIONS[stage](config, console)
-        except ToolschoolError as exc:
-            _advise_from(exc, stage)
+        except ResumeRefused as exc:  # its hint offers a new --out folder, which `toolschool run` has not
+            exc.hint = (
+                f"rerun with {exc.keep}, or start the {stage} stage over with --from {stage} (what it wrote so far "
+                "and the later stages' outputs move to .previous/)"
+            )
             raise
         seconds = time.perf_counter() - started
         _write_marker(config, stage, seconds, summary)
@@ -619,18 +622,6 @@ def _run_stages(
         table = json.loads(comparison.read_text(encoding="utf-8"))
     report = run_dir / "report" / "report.html"
     return PipelineResult(run_dir, outcomes, table, report if report.is_file() else None)
-
-
-def _advise_from(exc: ToolschoolError, stage: str) -> None:
-    """An interrupted stage that refuses to resume (its log or checkpoints were made with other settings) advises
-    what its own command offers: "resume with the same ..., or write into a new --out folder". `toolschool run` has
-    no --out; its way to start the stage over is --from."""
-    if exc.hint and exc.hint.startswith("resume with") and "--out" in exc.hint:
-        same = exc.hint.split(", or ")[0].removeprefix("resume with ")
-        exc.hint = (
-            f"rerun with {same}, or start the {stage} stage over with --from {stage} (what it wrote so far and the "
-            "later stages' outputs move to .previous/)"
-        )
 
 
 def _dump(config: ToolschoolConfig) -> str:

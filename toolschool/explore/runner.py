@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ResumeRefused
 from toolschool.explore.episode import ExploreContext, episode_finished, run_episode
 from toolschool.explore.log import completed_slots, read_trials
 from toolschool.explore.summary import summarize
@@ -91,10 +91,10 @@ def check_resumable(
         if key == "prompts_sha256":
             key = "prompts (sha256 of the templates and worked examples)"
         if was != now:
-            raise ToolschoolError(
+            raise ResumeRefused(
                 f"cannot resume: the trial log was written with {key} = {was!r}, this run has {now!r}",
-                hint="resume with the same settings (only --episodes may change), or write to another folder "
-                "with --out",
+                keep="the same settings (only --episodes may change)",
+                fresh="write to another folder with --out",
             )
 
 

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ResumeRefused, ToolschoolError
 from toolschool.files import read_lines, write_text_atomic
 
 
@@ -180,10 +180,11 @@ def refuse_other_training_data(out_dir: Path, train_path: Path, train_sha256: st
     """Resuming replays the data order and skips the batches already seen: that only holds for the same data
     (`saved_sha256`: what the run's meta file recorded; None for runs from before it was recorded)."""
     if saved_sha256 is not None and saved_sha256 != train_sha256:
-        raise ToolschoolError(
+        raise ResumeRefused(
             f"the checkpoints in {out_dir} were trained on other data: the training file {train_path} is not the "
             f"one they saw (sha256 {train_sha256[:12]}, not {saved_sha256[:12]})",
-            hint="resume with the same training file, or train on the new data into a new --out folder",
+            keep="the same training file",
+            fresh="train on the new data into a new --out folder",
         )
 
 
@@ -199,9 +200,9 @@ def refuse_other_settings(out_dir: Path, saved: dict[str, Any] | None, now: dict
     changed = [key for key in now if key in saved and saved[key] != now[key]]
     if changed:
         listed = ", ".join(f"{key} {shown(saved[key])} (now {shown(now[key])})" for key in changed)
-        raise ToolschoolError(
+        raise ResumeRefused(
             f"the checkpoints in {out_dir} were trained with other settings: {listed}",
-            hint=f"resume with the run's settings (see {out_dir / 'config.toml'}), or train into a new --out folder",
+            keep=f"the run's settings (see {out_dir / 'config.toml'})",
         )
 
 
@@ -257,9 +258,9 @@ def refuse_other_base(out_dir: Path, saved: dict[str, Any], identity: dict[str, 
             f"with a vocabulary of {saved.get('vocab_size')} tokens, not '{identity['model']}' with "
             f"{identity.get('vocab_size')}"
         )
-    raise ToolschoolError(
+    raise ResumeRefused(
         f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' {what}",
-        hint="resume with the same --model, or train into a new --out folder",
+        keep="the same --model",
     )
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
-from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
 from toolschool.evaluate.toolkens import model_toolkens
 from toolschool.files import read_lines, write_text_atomic
 from toolschool.train.common import (
@@ -502,16 +502,16 @@ def _check_resume(
     saved = json.loads(meta_path.read_text())
     refuse_other_base(out_dir, saved["base"], identity)
     if saved.get("mode") != mode:
-        raise ToolschoolError(
+        raise ResumeRefused(
             f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
             f"not '{identity['model']}' in {mode} mode",
-            hint="resume with the same --model and --mode, or train into a new --out folder",
+            keep="the same --model and --mode",
         )
     # A LoRA checkpoint holds an adapter, a full one the whole model: the trainer cannot load one as the other.
     if saved.get("method", method) != method:
-        raise ToolschoolError(
+        raise ResumeRefused(
             f"the checkpoints in {out_dir} were trained with rl.method = '{saved['method']}', not '{method}'",
-            hint=f"resume with --method {saved['method']}, or train into a new --out folder",
+            keep=f"--method {saved['method']}",
         )
     if train is not None:
         refuse_other_training_data(out_dir, train[0], train[1], saved.get("train_sha256"))
