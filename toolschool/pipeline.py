@@ -160,31 +160,32 @@ def _comparable(stage: str, settings: dict[str, Any]) -> dict[str, Any]:
 CONTINUABLE: dict[str, frozenset[str]] = {"explore": frozenset({"explore.episodes", "explore.tools"})}
 
 
-def changed_settings(config: ToolschoolConfig, stage: str) -> list[str]:
-    """The settings of a finished stage that changed since it ran, as `key: old -> new` (none for a marker from
-    before settings were recorded: nothing to compare)."""
+def changed_settings(config: ToolschoolConfig, stage: str) -> dict[str, str]:
+    """The settings of a finished stage that changed since it ran, as key -> `key: old -> new` (none for a marker
+    from before settings were recorded: nothing to compare)."""
     saved = (read_marker(config, stage) or {}).get("settings")
     if not isinstance(saved, dict):
-        return []
+        return {}
     saved = _comparable(stage, saved)
     current = _comparable(stage, stage_settings(config, stage))
-    return [
-        f"{key}: {json.dumps(saved[key])} -> {json.dumps(value)}"
+    return {
+        key: f"{key}: {json.dumps(saved[key])} -> {json.dumps(value)}"
         for key, value in current.items()
         if key in saved and saved[key] != value
-    ]
+    }
 
 
 def reopen_continuable(config: ToolschoolConfig, stages: list[str], console: Any = None) -> None:
     """A finished stage of CONTINUABLE whose changed settings are all continuable is not finished any more: it
     continues where it stopped (and the stages after it, stale then, run again)."""
     for stage, keys in CONTINUABLE.items():
-        changed = changed_settings(config, stage) if stage in stages else []
-        if changed and all(change.split(":")[0] in keys for change in changed):
+        changed = changed_settings(config, stage) if stage in stages else {}
+        if changed and changed.keys() <= keys:
             marker_path(config, stage).unlink()
             if console is not None:
                 console.print(
-                    f"{stage} continues with {'; '.join(changed)} (what it wrote is kept; the later stages run again)",
+                    f"{stage} continues with {'; '.join(changed.values())} "
+                    "(what it wrote is kept; the later stages run again)",
                     markup=False,
                     highlight=False,
                 )
@@ -193,7 +194,7 @@ def reopen_continuable(config: ToolschoolConfig, stages: list[str], console: Any
 def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None:
     """Refuse to skip a finished stage whose settings changed since it ran (its outputs would not match them)."""
     for stage in stages:
-        changed = changed_settings(config, stage)
+        changed = list(changed_settings(config, stage).values())
         if changed:
             more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
             raise ConfigError(
