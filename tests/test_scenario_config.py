@@ -180,7 +180,7 @@ def test_icl_without_demonstrations_is_refused_before_the_first_stage(tmp_path) 
 
 
 def test_input_files_an_earlier_stage_writes_or_a_stage_that_does_not_run_are_not_required(tmp_path) -> None:
-    from toolschool.config import check_input_files
+    from toolschool.pipeline import check_input_files
 
     inside = tmp_path / "runs" / "default" / "distill" / "train.jsonl"  # distill writes it during the run
     config = load_config(

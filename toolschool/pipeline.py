@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.config import ToolschoolConfig, check_input_files, stage_dir, stage_path
-from toolschool.errors import ConfigError, ResumeRefused, ToolschoolError
+from toolschool.config import ToolschoolConfig, stage_dir, stage_path
+from toolschool.errors import ConfigError, ModelLoadError, ResumeRefused, ToolschoolError
 from toolschool.files import write_text_atomic
 from toolschool.locking import folder_lock
 
@@ -478,6 +478,73 @@ def comparison_markdown(table: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ driver
+
+
+# Input files each stage reads when a key names one: (stage, section, key, what it must be).
+INPUT_FILES: tuple[tuple[str, str, str, str], ...] = (
+    ("explore", "explore", "prompts", "folder"),
+    ("distill", "distill", "trials", "file"),
+    ("sft", "sft", "train", "file"),
+    ("sft", "sft", "validation", "file"),
+    ("rl", "rl", "train", "file"),
+    ("eval", "pipeline", "eval_data", "file"),
+    ("eval", "eval", "demos", "file"),
+)
+
+
+def check_input_files(config: ToolschoolConfig, stages: list[str]) -> None:
+    """The files and folders the TOML names for the stages in `stages` exist, checked before the first stage runs:
+    otherwise `[pipeline] eval_data` naming no file is found when the eval stage starts, after exploring, distilling
+    and training. A path inside the run folder is left to the stage (an earlier stage of the run may write it)."""
+    run_dir = config.run_dir().resolve()
+    for stage, section, key, kind in INPUT_FILES:
+        value = getattr(getattr(config, section), key)
+        if stage not in stages or value is None or (section, key, value) == ("pipeline", "eval_data", "builtin"):
+            continue
+        path = Path(value).expanduser()
+        if path.resolve().is_relative_to(run_dir):
+            continue
+        if not (path.is_dir() if kind == "folder" else path.is_file()):
+            state = f"is not a {kind}" if path.exists() else "does not exist"
+            raise ConfigError(
+                f"[{section}] {key} = '{value}' {state}", hint=f"point it at an existing {kind}, or unset it"
+            )
+    _check_models(config, stages)
+    if "eval" in stages and config.eval.icl and not config.eval.demos:
+        raise ConfigError(
+            f"[eval] icl = {config.eval.icl} needs [eval] demos",
+            hint="set [eval] demos to a training JSONL to retrieve demonstrations from, or icl = 0",
+        )
+
+
+def _check_models(config: ToolschoolConfig, stages: list[str]) -> None:
+    """Every model the stages in `stages` will load can be found: a model spec that is no folder, embedded name, hub
+    id or endpoint, or a folder holding no model, is refused now (with an endpoint exploring, a mistyped `[model]
+    name` folder surfaced only when SFT loaded it). Nothing is loaded or downloaded here."""
+    from toolschool.models.loading import resolve_chain
+    from toolschool.models.spec import parse_model_spec
+
+    student = ("model", "name", config.model.name)
+    wanted = {
+        "explore": [("pipeline", "explorer", config.pipeline.explorer) if config.pipeline.explorer else student],
+        "distill": [
+            ("distill", "judge_model", config.distill.judge_model),
+            ("distill", "paraphrase_model", config.distill.paraphrase_model),
+        ],
+        "sft": [student],
+        "rl": [("rl", "ref_model", config.rl.ref_model)],
+        "eval": [student],
+    }
+    for stage in stages:
+        for section, key, value in wanted.get(stage, []):
+            if value is None:
+                continue
+            try:
+                spec = parse_model_spec(value)
+                if spec.kind == "local":
+                    resolve_chain(spec)  # a folder holding a model (or an adapter naming a base that exists)
+            except ModelLoadError as exc:
+                raise ConfigError(f"[{section}] {key} = '{value}': {exc.message}", hint=exc.hint) from None
 
 
 def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device: str | None = None) -> None:
