@@ -304,3 +304,26 @@ def test_resume_may_add_episodes_and_counts_progress_within_the_plan(tmp_path, s
     fewer = runner.invoke(app, [*base, "--episodes", "1", "--resume"])
     assert fewer.exit_code == 0, fewer.output
     assert "1/1 trials" in fewer.output and "3/1" not in fewer.output
+
+
+def test_resume_after_a_user_tool_changed_its_schema_is_refused_naming_the_tool(tmp_path, scripted) -> None:
+    module = tmp_path / "my_tools.py"
+
+    def write(doc: str) -> None:
+        module.write_text(
+            "from toolschool.tools.functions import tool\n\n\n@tool\ndef shout(text: str) -> str:\n"
+            f'    """{doc}\n\n    Args:\n        text: the text.\n    """\n    return text.upper()\n'
+        )
+
+    write("Upper case.")
+    out = tmp_path / "explore"
+    common = ["explore", "--module", str(module), "--tools", "calculator", "--episodes", "1", "--out", str(out)]
+    assert runner.invoke(app, common).exit_code == 0
+    assert runner.invoke(app, [*common, "--episodes", "2", "--resume"]).exit_code == 0  # unchanged: resumes
+    before = len(read_trials(out / TRIALS_FILE))
+    write("Upper case, loudly.")
+    result = runner.invoke(app, [*common, "--episodes", "3", "--resume"])
+    assert result.exit_code == 2, result.output
+    assert "cannot resume: the schema of shout changed since the trial log was written" in result.output
+    assert "--out" in result.output
+    assert len(read_trials(out / TRIALS_FILE)) == before  # nothing lost

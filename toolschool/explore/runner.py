@@ -66,10 +66,12 @@ def check_resumable(
     ablations: dict[str, bool],
     settings: dict[str, Any] | None = None,
     tools: list[str] | None = None,
+    schemas: list[dict[str, Any]] | None = None,
 ) -> None:
     """A resumed log must continue the same experiment: mixing models, formats, ablations, the settings that
-    shape a trial (`ExploreSettings.trial_shape`) or the offered tool set is an error. Only `episodes` (and
-    which tools to explore) may change: more episodes explore further. Lines written before `settings` was
+    shape a trial (`ExploreSettings.trial_shape`), the offered tool set or a tool's schema (a user edited a
+    function's signature or docstring: old trials would hold calls to the old one) is an error. Only `episodes`
+    (and which tools to explore) may change: more episodes explore further. Lines written before `settings` was
     logged are checked on model, format, ablations and tools only, and a setting added since a log was written
     (absent from its `settings`) is not checked, so an older run can still be resumed.
     """
@@ -87,6 +89,19 @@ def check_resumable(
     if tools is not None and isinstance(first.get("tools"), list):
         offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
         checks.append(("offered tools", offered, tools))
+    if schemas is not None and isinstance(first.get("tools"), list):
+        logged = {schema.get("function", {}).get("name"): schema for schema in first["tools"]}
+        now_by_name = {  # as the log holds it: JSON (tuples become lists)
+            schema.get("function", {}).get("name"): json.loads(json.dumps(schema)) for schema in schemas
+        }
+        edited = [name for name, schema in now_by_name.items() if name in logged and logged[name] != schema]
+        if edited:
+            raise ResumeRefused(
+                f"cannot resume: the schema of {', '.join(edited)} changed since the trial log was written "
+                "(its parameters or descriptions differ), so old trials would hold calls to the old tool",
+                keep="the tool as it was",
+                fresh="write to another folder with --out",
+            )
     for key, was, now in checks:
         if key == "prompts_sha256":
             key = "prompts (sha256 of the templates and worked examples)"

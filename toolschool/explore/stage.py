@@ -109,6 +109,7 @@ def run_explore_stage(
                 ablations=settings.ablations.to_dict(),
                 settings=settings.trial_shape(),
                 tools=registry.names(),
+                schemas=registry.schemas(),
             )
             backend = (backend_factory or default_backend_factory)(config)
             ctx = ExploreContext(
