@@ -107,6 +107,10 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
     again = run_pipeline(run_config)
     assert {o.status for o in again.outcomes} == {"skipped"}
     assert again.table == result.table
+    # How fast or how patiently a stage works is no change to what it produced: still all skipped.
+    faster = run_config.model_copy(deep=True)
+    faster.eval.concurrency, faster.distill.concurrency, faster.tools.call_timeout = 3, 5, 7.5
+    assert {o.status for o in run_pipeline(faster).outcomes} == {"skipped"}
 
     # Changed settings of a finished stage are refused (not silently skipped), before anything is touched ...
     changed = run_config.model_copy(deep=True)

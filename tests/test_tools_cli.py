@@ -95,3 +95,18 @@ def test_call_with_only_when_two_sources_share_a_name(tmp_path: Path) -> None:
     result = runner.invoke(app, ["tools", "call", "shout", '{"text": "hi"}', *only])
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "HI"
+
+
+def test_call_timeout_flag_cuts_off_a_slow_tool(tmp_path: Path) -> None:
+    module = tmp_path / "slow.py"
+    module.write_text(
+        "import time\n\nfrom toolschool.tools.functions import tool\n\n\n@tool\ndef slow(text: str) -> str:\n"
+        '    """Answers after two seconds.\n\n    Args:\n        text: anything.\n    """\n'
+        "    time.sleep(2)\n    return text\n"
+    )
+    args = ["tools", "call", "slow", '{"text": "hi"}', "--module", str(module)]
+    cut = runner.invoke(app, [*args, "--timeout", "0.2"])
+    assert cut.exit_code == 1 and "Error: the tool 'slow' did not answer within 0.2 s." in cut.output
+    assert runner.invoke(app, args).output.strip() == "hi"  # the default waits longer
+    refused = runner.invoke(app, [*args, "--timeout", "0"])
+    assert refused.exit_code == 2 and "--timeout" in refused.output

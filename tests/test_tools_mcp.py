@@ -168,3 +168,10 @@ def test_every_page_of_tools_is_listed() -> None:
     with build_registry(toolbox=[], mcp=[paged]) as reg:
         assert reg.names() == [f"tool_{i}" for i in range(5)]
         assert reg.call("tool_4", {}).text == "this is tool_4"
+
+
+def test_the_call_timeout_setting_reaches_mcp_servers() -> None:
+    with build_registry(toolbox=[], mcp=[f"{ODD} --instance timeout-setting"], call_timeout=1) as reg:
+        hung = reg.call("wait", {"seconds": 60})
+        assert hung.is_error and hung.error_kind == "timeout" and "within 1 s" in hung.text
+        assert reg.call("echo", {"text": "back"}).text == "back"

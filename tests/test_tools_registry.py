@@ -283,3 +283,28 @@ def test_validation_messages_name_nested_arguments_and_anyof_types() -> None:
     message = validation_error("t", schema, {"label": 5, "where": {}})
     assert "argument 'label': 5 is not of type 'string' or 'null'" in message
     assert "missing required argument 'where.city'" in message
+
+
+def test_the_tools_call_timeout_setting_cuts_off_calls_in_every_caller(tmp_path) -> None:
+    """`[tools] call_timeout` reaches the registry a run builds, its async and sync calls and RL's tool functions."""
+    import asyncio
+
+    from toolschool.config import load_config
+    from toolschool.tools.registry import registry_for
+    from toolschool.train.rl import tool_callable
+
+    module = tmp_path / "slow_tools.py"
+    module.write_text(
+        "import time\n\nfrom toolschool.tools.functions import tool\n\n\n@tool\ndef slow(text: str) -> str:\n"
+        '    """Answers after two seconds.\n\n    Args:\n        text: anything.\n    """\n'
+        "    time.sleep(2)\n    return text\n"
+    )
+    config = load_config(None, {"tools.toolbox": [], "tools.modules": [str(module)], "tools.call_timeout": 0.2})
+    with registry_for(config.tools) as registry:
+        assert registry.call_timeout == 0.2
+        expected = "Error: the tool 'slow' did not answer within 0.2 s."
+        assert registry.call("slow", {"text": "x"}).text == expected
+        assert asyncio.run(registry.acall("slow", {"text": "x"})).text == expected
+        assert tool_callable(registry.get("slow"), registry.call_timeout)(text="x") == expected
+    with pytest.raises(ToolschoolError, match="call_timeout"):
+        load_config(None, {"tools.call_timeout": 0})

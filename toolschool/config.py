@@ -85,6 +85,12 @@ class ToolsSection(Section):
     mcp: list[str] = Field(default_factory=list, description='MCP servers over stdio, e.g. "mcp-server-time"')
     modules: list[str] = Field(default_factory=list, description="Python modules of @tool functions")
     only: list[str] = Field(default_factory=list, description="keep only these tool names (empty: all)")
+    call_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="seconds a tool call may take (an MCP server's included) before it becomes a timeout error "
+        "observation",
+    )
 
 
 class SFTSection(Section):

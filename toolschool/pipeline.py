@@ -143,13 +143,18 @@ def stage_settings(config: ToolschoolConfig, stage: str) -> dict[str, Any]:
     return flat
 
 
+# How fast or how patiently a stage works, not what it produces: changing one never makes a finished stage stale
+# (a run moved to a GPU with more concurrency keeps its exploration).
+OPERATIONAL = frozenset({"explore.concurrency", "distill.concurrency", "eval.concurrency", "tools.call_timeout"})
+
+
 def _comparable(stage: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """A stage's settings as its outputs depend on them: exploration on the model that explored (`explorer`,
-    the run's model when none is named), not on the student, so naming the default explorer is no change and
-    another student keeps the exploration."""
+    """A stage's settings as its outputs depend on them: without the OPERATIONAL ones, and exploration on the
+    model that explored (`explorer`, the run's model when none is named), not on the student, so naming the
+    default explorer is no change and another student keeps the exploration."""
+    settings = {key: value for key, value in settings.items() if key not in OPERATIONAL}
     if stage != "explore" or "pipeline.explorer" not in settings:
         return settings
-    settings = dict(settings)
     student = settings.pop("model.name", None)
     settings["explorer"] = settings.pop("pipeline.explorer") or student
     return settings
@@ -371,16 +376,14 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
     from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
     from toolschool.models.backends import make_backend
-    from toolschool.tools.registry import build_registry
+    from toolschool.tools.registry import registry_for
 
     out_dir = stage_dir(config, "eval")
     settings = config.eval.model_dump()
     settings["execute"] = config.pipeline.execute
     settings["seed"] = config.run.seed
     models = eval_models(config)
-    registry = build_registry(
-        toolbox=config.tools.toolbox, mcp=config.tools.mcp, modules=config.tools.modules, only=config.tools.only
-    )
+    registry = registry_for(config.tools)
     try:
         data = _held_out(config, registry, out_dir)
         benchmarks = resolve_benchmarks([], str(data), config.eval.limit)

@@ -42,10 +42,9 @@ def _run(
     benchmarks = resolve_benchmarks(config.eval.benchmarks, config.eval.data, config.eval.limit)
     registry = None
     if config.eval.execute:
-        from toolschool.tools.registry import build_registry
+        from toolschool.tools.registry import registry_for
 
-        tools = config.tools
-        registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+        registry = registry_for(config.tools)
     try:
         options = make_options(settings, registry)
         if registry is not None:  # before the output folder is written: a refused run leaves nothing behind

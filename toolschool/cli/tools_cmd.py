@@ -18,11 +18,19 @@ MODULE_HELP = "Python module of @tool functions (repeatable): pkg.mod or a path 
 ONLY_HELP = "Keep only these tool names (repeatable)."
 
 
-def _registry(toolbox: list[str] | None, mcp: list[str] | None, module: list[str] | None, only: list[str] | None):
+def _registry(
+    toolbox: list[str] | None,
+    mcp: list[str] | None,
+    module: list[str] | None,
+    only: list[str] | None,
+    call_timeout: float | None = None,
+):
     from toolschool.tools.registry import build_registry
 
     boxes = toolbox if toolbox is not None else (["builtin"] if not (mcp or module) else [])
-    return build_registry(toolbox=boxes, mcp=mcp or [], modules=module or [], only=only or [])
+    return build_registry(
+        toolbox=boxes, mcp=mcp or [], modules=module or [], only=only or [], call_timeout=call_timeout
+    )
 
 
 @app.command("list")
@@ -56,6 +64,9 @@ def call(
     module: list[str] = typer.Option(None, "--module", help=MODULE_HELP),
     only: list[str] = typer.Option(None, "--only", help=ONLY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole observation as JSON."),
+    timeout: float = typer.Option(
+        None, "--timeout", help="Seconds the call may take ([tools] call_timeout in a run; default 120).", min=0.001
+    ),
 ) -> None:
     """Call one tool and print its observation (exit 1 when the observation is an error)."""
     from toolschool.tools.validation import json_type_name
@@ -69,7 +80,7 @@ def call(
         ) from None
     if not isinstance(args, dict):
         raise ToolschoolError(f"arguments must be a JSON object, got {json_type_name(args)}", hint="e.g. '{\"x\": 1}'")
-    with _registry(toolbox, mcp, module, only) as registry:
+    with _registry(toolbox, mcp, module, only, timeout) as registry:
         registry.get(name)  # unknown tool: one clear line listing the known ones
         observation = registry.call(name, args)
     if as_json:

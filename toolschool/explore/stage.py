@@ -68,10 +68,9 @@ def default_backend_factory(config: ToolschoolConfig) -> Backend:
 
 
 def default_registry_factory(config: ToolschoolConfig) -> Any:
-    from toolschool.tools.registry import build_registry
+    from toolschool.tools.registry import registry_for
 
-    tools = config.tools
-    return build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+    return registry_for(config.tools)
 
 
 def run_explore_stage(

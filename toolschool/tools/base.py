@@ -65,6 +65,11 @@ class Tool(ABC):
         """Async execution; the default runs `execute` in a thread of its own so the event loop keeps going."""
         return await in_own_thread(self.execute, args)
 
+    def time_limit(self, call_timeout: float) -> float:
+        """How long the registry waits for a call before cutting it off: `call_timeout`, unless the tool cuts its
+        own calls at `call_timeout` and needs more room around them (an MCP server restarted before a call)."""
+        return call_timeout
+
 
 def call_in_own_thread(fn: Callable[..., T], *args: Any, timeout: float) -> tuple[bool, T | None]:
     """`fn(*args)` in a new daemon thread, waited for at most `timeout` s: (True, result), or (False, None) when

@@ -78,6 +78,11 @@ class MCPTool(Tool):
             return Observation(problem, is_error=True, error_kind="invalid_arguments")
         return await self.source.acall(self.name, args)
 
+    def time_limit(self, call_timeout: float) -> float:
+        """The source cuts the server's answer off at its own call timeout; a restart before the call may take
+        up to its start timeout more (the registry's cut-off is only a backstop)."""
+        return self.source.call_limit()
+
 
 class MCPToolSource:
     """A stdio MCP server started from a command line such as `mcp-server-time --local-timezone UTC`."""
@@ -129,11 +134,15 @@ class MCPToolSource:
             ) from exc
         return [MCPTool(self, t.name, t.description or "", dict(t.input_schema or {})) for t in listed]
 
+    def call_limit(self) -> float:
+        """The longest a call can take: the server's answer, after a restart if the server had to be started again."""
+        return self.call_timeout + self.start_timeout + 5
+
     def call(self, name: str, args: dict[str, Any]) -> Observation:
         """Call a tool synchronously (from any thread that is not this source's loop thread)."""
         future = self._submit(self._call(name, args))
         try:
-            return future.result(self.call_timeout + self.start_timeout + 5)
+            return future.result(self.call_limit())
         except FutureTimeout:
             future.cancel()
             return self._failed(name, f"no answer within {self.call_timeout:g} s")

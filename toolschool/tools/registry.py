@@ -3,7 +3,8 @@
 `get` raises `ToolschoolError` for an unknown name (a programming or configuration mistake); `call` / `acall`
 never raise: an unknown tool, arguments that are not a JSON object, or a tool that crashes all become error
 observations, because the caller is usually a model in the middle of trial and error. Both cut off a call that
-does not answer within `CALL_TIMEOUT_S` (`timeout_observation`).
+does not answer within the registry's `call_timeout` (`[tools] call_timeout`, default `CALL_TIMEOUT_S`;
+`timeout_observation`).
 """
 
 from __future__ import annotations
@@ -11,31 +12,36 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toolschool.errors import ToolschoolError
 from toolschool.tools.base import Observation, Tool, call_in_own_thread, valid_unicode
 from toolschool.tools.sandbox import SandboxLimits
 from toolschool.tools.validation import json_type_name
 
+if TYPE_CHECKING:
+    from toolschool.config import ToolsSection
+
 TOOLBOXES = ("builtin",)
-# A call that neither returns nor times out inside the tool is cut here (tools have their own, shorter limits).
+# A call that neither returns nor times out inside the tool is cut here (the built-in tools have their own,
+# shorter limits). The default of `[tools] call_timeout`; read at call time, so a registry made without one follows it.
 CALL_TIMEOUT_S = 120.0
 
 
-def timeout_observation(name: str) -> Observation:
-    """What the model reads when a call to `name` was cut off after CALL_TIMEOUT_S."""
-    message = f"Error: the tool '{name}' did not answer within {CALL_TIMEOUT_S:g} s."
+def timeout_observation(name: str, seconds: float) -> Observation:
+    """What the model reads when a call to `name` was cut off after `seconds`."""
+    message = f"Error: the tool '{name}' did not answer within {seconds:g} s."
     return Observation(message, None, is_error=True, error_kind="timeout")
 
 
-def execute_with_timeout(tool: Tool, args: dict[str, Any]) -> Observation:
-    """`tool.execute(args)` for synchronous callers, cut off after CALL_TIMEOUT_S; never raises."""
+def execute_with_timeout(tool: Tool, args: dict[str, Any], timeout: float | None = None) -> Observation:
+    """`tool.execute(args)` for synchronous callers, cut off after `timeout` (default CALL_TIMEOUT_S); never raises."""
+    seconds = tool.time_limit(CALL_TIMEOUT_S if timeout is None else timeout)
     try:
-        finished, observation = call_in_own_thread(tool.execute, args, timeout=CALL_TIMEOUT_S)
+        finished, observation = call_in_own_thread(tool.execute, args, timeout=seconds)
     except (Exception, SystemExit) as exc:  # a third-party Tool that broke its contract must not stop the run
         return failure_observation(tool.name, exc)
-    return checked_observation(tool.name, observation) if finished else timeout_observation(tool.name)
+    return checked_observation(tool.name, observation) if finished else timeout_observation(tool.name, seconds)
 
 
 def checked_observation(name: str, result: Any) -> Observation:
@@ -60,7 +66,8 @@ def failure_observation(name: str, exc: BaseException) -> Observation:
 
 
 class ToolRegistry:
-    def __init__(self) -> None:
+    def __init__(self, call_timeout: float | None = None) -> None:
+        self._call_timeout = call_timeout
         self._tools: dict[str, Tool] = {}
         self._sources: dict[str, str] = {}
         self._closers: list[Any] = []
@@ -79,6 +86,11 @@ class ToolRegistry:
     def add_closer(self, resource: Any) -> None:
         """Something with `close()` to release with the registry (an MCP server)."""
         self._closers.append(resource)
+
+    @property
+    def call_timeout(self) -> float:
+        """Seconds a call may take before it becomes a `timeout` observation."""
+        return CALL_TIMEOUT_S if self._call_timeout is None else self._call_timeout
 
     def names(self) -> list[str]:
         return list(self._tools)
@@ -102,20 +114,21 @@ class ToolRegistry:
         if isinstance(tool_or_error, Observation):
             return tool_or_error
         tool, parsed = tool_or_error
-        return execute_with_timeout(tool, parsed)
+        return execute_with_timeout(tool, parsed, self.call_timeout)
 
     async def acall(self, name: str, args: dict[str, Any] | str | None) -> Observation:
         tool_or_error = self._resolve(name, args)
         if isinstance(tool_or_error, Observation):
             return tool_or_error
         tool, parsed = tool_or_error
+        seconds = tool.time_limit(self.call_timeout)
         try:
             # asyncio.timeout, not wait_for: on Python 3.11 wait_for returns the result of a call that finishes
             # just as the caller is cancelled (Ctrl-C), swallowing the cancellation.
-            async with asyncio.timeout(CALL_TIMEOUT_S):
+            async with asyncio.timeout(seconds):
                 return checked_observation(name, await tool.aexecute(parsed))
         except TimeoutError:
-            return timeout_observation(name)
+            return timeout_observation(name, seconds)
         except (Exception, SystemExit) as exc:
             return failure_observation(name, exc)
 
@@ -181,12 +194,14 @@ def build_registry(
     only: Sequence[str] = (),
     *,
     sandbox_limits: SandboxLimits | None = None,
+    call_timeout: float | None = None,
 ) -> ToolRegistry:
     """A registry from toolboxes, MCP server commands and Python modules; `only` keeps just those names.
+    `call_timeout` (seconds, default CALL_TIMEOUT_S) cuts off every call, an MCP server's included.
 
     A tool left out by `only` is never added, so two sources may both offer a name that `only` does not keep
     (the duplicate-name error suggests exactly that way out)."""
-    registry = ToolRegistry()
+    registry = ToolRegistry(call_timeout)
     offered: list[str] = []  # every name the sources offer, kept or not (to report unknown --only names)
 
     def add(tool: Tool, source: str) -> None:
@@ -210,7 +225,7 @@ def build_registry(
         for command in mcp:
             from toolschool.tools.mcp_source import MCPToolSource
 
-            source = MCPToolSource(command)
+            source = MCPToolSource(command, call_timeout=registry.call_timeout)
             registry.add_closer(source)
             for tool in source.list_tools():
                 add(tool, source.label)
@@ -221,7 +236,7 @@ def build_registry(
                     f"--only names unknown tool(s) {', '.join(map(repr, unknown))}",
                     hint=f"known tools: {', '.join(dict.fromkeys(offered)) or '(none)'}",
                 )
-            keep = ToolRegistry()
+            keep = ToolRegistry(call_timeout)
             for name in only:
                 keep.add(registry.get(name), registry.source(name))
             keep._closers = registry._closers
@@ -230,3 +245,10 @@ def build_registry(
         registry.close()
         raise
     return registry
+
+
+def registry_for(tools: ToolsSection) -> ToolRegistry:
+    """The registry a run's `[tools]` section describes (every stage that calls tools builds it this way)."""
+    return build_registry(
+        toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only, call_timeout=tools.call_timeout
+    )

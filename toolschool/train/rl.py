@@ -340,7 +340,7 @@ def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def tool_callable(tool: Any) -> Callable[..., str]:
+def tool_callable(tool: Any, timeout: float | None = None) -> Callable[..., str]:
     """A Tool as the Python function TRL wants: typed signature + Google docstring; returns the observation text.
 
     TRL renders tools into the prompt through transformers' `get_json_schema(func)` and calls `func(**arguments)`.
@@ -371,7 +371,7 @@ def tool_callable(tool: Any) -> Callable[..., str]:
 
     def call(**kwargs: Any) -> str:
         arguments = {k: v for k, v in kwargs.items() if v is not None or k in required}
-        return execute_with_timeout(tool, arguments).text  # a hung tool must not hang training
+        return execute_with_timeout(tool, arguments, timeout).text  # a hung tool must not hang training
 
     description = _one_line(tool.description or tool.name)
     args_section = "\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else ""
@@ -384,10 +384,9 @@ def tool_callable(tool: Any) -> Callable[..., str]:
 
 def multi_turn_tools(config: ToolschoolConfig, examples: Sequence[dict[str, Any]], source: str) -> tuple[Any, list]:
     """The run's registry restricted to the tools the dataset offers; every one must exist to be executed."""
-    from toolschool.tools.registry import build_registry
+    from toolschool.tools.registry import registry_for
 
-    tools = config.tools
-    registry = build_registry(toolbox=tools.toolbox, mcp=tools.mcp, modules=tools.modules, only=tools.only)
+    registry = registry_for(config.tools)
     wanted = sorted({t["function"]["name"] for ex in examples for t in ex.get("tools") or []})
     known = set(registry.names())
     missing = [n for n in wanted if n not in known]
@@ -399,7 +398,7 @@ def multi_turn_tools(config: ToolschoolConfig, examples: Sequence[dict[str, Any]
             hint="add them with [tools] modules/mcp/toolbox, or train those examples with --mode single_turn",
         )
     names = wanted or sorted(known)
-    return registry, [tool_callable(registry.get(n)) for n in names]
+    return registry, [tool_callable(registry.get(n), registry.call_timeout) for n in names]
 
 
 def _set_response_parser(tokenizer: Any) -> None:
