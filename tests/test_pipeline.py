@@ -18,6 +18,10 @@ from rich.console import Console
 from toolschool.config import load_config
 from toolschool.errors import ConfigError
 from toolschool.pipeline import STAGES, is_done, run_pipeline
+from toolschool.tools.registry import build_registry
+
+with build_registry(only=["calculator"]) as _registry:
+    CALCULATOR = _registry.schemas()[0]  # as the explore stage logs it
 
 
 def _trial(index: int, a: int, b: int) -> dict:
@@ -40,7 +44,7 @@ def _trial(index: int, a: int, b: int) -> dict:
         "final_answer": f"It is {a * b}.",
         "reflection": "Yes",
         "solved": True,
-        "tools": [CALC],
+        "tools": [CALCULATOR],
         "model": "test",
     }
 
@@ -79,6 +83,15 @@ def run_config(tmp_path: Path, tiny_model_dir: Path):
     (explore_dir / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials))
     (explore_dir / "DONE.json").write_text(json.dumps({"stage": "explore", "seconds": 0}))
     return config
+
+
+def test_a_finished_exploration_of_a_tool_edited_since_is_refused_before_any_stage(run_config) -> None:
+    trials = run_config.run_dir() / "explore" / "trials.jsonl"
+    lines = [json.loads(line) for line in trials.read_text().splitlines()]
+    trials.write_text("".join(json.dumps({**t, "tools": [CALC]}) + "\n" for t in lines))  # an older calculator
+    with pytest.raises(ConfigError, match=r"stage 'explore' of .* explored calculator before its schema was changed"):
+        run_pipeline(run_config)
+    assert not (run_config.run_dir() / "distill").exists()
 
 
 def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:

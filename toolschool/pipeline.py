@@ -209,6 +209,30 @@ def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None
             )
 
 
+def check_explored_tools(config: ToolschoolConfig, stages: list[str]) -> None:
+    """Refuse to skip a finished exploration of a tool whose schema was edited since (a user changed a function's
+    signature or docstring): its trials hold calls to the old tool, and training on them teaches the old one."""
+    if "explore" not in stages or not is_done(config, "explore"):
+        return
+    from toolschool.explore.log import TRIALS_FILE, read_trials
+    from toolschool.explore.runner import edited_tools
+    from toolschool.tools.registry import registry_for
+
+    trials = config.run_dir() / "explore" / TRIALS_FILE
+    records = read_trials(trials)[:1] if trials.is_file() else []
+    if not records:
+        return
+    with registry_for(config.tools) as registry:
+        edited = edited_tools(records, registry.schemas())
+    if edited:
+        raise ConfigError(
+            f"stage 'explore' of {config.run_dir()} explored {', '.join(edited)} before its schema was changed "
+            "(its parameters or descriptions differ from the trial log's)",
+            hint="rerun from it with --from explore (its outputs and the later stages' move to .previous/), "
+            "or put the tool back as it was",
+        )
+
+
 def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary: dict[str, Any]) -> None:
     path = marker_path(config, stage)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -647,6 +671,7 @@ def _run_stages(
     if stale is not None:
         kept = [s for s in kept if STAGES.index(s) < STAGES.index(stale)]
     check_finished_settings(config, kept)
+    check_explored_tools(config, kept)
     if stale is None and from_stage is not None:
         move_aside(config, from_stage)
     if stale is not None:  # it is never after from_stage: this moves what --from would too

@@ -58,6 +58,19 @@ def plan_episodes(
     ]
 
 
+def edited_tools(records: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[str]:
+    """The tools of `schemas` whose schema differs from the one the trial log offered (a user edited a function's
+    signature or docstring since). A log from before the schemas were logged has none."""
+    logged_list = records[0].get("tools") if records else None
+    if not isinstance(logged_list, list):
+        return []
+    logged = {schema.get("function", {}).get("name"): schema for schema in logged_list if isinstance(schema, dict)}
+    current = {  # as the log holds it: JSON (tuples become lists)
+        schema.get("function", {}).get("name"): json.loads(json.dumps(schema)) for schema in schemas
+    }
+    return [name for name, schema in current.items() if name in logged and logged[name] != schema]
+
+
 def check_resumable(
     records: list[dict[str, Any]],
     *,
@@ -89,12 +102,8 @@ def check_resumable(
     if tools is not None and isinstance(first.get("tools"), list):
         offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
         checks.append(("offered tools", offered, tools))
-    if schemas is not None and isinstance(first.get("tools"), list):
-        logged = {schema.get("function", {}).get("name"): schema for schema in first["tools"]}
-        now_by_name = {  # as the log holds it: JSON (tuples become lists)
-            schema.get("function", {}).get("name"): json.loads(json.dumps(schema)) for schema in schemas
-        }
-        edited = [name for name, schema in now_by_name.items() if name in logged and logged[name] != schema]
+    if schemas is not None:
+        edited = edited_tools(records, schemas)
         if edited:
             raise ResumeRefused(
                 f"cannot resume: the schema of {', '.join(edited)} changed since the trial log was written "
