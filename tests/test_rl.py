@@ -513,3 +513,18 @@ def test_multi_turn_call_with_arguments_as_a_json_string_is_executed(tokenizer) 
         assert "7006652" in tools[0](**call["arguments"])  # what TRL's tool loop does with it
     finally:
         registry.close()
+
+
+def test_training_arguments_raise_no_deprecation_warning(
+    tiny_model_dir: Path, train_file: Path, tmp_path: Path
+) -> None:
+    """`rl.gradient_checkpointing` reaches transformers under its current name (`activation_checkpointing`): the
+    old keyword printed a FutureWarning at the start of every RL run."""
+    import warnings
+
+    from toolschool.train.rl import run_rl
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), tmp_path / "rl", progress=False)
+    assert not [w for w in caught if "`gradient_checkpointing` is deprecated" in str(w.message)]

@@ -362,3 +362,16 @@ def test_resume_without_checkpoints_says_it_starts_at_step_0(tmp_path: Path, tin
     result = CliRunner().invoke(app, [*args, "--num-steps", "1", "--batch-size", "2", "--validation-samples", "0"])
     assert result.exit_code == 0, result.output
     assert f"no checkpoint in {out / 'checkpoints'}: starting at step 0" in result.output
+
+
+def test_training_arguments_raise_no_deprecation_warning(tmp_path: Path, tiny_model_dir: Path, data_files) -> None:
+    """`sft.gradient_checkpointing` reaches transformers under its current name (`activation_checkpointing`): the
+    old keyword printed a FutureWarning at the start of every SFT run, the first thing a user saw of training."""
+    import warnings
+
+    train, validation = data_files
+    config = _config(tmp_path, tiny_model_dir, train, validation, num_steps=1, validation_samples=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_sft(config, tmp_path / "out", progress=False)
+    assert not [w for w in caught if "`gradient_checkpointing` is deprecated" in str(w.message)]

@@ -666,7 +666,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         report_to="none",
         use_cpu=use_cpu,
         bf16=settings.dtype == "bf16",
-        gradient_checkpointing=settings.gradient_checkpointing,
+        activation_checkpointing=settings.gradient_checkpointing,  # transformers 5 name; the old one warns
         use_vllm=settings.use_vllm,
         vllm_mode="colocate",
         max_tool_calling_iterations=settings.max_tool_iterations if tools else None,

@@ -554,7 +554,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         bf16=settings.dtype == "bf16",
         dataloader_num_workers=0,
         # TRL turns activation checkpointing on by default; on a 135M model it only costs ~1/3 more compute.
-        gradient_checkpointing=settings.gradient_checkpointing,
+        activation_checkpointing=settings.gradient_checkpointing,  # transformers 5 name; the old one warns
         disable_tqdm=not progress,
         save_only_model=False,
     )
