@@ -16,8 +16,8 @@ def run(
     from_stage: str = typer.Option(
         None,
         "--from",
-        help="Rerun from this stage (explore, distill, sft, rl, eval, report); earlier outputs are "
-        "moved to runs/NAME/.previous/.",
+        help="Rerun from this stage (explore, distill, sft, rl, eval, report); its and the later stages' "
+        "outputs move to runs/NAME/.previous/TIME/.",
     ),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/)."),
     model: str = typer.Option(
