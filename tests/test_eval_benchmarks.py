@@ -91,6 +91,37 @@ def test_bfcl_wrong_argument_value_fails_the_checker() -> None:
     assert not verdict["valid"] and verdict["error"]
 
 
+def test_bfcl_overall_accuracy_is_the_mean_of_its_ast_categories() -> None:
+    """BFCL's leaderboard averages its AST categories' accuracies, unweighted, and reports irrelevance on its own:
+    pooling over items would give a model that never calls 3/7 here (its irrelevance items) instead of 1/3."""
+    import asyncio
+
+    from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
+    from toolschool.models.backend import Backend, Completion
+
+    simple = bfcl.load_items("bfcl:simple_python", limit=3)
+    multiple = bfcl.load_items("bfcl:multiple", limit=1)
+    irrelevance = bfcl.load_items("bfcl:irrelevance", limit=3)
+    right = simple[0]  # the one item answered right: simple_python 1/3, multiple 0/1, irrelevance 3/3
+    (call,) = _first_answer_call(right.meta["ground_truth"])
+    reply = "<tool_call>\n" + json.dumps(call["function"]) + "\n</tool_call>"
+
+    class Answers(Backend):
+        name = "answers"
+
+        async def generate(self, request):  # type: ignore[no-untyped-def]
+            text = reply if request.messages[-1]["content"] == right.messages[-1]["content"] else "No idea."
+            return [Completion(text=text)]
+
+    results = asyncio.run(evaluate_items(Answers(), simple + multiple + irrelevance, EvalOptions(semantic=False)))
+    summary = summarize(results)
+    accuracy = {name: block["accuracy"] for name, block in summary["by_category"].items()}
+    assert accuracy == pytest.approx({"simple_python": 1 / 3, "multiple": 0.0, "irrelevance": 1.0})
+    assert summary["overall"]["accuracy"] == pytest.approx((1 / 3 + 0.0) / 2)
+    assert summary["overall"]["correct"] == pytest.approx(4 / 7), "the other rates stay pooled over the items"
+    assert bfcl.summary_accuracy({"irrelevance": 0.25}) == 0.25 and bfcl.summary_accuracy({}) is None
+
+
 @pytest.fixture()
 def ste_file(tmp_path: Path) -> Path:
     if SHARED_STE.is_file():

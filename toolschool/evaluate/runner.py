@@ -243,8 +243,9 @@ def is_context_full(parsed: ParsedReply) -> bool:
 
 
 def summarize(results: list[ItemResult]) -> dict[str, Any]:
-    """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts;
-    `context_full`: how many items were scored failed because their prompt did not fit (only when some were)."""
+    """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts
+    (BFCL's overall `accuracy`: its own aggregate of the categories, `bfcl.summary_accuracy`; the other rates are
+    pooled over the items); `context_full`: how many items were scored failed because their prompt did not fit (only when some were)."""
 
     def block(group: list[ItemResult]) -> dict[str, float]:
         rates = aggregate([r.score for r in group])
@@ -256,11 +257,18 @@ def summarize(results: list[ItemResult]) -> dict[str, Any]:
     categories: dict[str, list[ItemResult]] = {}
     for result in results:
         categories.setdefault(result.item.category or result.item.benchmark, []).append(result)
+    by_category = {name: block(group) for name, group in sorted(categories.items())}
+    overall = block(results)
+    if "accuracy" in overall and all(r.item.benchmark == "bfcl" for r in results):
+        # BFCL's overall is not pooled over items: the mean of its categories' accuracies (irrelevance apart)
+        from toolschool.evaluate.benchmarks.bfcl import summary_accuracy
+
+        value = summary_accuracy({n: b["accuracy"] for n, b in by_category.items() if "accuracy" in b})
+        if value is not None:
+            overall["accuracy"] = value
     summary: dict[str, Any] = {
-        "overall": block(results),
-        "by_category": {name: block(group) for name, group in sorted(categories.items())}
-        if len(categories) > 1
-        else {},
+        "overall": overall,
+        "by_category": by_category if len(categories) > 1 else {},
         "per_tool": per_tool_accuracy([r.score for r in results]),
     }
     if full := sum(is_context_full(r.parsed) for r in results):

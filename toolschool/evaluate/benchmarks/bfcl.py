@@ -32,6 +32,7 @@ from toolschool.files import read_lines
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = CATEGORIES
+AST_CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple")  # what BFCL's AST summary averages
 MODEL_NAME = "toolschool"  # the name our stand-in model config is registered under
 PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 INSTALL_HINT = "install it with: .venv/bin/pip install --no-deps bfcl-eval==2026.3.23 (or `make install`)"
@@ -167,6 +168,17 @@ def make_judge(category: str, functions: list[dict[str, Any]], ground_truth: lis
         return {"valid": bool(result.get("valid")), "error": "; ".join(map(str, errors)) or None}
 
     return judge
+
+
+def summary_accuracy(by_category: dict[str, float]) -> float | None:
+    """BFCL's overall accuracy from per-category accuracies, as its leaderboard aggregates them
+    (`eval_runner_helper.calculate_unweighted_accuracy` for the "Non-Live AST" summary): the unweighted mean over
+    the AST categories evaluated, each counting the same whatever its item count; irrelevance, BFCL's
+    hallucination measure, is reported on its own and not averaged in. With only irrelevance evaluated, its
+    accuracy. None for no category. (BFCL's "simple" also averages Java and JavaScript; we run simple_python.)"""
+    ast = [value for name, value in by_category.items() if name in AST_CATEGORIES]
+    values = ast or list(by_category.values())
+    return sum(values) / len(values) if values else None
 
 
 def load_items(spec: str, *, limit: int | None = None) -> list[EvalItem]:
