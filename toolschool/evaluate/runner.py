@@ -245,7 +245,8 @@ def is_context_full(parsed: ParsedReply) -> bool:
 def summarize(results: list[ItemResult]) -> dict[str, Any]:
     """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts
     (BFCL's overall `accuracy`: its own aggregate of the categories, `bfcl.summary_accuracy`; the other rates are
-    pooled over the items); `context_full`: how many items were scored failed because their prompt did not fit (only when some were)."""
+    pooled over the items); `context_full`: how many items were scored failed because their prompt did not fit
+    (only when some were)."""
 
     def block(group: list[ItemResult]) -> dict[str, float]:
         rates = aggregate([r.score for r in group])

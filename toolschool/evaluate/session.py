@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -143,6 +144,7 @@ def run_evaluation(
     check_models_distinct(models)
     if options.execute and options.registry is not None:
         check_executable(benchmarks, options.registry)
+    icl = leave_out_evaluated(benchmarks, options, settings)
     with folder_lock(
         out_dir,
         ToolschoolError(
@@ -161,7 +163,33 @@ def run_evaluation(
             resume,
             on_resume_problem,
             benchmarks_for,
+            icl,
         )
+
+
+def leave_out_evaluated(
+    benchmarks: list[Benchmark], options: EvalOptions, settings: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """With --icl: keep every evaluated item (of every benchmark) out of the demonstrations, so no item's prompt
+    shows another test item with its gold answer; returns what the summary records of the ICL setup (None
+    without ICL). A pool left empty is refused: every item would silently be evaluated zero-shot."""
+    pool = options.demos
+    if not options.icl_k or pool is None:
+        return None
+    left_out = pool.leave_out(item.query for bench in benchmarks for item in bench.items)
+    demos = (settings or {}).get("demos")
+    if left_out == len(pool.examples):
+        raise ConfigError(
+            f"every demonstration in --demos {demos or ''} is one of the evaluated items ({left_out} of them)",
+            hint="retrieve demonstrations from the training split, e.g. --demos train.jsonl",
+        )
+    return {
+        "k": options.icl_k,
+        "demos": demos,
+        "retriever": (settings or {}).get("retriever"),
+        "pool": len(pool.examples) - left_out,
+        "left_out": left_out,
+    }
 
 
 def _evaluate_all(
@@ -175,6 +203,7 @@ def _evaluate_all(
     resume: bool,
     on_resume_problem: Callable[[str], None] | None,
     benchmarks_for: Callable[[str, list[Benchmark]], list[Benchmark]] | None,
+    icl: dict[str, Any] | None,
 ) -> dict[str, Any]:
     own = {model: benchmarks_for(model, benchmarks) if benchmarks_for else benchmarks for model in models}
     # every model's finished items are read (and their settings checked) before any model runs
@@ -187,6 +216,8 @@ def _evaluate_all(
                 raise
             on_resume_problem(str(exc))
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
+    if icl is not None:  # k, the demonstrations file, its retriever, the examples drawn from and those left out
+        summary["icl"] = icl
     for model in models:
         summary["models"][model] = asyncio.run(
             _run_model(make_backend, model, own[model], options, out_dir, progress, settings, finished[model])
@@ -381,6 +412,7 @@ async def _run_model(
             _write_ordered(path, done)
             results = [done[i] for i in sorted(done)]
             block = summarize(results)
+            block["items_digest"] = items_digest(bench.items)
             block["seconds"] = round(seconds, 3)
             block["items_per_second"] = round(len(todo) / seconds, 4) if todo and seconds > 0 else 0.0
             if len(todo) < len(results):
@@ -390,6 +422,15 @@ async def _run_model(
         if backend is not None:
             await backend.aclose()
     return per_benchmark
+
+
+def items_digest(items: list[EvalItem]) -> str:
+    """Which items a summary block scored (their ids and queries, in order): two summaries, e.g. zero-shot and
+    ICL, compare only when they are equal, which the run report checks."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps([item.id, item.query], ensure_ascii=False).encode("utf-8") + b"\n")
+    return digest.hexdigest()[:16]
 
 
 def _write_ordered(path: Path, done: dict[int, ItemResult]) -> None:
