@@ -4,9 +4,11 @@ see the same names as for any other model."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from toolschool.chat.toolkens import (
     with_renamed_calls,
 )
 from toolschool.evaluate.items import EvalItem
-from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.backend import Backend, Completion, GenerationRequest, StreamEvent
 
 
 def model_toolkens(model: str) -> set[str]:
@@ -57,7 +59,8 @@ class ToolkenBackend(Backend):
     def _plain(self, name: str) -> str:
         return plain_names_in_text(name, self.names)
 
-    async def generate(self, request: GenerationRequest) -> list[Completion]:
+    def _sent(self, request: GenerationRequest) -> GenerationRequest:
+        """The request as the model sees it: its tools, the calls in its conversation and its prefill as toolkens."""
         messages = [
             {**m, "tool_calls": with_renamed_calls(m["tool_calls"], toolken)} if m.get("tool_calls") else m
             for m in request.messages
@@ -67,16 +70,26 @@ class ToolkenBackend(Backend):
         prefill = request.prefill
         for name in self.names:  # a named tool_choice's opener: `{"name": "calculator", "arguments": `
             prefill = prefill.replace(json.dumps(name), json.dumps(toolken(name)))
-        sent = dataclasses.replace(request, messages=messages, tools=tools, prefill=prefill)
-        completions = await self.inner.generate(sent)
-        return [
-            dataclasses.replace(
-                c,
-                text=self._plain(c.text),
-                tool_calls=with_renamed_calls(c.tool_calls, self._plain) if c.tool_calls else c.tool_calls,
-            )
-            for c in completions
-        ]
+        return dataclasses.replace(request, messages=messages, tools=tools, prefill=prefill)
+
+    def _read(self, completion: Completion) -> Completion:
+        return dataclasses.replace(
+            completion,
+            text=self._plain(completion.text),
+            tool_calls=with_renamed_calls(completion.tool_calls, self._plain)
+            if completion.tool_calls
+            else completion.tool_calls,
+        )
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        return [self._read(c) for c in await self.inner.generate(self._sent(request))]
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[StreamEvent, None]:
+        # a toolken is one token, so a text so far holds whole toolkens: each can be renamed as it comes
+        async with contextlib.aclosing(self.inner.stream(self._sent(request))) as events:
+            async for event in events:
+                completion = None if event.completion is None else self._read(event.completion)
+                yield StreamEvent(index=event.index, text=self._plain(event.text), completion=completion)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -3,11 +3,14 @@
 Callers (exploration episodes, evaluation items, the server) are many concurrent coroutines; each awaits
 `generate` for its own conversation and the backend batches them. A request is a chat conversation plus
 the tools offered; the backend renders it with the model's chat template (local) or sends it as is (HTTP).
+`stream` is the same generation reported as it goes (the server's `stream: true`); a backend that cannot
+report text before it is done (the HTTP one, the format wrappers) reports each completion whole.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -101,6 +104,19 @@ class GenerationRequest:
     prefill: str = ""
 
 
+@dataclass
+class StreamEvent:
+    """One report of a streamed generation: sample `index`'s text so far, then, once it is done, its completion.
+
+    Successive events of one sample hold successive decodes of its tokens (a character not yet complete left
+    out); `completion.text` is the final text, which is cut before a stop string the earlier texts may show.
+    """
+
+    index: int
+    text: str
+    completion: Completion | None = None
+
+
 class Backend(ABC):
     """Generate completions for chat conversations; safe to call from many coroutines at once."""
 
@@ -109,6 +125,16 @@ class Backend(ABC):
     @abstractmethod
     async def generate(self, request: GenerationRequest) -> list[Completion]:
         """Return `request.params.n` completions for one conversation."""
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[StreamEvent, None]:
+        """`generate`, reported as it goes: events for each sample, its last one with its completion; ends when
+        every sample is done. Closing the iterator early cancels the generation.
+
+        This default waits for `generate` and reports each completion whole; the local backend reports every
+        token as it is decoded.
+        """
+        for index, completion in enumerate(await self.generate(request)):
+            yield StreamEvent(index=index, text=completion.text, completion=completion)
 
     async def generate_many(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         import asyncio

@@ -1,9 +1,9 @@
 """OpenAI-compatible chat completions over any toolschool backend (normally the batching local one).
 
-Each HTTP request becomes one `backend.generate` call; because the local backend batches whatever is in flight,
-concurrent requests share forward passes. Tool calls the model writes in hermes text (`<tool_call>{...}
-</tool_call>`) come back in OpenAI `tool_calls` form (arguments as a JSON string, ids `call_...`, finish reason
-`tool_calls`).
+Each HTTP request becomes one `backend.generate` call (`backend.stream` with `stream: true`); because the local
+backend batches whatever is in flight, concurrent requests share forward passes, streamed or not. Tool calls the
+model writes in hermes text (`<tool_call>{...}</tool_call>`) come back in OpenAI `tool_calls` form (arguments as
+a JSON string, ids `call_...`, finish reason `tool_calls`).
 
 Request handling, on purpose:
 - The body is parsed as JSON whatever its content type (`curl -d` sends a form type); it must be an object.
@@ -24,18 +24,25 @@ Request handling, on purpose:
 - `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, lowered to the room the
   prompt leaves in the context. A `max_tokens` the client sends that does not fit after the prompt is a 400
   with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
-- Options that would change the output but are not implemented (`stream`, `top_logprobs`, penalties,
-  `logit_bias`, a JSON `response_format`, and vLLM's extensions such as `top_k`, `min_p`,
-  `repetition_penalty`, `min_tokens`, `ignore_eos`, guided decoding, `chat_template_kwargs`) get a 400 naming
-  them rather than being silently ignored; their neutral values (0, {}, "text", `top_k` -1, ...) are accepted.
+- `stream: true` answers with server-sent events as the OpenAI API and vLLM send them (`serve.stream`): the
+  local backend's text as it decodes, tool calls as `delta.tool_calls` (never as content), the same reply as
+  without streaming; `stream_options.include_usage` adds a usage chunk. Errors found before the first token
+  (the request, the prompt's length) are the same HTTP errors as without streaming; one after the stream began
+  (a forced call the model did not complete) is an error event. `stream_options` without `stream` is a 400, as
+  in the OpenAI API, and so is vLLM's `continuous_usage_stats`.
+- Options that would change the output but are not implemented (`top_logprobs`, penalties, `logit_bias`, a
+  JSON `response_format`, and vLLM's extensions such as `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+  `ignore_eos`, guided decoding, `chat_template_kwargs`) get a 400 naming them rather than being silently
+  ignored; their neutral values (0, {}, "text", `top_k` -1, ...) are accepted.
   Other unknown fields (`user`, `metadata`, ...) are ignored.
   Role "developer" (the OpenAI API's newer name for the system role) is read as "system".
 - `parallel_tool_calls: false` returns only the first of the calls the model wrote, as vLLM does (with a forced
   call, generation also stops after it).
 - `continue_final_message: true` (a vLLM extension) continues a final partial assistant message: its content
   is appended to the prompt and the reply holds only the continuation.
-- A client that disconnects cancels its generation, so its rows leave the batch. The API-key check is a plain
-  ASGI middleware: Starlette's `BaseHTTPMiddleware` hides the client's disconnect from the endpoint.
+- A client that disconnects cancels its generation, so its rows leave the batch, streamed or not. The API-key
+  check is a plain ASGI middleware: Starlette's `BaseHTTPMiddleware` hides the client's disconnect from the
+  endpoint.
 - With an API key set, /v1 requests without `Authorization: Bearer KEY` get 401.
 - Errors, unknown routes included, have the OpenAI form `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -47,11 +54,12 @@ import json
 import secrets
 import time
 import uuid
-from contextlib import asynccontextmanager
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -60,7 +68,10 @@ from toolschool.chat.formats import get_format
 from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
-from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
+from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
+from toolschool.serve.stream import DONE, ChunkWriter, error_event
+
+T = TypeVar("T")
 
 DEFAULT_MAX_TOKENS = 512
 _DISCONNECT_POLL_SECONDS = 0.25
@@ -93,6 +104,7 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=_INT64_MIN, le=_INT64_MAX)
     logprobs: bool | None = None
     stream: bool | None = None
+    stream_options: dict[str, Any] | None = None
     continue_final_message: bool | None = None
     parallel_tool_calls: bool | None = None
     # Accepted only at their neutral values (see the module docstring).
@@ -115,9 +127,22 @@ class BadRequest(Exception):
 def _error(
     status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
 ) -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content={"error": {"message": message, "type": kind, "param": param, "code": code}}
-    )
+    return JSONResponse(status_code=status, content={"error": _error_body(message, kind, param, code)})
+
+
+def _error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"message": message, "type": kind, "param": param, "code": code}
+
+
+def _generation_failed(exc: Exception) -> Response:
+    """The HTTP answer to a generation that did not complete: the client left, a bad request, a server fault."""
+    if isinstance(exc, _ClientGone):
+        return Response(status_code=499)
+    if isinstance(exc, ToolschoolError):
+        return _error(400, str(exc), param=getattr(exc, "param", None))
+    return _error(500, f"generation failed: {type(exc).__name__}: {exc}", kind="server_error")
 
 
 class _RequireKey:
@@ -194,17 +219,81 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
                 code="model_not_found",
             )
         generation, offer_tools = to_generation_request(body)
+        if body.stream:
+            return await stream_response(request, body, generation, offer_tools)
         try:
             completions = await _unless_disconnected(request, backend.generate(generation))
-        except _ClientGone:
-            return Response(status_code=499)
-        except ToolschoolError as exc:
-            return _error(400, str(exc), param=getattr(exc, "param", None))
         except Exception as exc:  # noqa: BLE001 - report, keep serving
-            return _error(500, f"generation failed: {type(exc).__name__}: {exc}", kind="server_error")
+            return _generation_failed(exc)
         return to_response(body, completions, model_name, offer_tools, getattr(backend, "tokenizer", None))
 
+    async def stream_response(
+        request: Request, body: ChatCompletionRequest, generation: GenerationRequest, offer_tools: bool
+    ) -> Response:
+        """Server-sent events once the first token is out: until then a failure (the prompt does not fit, the
+        client left) is the same HTTP answer as without streaming."""
+        events = backend.stream(generation)
+        try:
+            first = await _unless_disconnected(request, _first(events))
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
+            await events.aclose()
+            return _generation_failed(exc)
+        writer = ChunkWriter(
+            model_name,
+            generation.params.n,
+            generation.params.stop,
+            calls_possible=offer_tools,
+            hold_all=bool(forced_call_prefill(body)),
+            include_usage=bool((body.stream_options or {}).get("include_usage")),
+        )
+        chunks = _stream_chunks(body, events, first, writer, offer_tools, getattr(backend, "tokenizer", None))
+        return StreamingResponse(chunks, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
     return app
+
+
+async def _first(events: AsyncGenerator[StreamEvent, None]) -> StreamEvent | None:
+    async for event in events:
+        return event
+    return None
+
+
+async def _stream_chunks(
+    body: ChatCompletionRequest,
+    events: AsyncGenerator[StreamEvent, None],
+    first: StreamEvent | None,
+    writer: ChunkWriter,
+    offer_tools: bool,
+    tokenizer: Any,
+) -> AsyncIterator[str]:
+    """The SSE lines of a streamed completion; a client that leaves cancels `events` (so its rows leave the
+    batch): Starlette cancels this generator when the client disconnects."""
+    forced = forced_call_prefill(body)
+    completions: dict[int, Completion] = {}
+    try:
+        async with aclosing(events):  # closing it cancels what is left of the generation
+            for chunk in writer.opening():
+                yield chunk
+            event = first
+            while event is not None:
+                if event.completion is None:
+                    chunks = writer.text(event.index, event.text)
+                else:
+                    completions[event.index] = event.completion
+                    choice = _choice(event.index, event.completion, offer_tools, body, tokenizer, forced)
+                    chunks = writer.finish(event.index, choice)
+                for chunk in chunks:
+                    yield chunk
+                event = await anext(events, None)
+        for chunk in writer.usage(_usage([completions[i] for i in sorted(completions)])):
+            yield chunk
+    except BadRequest as exc:
+        yield error_event(_error_body(exc.message, param=exc.param, code=exc.code))
+    except ToolschoolError as exc:
+        yield error_event(_error_body(str(exc), param=getattr(exc, "param", None)))
+    except Exception as exc:  # noqa: BLE001 - the stream has begun: report it in the stream
+        yield error_event(_error_body(f"generation failed: {type(exc).__name__}: {exc}", "server_error"))
+    yield DONE
 
 
 def parse_body(raw: bytes) -> ChatCompletionRequest:
@@ -354,8 +443,17 @@ def _refuse_vllm_extensions(body: ChatCompletionRequest) -> None:
 
 def _refuse_unsupported(body: ChatCompletionRequest) -> None:
     _refuse_vllm_extensions(body)
-    if body.stream:
-        raise BadRequest("stream=true is not supported by toolschool serve; send stream=false", "stream")
+    if body.stream_options is not None:
+        if not body.stream:  # the OpenAI API and vLLM refuse it too
+            raise BadRequest("stream_options is only allowed with stream=true", "stream_options")
+        if not isinstance(body.stream_options.get("include_usage", False), bool | None):
+            raise BadRequest("stream_options.include_usage must be true or false", "stream_options")
+        if body.stream_options.get("continuous_usage_stats"):
+            raise BadRequest(
+                "stream_options.continuous_usage_stats is not supported by toolschool serve; use include_usage "
+                "(usage once, at the end)",
+                "stream_options",
+            )
     if body.top_logprobs:
         raise BadRequest("top_logprobs is not supported by toolschool serve; use logprobs=true alone", "top_logprobs")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -466,19 +564,23 @@ def to_response(
     """Backend completions -> an OpenAI chat.completion object."""
     forced = forced_call_prefill(body)
     choices = [_choice(i, c, offer_tools, body, tokenizer, forced) for i, c in enumerate(completions)]
-    prompt_tokens = completions[0].prompt_tokens if completions else 0
-    completion_tokens = sum(c.num_tokens for c in completions)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model_name,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
+        "usage": _usage(completions),
+    }
+
+
+def _usage(completions: list[Completion]) -> dict[str, int]:
+    prompt_tokens = completions[0].prompt_tokens if completions else 0
+    completion_tokens = sum(c.num_tokens for c in completions)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
     }
 
 
@@ -566,7 +668,7 @@ class _ClientGone(Exception):
     pass
 
 
-async def _unless_disconnected(request: Request, work: Any) -> list[Completion]:
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await the generation, cancelling it (so it leaves the batch) if the client hangs up first."""
     task = asyncio.ensure_future(work)
     try:
@@ -576,6 +678,7 @@ async def _unless_disconnected(request: Request, work: Any) -> list[Completion]:
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
+                await asyncio.wait({task})  # its clean-up (a stream closed) has run when this returns
                 raise _ClientGone
     except asyncio.CancelledError:
         task.cancel()

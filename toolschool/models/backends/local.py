@@ -16,7 +16,9 @@ requests go into a queue; one worker thread owns the model and runs the decode l
 So a request arriving mid-generation joins at the next step instead of waiting for the batch to drain. The
 model is only ever touched by the worker thread (torch parallelises inside each op); results go back to the
 caller's event loop with `call_soon_threadsafe`. Attention uses a 2-D padding mask plus explicit per-row
-position ids, so a row's logits do not depend on the rows it is batched with (up to float rounding).
+position ids, so a row's logits do not depend on the rows it is batched with (up to float rounding). A streamed
+request (`stream`) is the same request with a listener: each step also hands it the new token of each of its
+rows (and a row's completion when it ends), and the caller's coroutine decodes them into text as they come.
 
 Two things keep a batched decode step near the cost of its matrix multiplies on a CPU: the KV cache lives in
 preallocated buffers written in place (`kv_buffer.BufferedLayer`, instead of a whole-cache copy per step), and
@@ -30,13 +32,14 @@ import collections
 import secrets
 import threading
 import time
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from toolschool.errors import ModelLoadError, ToolschoolError
-from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest
+from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, StreamEvent
 from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
@@ -57,6 +60,9 @@ class _Pending:
     remaining: int = 0
     cancelled: bool = False  # set from the event loop when the caller gave up (e.g. client disconnect)
     prompt_tokens: int = 0
+    # A streamed request's listener, called on the caller's loop with each step's (sample index, new token id
+    # or the sample's completion) pairs.
+    listener: Callable[[list[tuple[int, int | Completion]]], None] | None = None
 
 
 @dataclass
@@ -213,16 +219,51 @@ class LocalBackend(Backend):
     # ----------------------------------------------------------------------------------------------- callers
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
+        return await self._submit(request).future
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[StreamEvent, None]:
+        """Report each sample's text after every token it decodes (a partial UTF-8 character left out), then its
+        completion. The text is decoded here, on the caller's loop, not in the worker; a caller that falls
+        behind gets one event for the tokens that came meanwhile. Leaving early cancels the request."""
+        updates: asyncio.Queue[Any] = asyncio.Queue()
+        pending = self._submit(request, listener=updates.put_nowait)
+        # queued after the last completion: the worker hands both over in order, to this same loop
+        pending.future.add_done_callback(updates.put_nowait)
+        token_ids: list[list[int]] = [[] for _ in range(request.params.n)]
+        try:
+            while True:
+                batch = [await updates.get()]
+                while not updates.empty():
+                    batch.append(updates.get_nowait())
+                grown: dict[int, None] = {}  # samples with new tokens, in order
+                for item in batch:
+                    if isinstance(item, asyncio.Future):
+                        item.result()  # the request's error, if it failed
+                        return
+                    for index, update in item:
+                        if isinstance(update, Completion):
+                            grown.pop(index, None)
+                            yield StreamEvent(index=index, text=update.text, completion=update)
+                        else:
+                            token_ids[index].append(update)
+                            grown[index] = None
+                for index in grown:
+                    yield StreamEvent(index=index, text=self._decode(token_ids[index]).rstrip("\ufffd"))
+        finally:
+            if not pending.future.done():
+                pending.future.cancel()  # its rows leave the batch at the next step
+
+    def _submit(self, request: GenerationRequest, listener: Callable[..., None] | None = None) -> _Pending:
         request.params.check()
         loop = asyncio.get_running_loop()
-        pending = _Pending(request=request, loop=loop, future=loop.create_future())
+        pending = _Pending(request=request, loop=loop, future=loop.create_future(), listener=listener)
         pending.future.add_done_callback(lambda fut: _mark_cancelled(pending, fut))
         with self._cond:
             if self._closed:
                 raise BackendClosedError(f"backend for '{self.name}' is closed", hint="create a new backend")
             self._queue.append(pending)
             self._cond.notify()
-        return await pending.future
+        return pending
 
     def render_prompt(self, request: GenerationRequest) -> list[int]:
         """Prompt token ids: the chat template with a generation prompt, then the request's prefill text."""
@@ -447,6 +488,7 @@ class LocalBackend(Backend):
             [r.generator for r in rows],
         )
         keep: list[int] = []
+        streamed: dict[int, tuple[_Pending, list[tuple[int, int | Completion]]]] = {}
         for i, row in enumerate(rows):
             if row.pending.cancelled:
                 continue
@@ -455,6 +497,10 @@ class LocalBackend(Backend):
             finished = self._finish_if_done(i, row)
             if not finished:
                 keep.append(i)
+                if row.pending.listener is not None:
+                    streamed.setdefault(id(row.pending), (row.pending, []))[1].append((row.index, tokens[i]))
+        for pending, new_tokens in streamed.values():
+            _notify(pending, new_tokens)
         if len(keep) < len(rows):
             self._select(keep)
         if not self._rows:
@@ -517,13 +563,16 @@ class LocalBackend(Backend):
     def _complete(self, i: int, row: _Row, text: str, reason: str) -> bool:
         self._cache_conversation(i, row)  # before the caller hears back and sends the conversation's next turn
         pending = row.pending
-        pending.completions[row.index] = Completion(
+        completion = Completion(
             text=text,
             token_ids=list(row.token_ids),
             logprobs=list(row.logprobs),
             finish_reason=reason,  # type: ignore[arg-type]
             prompt_tokens=pending.prompt_tokens,
         )
+        pending.completions[row.index] = completion
+        if pending.listener is not None:
+            _notify(pending, [(row.index, completion)])
         pending.remaining -= 1
         if pending.remaining == 0:
             _resolve(pending, [c for c in pending.completions if c is not None])
@@ -635,6 +684,16 @@ def end_of_turn_ids(tokenizer: Any, model: Any) -> set[int]:
 def _mark_cancelled(pending: _Pending, future: asyncio.Future[Any]) -> None:
     if future.cancelled():
         pending.cancelled = True
+
+
+def _notify(pending: _Pending, updates: list[tuple[int, int | Completion]]) -> None:
+    """Hand a streamed request's new tokens / completions to its listener, on the caller's loop."""
+    if pending.cancelled or pending.listener is None:
+        return
+    try:
+        pending.loop.call_soon_threadsafe(pending.listener, updates)
+    except RuntimeError:  # the caller's loop is closed: nobody is listening any more
+        pass
 
 
 def _resolve(pending: _Pending, value: list[Completion] | BaseException) -> None:
