@@ -188,7 +188,45 @@ def test_ste_scoring_rules(ste_file: Path) -> None:
     assert rates["ste_well_formed"] == pytest.approx(3 / 5)
     assert rates["ste_api_match"] == pytest.approx(2 / 3)
     assert rates["correct"] == pytest.approx(1 / 5)
-    assert rates["no_call_rate"] == pytest.approx(2 / 5)
+    assert rates["no_call_rate"] == pytest.approx(1 / 5), (
+        "the notebook's no-call: the malformed reply is a syntax error"
+    )
+
+
+def test_ste_correct_is_the_notebooks_string_rule_through_the_runner(ste_file: Path) -> None:
+    """`str(v).strip().lower()` equality, as the notebook: "90" matches 90 but 90.0 does not, although our generic
+    exact matching reads them as equal (it scored this reply correct)."""
+    import asyncio
+
+    from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
+    from toolschool.models.backend import Backend, Completion
+
+    item = next(i for i in ste.load_items(ste_file) if i.category == "add_date")
+    replies = [
+        {"date": "2022-10-14", "days": "90"},  # right
+        {"date": " 2022-10-14 ", "days": 90, "extra": 1},  # right: stripped, extra keys allowed
+        {"date": "2022-10-14", "days": 90.0},  # "90.0" != "90"
+        {"date": "2022-10-14", "days": "9 0"},
+    ]
+
+    class Replies(Backend):
+        name = "replies"
+
+        def __init__(self) -> None:
+            self.left = list(replies)
+
+        async def generate(self, request):  # type: ignore[no-untyped-def]
+            call = {"name": "add_date", "arguments": self.left.pop(0)}
+            return [Completion(text="<tool_call>\n" + json.dumps(call) + "\n</tool_call>")]
+
+    options = EvalOptions(concurrency=1, semantic=False)
+    results = asyncio.run(evaluate_items(Replies(), [item] * len(replies), options))
+    assert [r.score.correct for r in results] == [True, True, False, False]
+    assert [r.verdict["valid"] for r in results] == [True, True, False, False]
+    overall = summarize(results)["overall"]
+    assert overall["correct"] == overall["accuracy"] == 0.5 and overall["ste_api_match"] == 1.0
+    assert ste.notebook_arguments_match({"flag": True}, {"flag": "TRUE"})
+    assert not ste.notebook_arguments_match({"days": "90"}, {"days": 90, "date": "x"})
 
 
 def test_ste_bad_files_are_clear_errors(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ def test_aggregate_rates() -> None:
     assert rates["well_formed"] == pytest.approx(3 / 4)
     assert rates["api_match"] == pytest.approx(2 / 3)
     assert rates["correct"] == pytest.approx(1 / 4)
-    assert rates["no_call_rate"] == pytest.approx(1 / 4)
+    assert rates["no_call_rate"] == 0.0, "a malformed reply is not a reply that chose not to call"
     assert rates["correct_tool"] == pytest.approx(2 / 4)
     assert rates["argument_accuracy"] == pytest.approx(1 / 2)
     assert "valid_json" not in rates and "answer_accuracy" not in rates

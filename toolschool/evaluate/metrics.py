@@ -402,7 +402,9 @@ def aggregate(scores: list[ItemScore]) -> dict[str, float]:
         # STE metrics
         "well_formed": _rate(s.well_formed for s in scores),
         "correct": _rate(s.correct for s in scores),
-        "no_call_rate": _rate(not s.called for s in scores),
+        # well-formed replies that make no call: a malformed reply is not a choice not to call (the STE notebook
+        # counts it a syntax error), so ste_well_formed + no_call_rate + malformed replies make up every item
+        "no_call_rate": _rate(s.well_formed and not s.called for s in scores),
         # the STE repository's notebook: a reply without a call is a no-call, not well-formed
         "ste_well_formed": _rate(s.well_formed and s.called for s in scores),
         # tool / argument metrics (valid-format rate is well_formed)

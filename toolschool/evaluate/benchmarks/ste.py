@@ -12,9 +12,10 @@ Scoring follows the STE repository's evaluation notebook (STE/evaluation.ipynb),
   and right arguments / all;
 - arguments are right when every gold key is present with an equal value after `str(v).strip().lower()` — the
   notebook does this for 31 of the 50 APIs and asks ChatGPT for a semantic judgement on the rest; we have no
-  judge offline, so we use the (stricter) normalised string match for all APIs (`metrics.arguments_match`,
-  mode exact: also whitespace-collapsed, numbers as numbers).
-These are `ste_well_formed`, `ste_api_match`, `correct` and `no_call_rate` in `metrics.aggregate`.
+  judge offline, so every item's judge (`notebook_verdict`) applies that string rule, as the notebook's own code
+  does (not `metrics.arguments_match`, whose exact mode also collapses whitespace and reads "90.0" as 90).
+These are `ste_well_formed`, `ste_api_match`, `correct` (= the judge's `accuracy`) and `no_call_rate` in
+`metrics.aggregate`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from toolschool.chat.types import tool_call
+from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.errors import DataError, ToolschoolError
 from toolschool.evaluate.items import EvalItem
 
@@ -162,6 +163,33 @@ def _schemas(names: list[str], descriptions: str) -> list[dict[str, Any]]:
     return tools
 
 
+def notebook_arguments_match(predicted: dict[str, Any], gold: dict[str, Any]) -> bool:
+    """The STE notebook's string match: every gold key present, `str(value).strip().lower()` equal (both sides are
+    what `json.loads` gives, as in the notebook: `True` reads "true", 90.0 "90.0")."""
+    return all(
+        key in predicted and str(predicted[key]).strip().lower() == str(value).strip().lower()
+        for key, value in gold.items()
+    )
+
+
+def make_judge(action: str, arguments: dict[str, Any]):
+    """The notebook's verdict on a reply: one call (the gold has one), of the gold API, arguments string-equal."""
+
+    def judge(parsed: ParsedReply) -> dict[str, Any]:
+        calls = list(parsed.calls) if parsed.error is None else []
+        if len(calls) != 1:
+            return {"valid": False, "error": f"{len(calls)} calls, the gold has one"}
+        function = calls[0].get("function") or {}
+        if function.get("name") != action:
+            return {"valid": False, "error": f"called {function.get('name')!r}, the gold calls {action!r}"}
+        predicted = function.get("arguments")
+        if not isinstance(predicted, dict) or not notebook_arguments_match(predicted, arguments):
+            return {"valid": False, "error": "arguments differ from the gold ones (str(v).strip().lower())"}
+        return {"valid": True, "error": None}
+
+    return judge
+
+
 def load_items(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
     """Items of an STE test file; `limit` is per API."""
     path = Path(path)
@@ -199,6 +227,7 @@ def load_items(path: str | Path, *, limit: int | None = None) -> list[EvalItem]:
                     benchmark="ste",
                     category=api,
                     meta={"api": api},
+                    judge=make_judge(action, arguments),
                 )
             )
     if not items:
