@@ -23,6 +23,16 @@ def test_bfcl_spec_parsing_and_unknown_category() -> None:
         bfcl.parse_spec("bfcl:live_simple")
 
 
+def test_a_benchmark_named_twice_is_evaluated_once(ste_file: Path) -> None:
+    """`-b bfcl:simple_python -b bfcl:irrelevance` made two benchmarks named bfcl: one items file and summary block,
+    the second replacing the first; a category named twice was scored twice."""
+    (bench,) = resolve_benchmarks(["bfcl:simple_python", "bfcl:irrelevance,simple_python"], None, 1)
+    assert bench.name == "bfcl" and [i.id for i in bench.items] == ["simple_python_0", "irrelevance_0"]
+    assert bfcl.parse_spec("bfcl:multiple,multiple") == ["multiple"]
+    benches = resolve_benchmarks(["ste", "bfcl:multiple", "ste"], str(ste_file), 1)
+    assert [b.name for b in benches] == ["ste", "bfcl"] and len(benches[0].items) == 3
+
+
 def test_bfcl_tool_schema_conversion_follows_bfcl() -> None:
     docs = [
         {

@@ -39,14 +39,22 @@ class Benchmark:
 
 
 def resolve_benchmarks(benchmarks: list[str], data: str | None, limit: int | None) -> list[Benchmark]:
-    """`--benchmark` specs (and/or `--data`) -> item lists. Unknown names are a ToolschoolError."""
+    """`--benchmark` specs (and/or `--data`) -> item lists. Unknown names are a ToolschoolError.
+
+    Each benchmark is evaluated once, under its name (which names its items file and summary block): several
+    `bfcl:...` specs are one BFCL benchmark with their categories, each category once; `ste` twice is one."""
     resolved: list[Benchmark] = []
+    bfcl_categories: list[str] = []
     for spec in benchmarks:
         name = spec.split(":", 1)[0].strip().lower()
         if name == "bfcl":
             from toolschool.evaluate.benchmarks import bfcl
 
-            resolved.append(Benchmark("bfcl", bfcl.load_items(spec, limit=limit)))
+            bfcl_categories += bfcl.parse_spec(spec)
+            if not any(b.name == "bfcl" for b in resolved):
+                resolved.append(Benchmark("bfcl", []))  # its place in the order; items below
+        elif name == "ste" and any(b.name == "ste" for b in resolved):
+            continue
         elif name == "ste":
             from toolschool.evaluate.benchmarks import ste
 
@@ -60,6 +68,11 @@ def resolve_benchmarks(benchmarks: list[str], data: str | None, limit: int | Non
                 f"unknown benchmark '{spec}'",
                 hint="choose from: bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance], ste",
             )
+    if bfcl_categories:
+        from toolschool.evaluate.benchmarks import bfcl
+
+        spec = "bfcl:" + ",".join(dict.fromkeys(bfcl_categories))
+        next(b for b in resolved if b.name == "bfcl").items = bfcl.load_items(spec, limit=limit)
     if not benchmarks and not data:
         raise ConfigError("nothing to evaluate", hint="pass --data test.jsonl and/or --benchmark bfcl|ste")
     if data and not any(b.name == "ste" for b in resolved):  # with ste, --data is the STE test file

@@ -71,9 +71,10 @@ def _bfcl() -> tuple[Any, Any, Any, Path]:
 
 
 def parse_spec(spec: str) -> list[str]:
-    """`bfcl` or `bfcl:simple_python,multiple` -> category names (validated)."""
+    """`bfcl` or `bfcl:simple_python,multiple` -> category names (validated; each once, or its items would be
+    scored twice)."""
     _, _, rest = spec.partition(":")
-    names = [n.strip() for n in rest.split(",") if n.strip()] or list(DEFAULT_CATEGORIES)
+    names = list(dict.fromkeys(n.strip() for n in rest.split(",") if n.strip())) or list(DEFAULT_CATEGORIES)
     unknown = [n for n in names if n not in CATEGORIES]
     if unknown:
         raise ToolschoolError(
