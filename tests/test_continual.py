@@ -279,6 +279,32 @@ def test_the_matrix_says_how_many_items_each_percentage_is_of() -> None:
     assert "B1 5, B2 –" in matrix_markdown(unseen)
 
 
+def test_the_report_shows_each_tools_correct_percent_after_each_round() -> None:
+    """A batch's figure hides which of its tools were kept and which were lost: the markdown gives a per-tool
+    table (rounds x tools, n per tool) from the cells' details, which only matrix.json held."""
+    from toolschool.train.continual import per_tool_markdown
+
+    def cell(**tools: tuple[int, float]) -> dict:
+        return {"per_tool": {tool: {"n": n, "correct": c} for tool, (n, c) in tools.items()}}
+
+    data = {
+        "batches": [["weekday", "unit_convert"], ["vat"]],
+        "matrix": [[50.0, None], [25.0, 100.0]],
+        "details": [
+            [cell(weekday=(2, 100.0), unit_convert=(2, 0.0)), None],
+            [cell(weekday=(2, 0.0), unit_convert=(2, 50.0)), cell(vat=(3, 100.0))],
+        ],
+        "replay": True,
+        "replay_ratio": 0.1,
+        "summary": forgetting_summary([[50.0, None], [25.0, 100.0]]),
+    }
+    lines = per_tool_markdown(data)
+    assert "| after round | weekday (B1, n=2) | unit_convert (B1, n=2) | vat (B2, n=3) |" in lines
+    assert "| 1 | 100.0 | 0.0 | – |" in lines and "| 2 | 0.0 | 50.0 | 100.0 |" in lines
+    assert "Per tool, correct %:" in matrix_markdown(data)
+    assert per_tool_markdown({**data, "details": [[None, None], [None, None]]}) == []
+
+
 # -------------------------------------------------------------------------------------------- CLI errors
 
 
@@ -462,14 +488,15 @@ def _scripted_rounds(monkeypatch: pytest.MonkeyPatch, scores: list[list[float]],
 
     crash: set[int] = set()
 
-    def fake_round(config, inputs, r, round_dir, start_model, data, fingerprint, training, progress, say):  # noqa: ANN001
+    def fake_round(config, inputs, r, round_dir, start_model, data, keys, progress, say):  # noqa: ANN001
         if r + 1 in crash:
             raise KeyboardInterrupt
         trained.append((r + 1, start_model))
         (round_dir / "sft" / "merged").mkdir(parents=True, exist_ok=True)
         evals = {f"B{j + 1}": {"correct": scores[r][j], "n": len(inputs.batches[j].test)} for j in range(r + 1)}
         marker = {
-            "fingerprint": fingerprint,
+            "fingerprint": keys.result,
+            "model_id": f"model-{len(trained)}",
             "round": r + 1,
             "start_model": start_model,
             "merged": "sft/merged",
@@ -614,3 +641,240 @@ def test_a_second_run_in_the_same_folder_at_the_same_time_is_refused(
         assert "wait for it to finish" in str(info.value)
     assert trained == []
     assert run_continual(config, out, progress=False).rounds_run == [1, 2]  # released: it runs
+
+
+# ------------------------------------------------------------------- training and scoring scripted, the rounds real
+
+
+def _scripted_training(monkeypatch: pytest.MonkeyPatch, trainings: list[tuple[str, str]]) -> None:
+    """Stand in for SFT (writes a checkpoint and a merged folder holding its start model's name) and for scoring
+    (100 % when the model's chain of start models includes the batch's round, else 0): `_run_round` itself runs.
+    `trainings` records (round folder, start model) per training."""
+    import toolschool.train.continual as continual
+    import toolschool.train.sft as sft
+    from toolschool.train.sft import SFTResult
+
+    def fake_sft(config, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
+        trainings.append((out_dir.parent.name, config.model.name))
+        (out_dir / "checkpoints" / "checkpoint-1").mkdir(parents=True, exist_ok=True)
+        merged = out_dir / "merged"
+        merged.mkdir(parents=True, exist_ok=True)
+        (merged / "chain.txt").write_text(config.model.name + "\n" + out_dir.parent.name)
+        return SFTResult(out_dir=out_dir, adapter_dir=None, merged_dir=merged, steps=1, seconds=0.0)
+
+    def fake_scores(model_dir, batches, config, out_dir):  # noqa: ANN001, ANN202
+        out_dir.mkdir(parents=True, exist_ok=True)
+        n = {b.label: len(continual.eval_sample(b, config.continual.eval_limit)) for b in batches}
+        return {b.label: {"tools": b.tools, "n": n[b.label], "correct": 50.0, "per_tool": {}} for b in batches}
+
+    monkeypatch.setattr(sft, "run_sft", fake_sft)
+    monkeypatch.setattr(continual, "evaluate_rounds_model", fake_scores)
+
+
+def _two_then_three(tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """Flags of a run of batches [shout], [reverse] and of the same run with a batch [double, negate] added later
+    (its lines appended to the data file, as a user who explored new tools would)."""
+    first = [_conversation(t, k) for t in ("shout", "reverse") for k in range(5)]
+    later = [_conversation(t, k) for t in ("double", "negate") for k in range(5)]
+    two = {
+        "model.name": "start-model",
+        "continual.batches": str(_write_json(tmp_path / "b2.json", [["shout"], ["reverse"]])),
+        "continual.data": str(_write_jsonl(tmp_path / "d2.jsonl", first)),
+        "continual.steps_per_round": 1,
+    }
+    three = {
+        **two,
+        "continual.batches": str(_write_json(tmp_path / "b3.json", [["shout"], ["reverse"], ["double", "negate"]])),
+        "continual.data": str(_write_jsonl(tmp_path / "d3.jsonl", first + later)),
+    }
+    return two, three
+
+
+def test_a_batch_added_later_trains_only_the_new_round(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Continual learning adds tools over time: a finished run of batches A, B rerun with A, B, C (the data file
+    grown by C's lines) keeps rounds 1-2 and trains round 3 from round 2's model. It was refused as 'different
+    settings (batch_data, batches, data changed)', which meant training A and B again in a new folder."""
+    trainings: list[tuple[str, str]] = []
+    _scripted_training(monkeypatch, trainings)
+    two, three = _two_then_three(tmp_path)
+    out = tmp_path / "out"
+    first = run_continual(load_config(None, two), out, progress=False)
+    assert first.rounds_run == [1, 2] and [t[0] for t in trainings] == ["round_1", "round_2"]
+    before = first.matrix["matrix"]
+
+    messages: list[str] = []
+    grown = run_continual(load_config(None, three), out, progress=False, log=messages.append)
+    assert grown.rounds_skipped == [1, 2] and grown.rounds_run == [3]
+    assert trainings[2] == ("round_3", str((out / "round_2" / "sft" / "merged").resolve()))
+    assert [row[:2] for row in grown.matrix["matrix"][:2]] == [row[:2] for row in before]
+    assert grown.matrix["matrix"][0][2] is None and grown.matrix["matrix"][2] == [50.0, 50.0, 50.0]
+    assert grown.matrix["composition"][2]["replay"] == {"B1": 1, "B2": 1}
+    assert json.loads((out / "plan.json").read_text())["batches"][-1] == ["double", "negate"]
+    assert "| 3 | 50.0 | 50.0 | 50.0 | 50.0 |" in (out / "matrix.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ("edited", "the lines of batch 1 (shout)"),
+        ("inserted", 'batches [["shout"],["reverse"]] → [["shout"],["double","negate"],["reverse"]]'),
+        ("lr", "sft.learning_rate 0.0002 → 0.001"),
+        ("steps", "steps_per_round 1 → 3"),
+    ],
+)
+def test_a_rerun_that_would_change_finished_rounds_is_refused_naming_what_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str, message: str
+) -> None:
+    """Only batches added at the end keep the finished rounds valid; anything else is refused with what changed,
+    old → new (it said 'sft changed', not which key or from what)."""
+    _scripted_training(monkeypatch, [])
+    two, three = _two_then_three(tmp_path)
+    out = tmp_path / "out"
+    run_continual(load_config(None, two), out, progress=False)
+    flags = dict(two)
+    if change == "edited":
+        rows = [json.loads(line) for line in Path(three["continual.data"]).read_text().splitlines()]
+        rows[0]["messages"][0]["content"] += " Now."
+        flags = {**three, "continual.data": str(_write_jsonl(tmp_path / "d3e.jsonl", rows))}
+    elif change == "inserted":
+        batches = [["shout"], ["double", "negate"], ["reverse"]]
+        flags = {**three, "continual.batches": str(_write_json(tmp_path / "b3i.json", batches))}
+    elif change == "lr":
+        flags["sft.learning_rate"] = 1e-3
+    else:
+        flags["continual.steps_per_round"] = 3
+    with pytest.raises(ToolschoolError) as info:
+        run_continual(load_config(None, flags), out, progress=False)
+    assert "holds a continual run with different settings" in str(info.value)
+    assert message in str(info.value).replace(", ", ",")
+    assert "added at the end of the batches file" in (info.value.hint or "")
+
+
+def test_an_earlier_round_trained_again_retrains_the_rounds_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Deleting round 1's folder trains round 1 again: another model. Round 2, trained from the old one, was kept
+    (its fingerprint only chained settings and data), so the matrix mixed two chains of models; now round 2 trains
+    again, from the new round 1, and what it had trained moves to .previous/ — also when the run stopped between
+    the two."""
+    trainings: list[tuple[str, str]] = []
+    _scripted_training(monkeypatch, trainings)
+    two, _ = _two_then_three(tmp_path)
+    config = load_config(None, two)
+    out = tmp_path / "out"
+    run_continual(config, out, progress=False)
+    shutil.rmtree(out / "round_1")
+    trainings.clear()
+
+    import toolschool.train.continual as continual
+
+    real_round = continual._run_round
+
+    def stop_before_round_2(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if args[2] == 1:
+            raise KeyboardInterrupt
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(continual, "_run_round", stop_before_round_2)
+    with pytest.raises(KeyboardInterrupt):
+        run_continual(config, out, progress=False)
+    monkeypatch.setattr(continual, "_run_round", real_round)
+    messages: list[str] = []
+    result = run_continual(config, out, progress=False, log=messages.append)
+    assert result.rounds_skipped == [1] and result.rounds_run == [2]
+    assert [t[0] for t in trainings] == ["round_1", "round_2"]
+    moved = list((out / ".previous").glob("*/round_2"))
+    assert len(moved) == 1 and (moved[0] / "sft" / "checkpoints" / "checkpoint-1").is_dir()
+    assert any("round 2: what it trained earlier started from another model" in m for m in messages)
+    assert run_continual(config, out, progress=False).rounds_skipped == [1, 2]
+
+
+def test_a_deleted_merged_model_of_an_earlier_round_is_named_with_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Round 2 starts from round 1's merged model; deleted (to save disk), the run failed with 'model ... is not an
+    existing folder, an embedded model or a Hugging Face model id — use --model smollm2-135m'."""
+    _scripted_training(monkeypatch, [])
+    two, three = _two_then_three(tmp_path)
+    out = tmp_path / "out"
+    run_continual(load_config(None, two), out, progress=False)
+    shutil.rmtree(out / "round_2" / "sft" / "merged")
+    assert run_continual(load_config(None, two), out, progress=False).rounds_skipped == [1, 2]  # not needed
+    with pytest.raises(ToolschoolError, match=r"round 2's merged model .*round_2/sft/merged is missing") as info:
+        run_continual(load_config(None, three), out, progress=False)
+    assert f"delete {out / 'round_2'} to train round 2 again" in (info.value.hint or "")
+    with pytest.raises(ToolschoolError, match=r"round 2's merged model .* is missing \(scoring it needs it\)"):
+        run_continual(load_config(None, {**two, "continual.eval_limit": 1}), out, progress=False)
+
+
+def test_a_folder_an_earlier_version_wrote_resumes_and_then_takes_new_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Markers written before the fingerprints named each batch's lines (legacy) still resume without training;
+    that resume records the lines, after which batches can be added. Adding them straight away is refused with
+    that advice, since the earlier rounds' data cannot be checked."""
+    import toolschool.train.continual as continual
+
+    trainings: list[tuple[str, str]] = []
+    _scripted_training(monkeypatch, trainings)
+    two, three = _two_then_three(tmp_path)
+    config = load_config(None, two)
+    out = tmp_path / "out"
+    run_continual(config, out, progress=False)
+    # rewrite the folder as the earlier version left it: legacy fingerprints, no model ids, no batch_data
+    inputs = continual.load_inputs(config)
+    start = continual._sha256_json({"model": "start-model"})
+    chains = continual.RoundKeys(start, start, start, start)
+    for r in range(2):
+        data = continual.compose_round(inputs.batches, r, config.continual, config.run.seed, inputs.general)
+        keys = continual.round_keys(chains, data, inputs.plan, r)
+        round_dir = out / f"round_{r + 1}"
+        marker = json.loads((round_dir / "round.json").read_text())
+        done = json.loads((round_dir / "sft_done.json").read_text())
+        for record in (marker, done):
+            record.pop("model_id")
+            record["fingerprint"] = keys.legacy_result
+        done["training_fingerprint"] = keys.legacy_training
+        (round_dir / "round.json").write_text(json.dumps(marker))
+        (round_dir / "sft_done.json").write_text(json.dumps(done))
+        (round_dir / "sft_started.json").unlink()
+        chains = keys.chained(None)
+    plan = json.loads((out / "plan.json").read_text())
+    del plan["batch_data"]
+    (out / "plan.json").write_text(json.dumps(plan))
+    trainings.clear()
+
+    with pytest.raises(ToolschoolError, match="different settings") as info:
+        run_continual(load_config(None, three), out, progress=False)
+    assert "rerun it once as it was" in (info.value.hint or "")
+    assert run_continual(config, out, progress=False).rounds_skipped == [1, 2]
+    grown = run_continual(load_config(None, three), out, progress=False)
+    assert grown.rounds_skipped == [1, 2] and grown.rounds_run == [3]
+    assert [t[0] for t in trainings] == ["round_3"] and not (out / ".previous").exists()
+
+
+def test_other_evaluation_settings_score_a_reused_round_one_again_without_training_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The baseline's round 1 stands in from the replay run. Scored again with another --eval-limit, it was
+    trained again from scratch (its stale marker kept it from being reused, and it had no SFT record of its own)."""
+    trainings: list[tuple[str, str]] = []
+    _scripted_training(monkeypatch, trainings)
+    two, _ = _two_then_three(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["continual", "--batches", two["continual.batches"], "--data", two["continual.data"], "--model", "m"]
+    argv += ["--steps-per-round", "1", "--run", "cmp"]
+
+    def run(*extra: str) -> None:
+        result = CliRunner().invoke(app, [*argv, *extra])
+        assert result.exit_code == 0, result.output
+
+    run("--compare")
+    assert sorted(t[0] for t in trainings) == ["round_1", "round_2", "round_2"]
+    trainings.clear()
+    run("--compare", "--eval-limit", "1")  # the replay run scores round 1 again first: reused again
+    run("--no-replay", "--eval-limit", "2")  # alone: the replay run's round 1 model is scored here
+    assert trainings == []
+    assert json.loads((tmp_path / "runs/cmp/continual_no_replay/plan.json").read_text())["eval"]["limit"] == 2
+    marker = json.loads((tmp_path / "runs/cmp/continual_no_replay/round_1/round.json").read_text())
+    assert marker["merged"] == "../../continual/round_1/sft/merged"  # the replay run's model, scored here

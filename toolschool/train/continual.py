@@ -42,6 +42,7 @@ from toolschool.train.common import sha256_file
 
 MARKER_FILE = "round.json"
 SFT_DONE_FILE = "sft_done.json"
+SFT_STARTED_FILE = "sft_started.json"  # the training fingerprint of the round's checkpoints (the one being trained)
 PLAN_FILE = "plan.json"
 MATRIX_STEM = "matrix"
 TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
@@ -487,7 +488,34 @@ def matrix_markdown(data: dict[str, Any]) -> str:
     if summary["average_forgetting"] is not None:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in summary["forgetting"].items())
         text.append(f"Forgetting (best earlier − final, points): {parts}; mean {summary['average_forgetting']:.1f}")
+    text += per_tool_markdown(data)
     return "\n".join(text) + "\n"
+
+
+def per_tool_markdown(data: dict[str, Any]) -> list[str]:
+    """Correct % per tool after each round (a tool's n items are the same in every round): which tools a batch's
+    figure keeps or loses. Empty when the matrix holds no per-tool details."""
+    columns: list[tuple[int, str, int]] = []  # (batch index, tool, n)
+    details = data.get("details") or []
+    for j, tools in enumerate(data["batches"]):
+        cells = [row[j].get("per_tool") for row in details if j < len(row) and isinstance(row[j], dict)]
+        cells = [c for c in cells if isinstance(c, dict)]
+        for tool in tools:
+            n = next((int(c[tool]["n"]) for c in reversed(cells) if tool in c), None)
+            if n is not None:
+                columns.append((j, tool, n))
+    if not columns:
+        return []
+    header = ["after round"] + [f"{tool} (B{j + 1}, n={n})" for j, tool, n in columns]
+    lines = ["", "Per tool, correct %:", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r, row in enumerate(details):
+        values = []
+        for j, tool, _ in columns:
+            cell = row[j] if j < len(row) and isinstance(row[j], dict) else None
+            value = ((cell or {}).get("per_tool") or {}).get(tool, {}).get("correct")
+            values.append(_cell(value))
+        lines.append("| " + " | ".join([str(r + 1), *values]) + " |")
+    return lines
 
 
 def _draw_heatmap(ax: Any, data: dict[str, Any], title: str) -> Any:
@@ -623,6 +651,8 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
         "seed": config.run.seed,
         "batches": names,
         "data": {"path": str(data_path), "sha256": sha256_file(data_path)},
+        # what each batch's rounds depend on (its tools, training and held-out lines): later batches may be added
+        "batch_data": [batch_digest(b) for b in batches],
         "general": {"path": settings.general, "sha256": general_sha},
         "replay": replay,
         "replay_ratio": settings.replay_ratio if replay else 0.0,
@@ -642,6 +672,11 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
     return ContinualInputs(batches=batches, general=general, left_out=left_out, plan=plan)
 
 
+def batch_digest(batch: Batch) -> str:
+    """A batch's tools, training lines and held-out lines, hashed: equal digests, equal rounds."""
+    return _sha256_json({"tools": batch.tools, "train": batch.train, "test": batch.test})
+
+
 def steps_per_round(config: ToolschoolConfig) -> int:
     return config.continual.steps_per_round or config.sft.num_steps
 
@@ -653,20 +688,31 @@ EVAL_KEYS: tuple[str, ...] = ("eval",)
 def check_plan(out_dir: Path, plan: dict[str, Any], *, write: bool = True) -> None:
     """A folder holds one plan: resuming with other settings would mix rounds that are not comparable.
 
-    Other evaluation settings alone are allowed (the rounds are scored again, not trained again; `run_continual`
-    records them), and so is any change in a folder where nothing was trained yet. Writes `plan.json` into a new
-    folder (or over such an untrained one) unless `write` is False (a check only); a caller that writes anything
-    else there (the CLI's config.toml) calls this first, so a refused rerun leaves the folder as it was."""
+    Allowed: other evaluation settings (the rounds are scored again, not trained again; `run_continual` records
+    them); batches added at the end of the batches file, the earlier batches' tools and lines unchanged (the
+    finished rounds are kept, the new ones run: tools learned later, as continual learning goes), or a shorter
+    batches file (its rounds); and any change in a folder where nothing was trained yet. Writes `plan.json` into
+    a new folder (or over such an untrained one) unless `write` is False (a check only); a caller that writes
+    anything else there (the CLI's config.toml) calls this first, so a refused rerun leaves the folder as it was."""
     path = out_dir / PLAN_FILE
     if path.is_file():
         saved = json.loads(path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(saved) | set(plan) if saved.get(k) != plan.get(k) and k not in EVAL_KEYS)
-        if not changed:
-            return
-        if trained_anything(out_dir):
+        changes = plan_changes(saved, plan)
+        if not changes or same_rounds(saved, plan):
+            pass
+        elif trained_anything(out_dir):
+            legacy = "batch_data" not in saved  # written before plans held each batch's lines
             raise ToolschoolError(
-                f"{out_dir} holds a continual run with different settings ({', '.join(changed)} changed)",
-                hint="rerun with the same settings to resume, or choose another --run / --out",
+                f"{out_dir} holds a continual run with different settings ({'; '.join(changes)})",
+                hint="rerun with that folder's settings to resume it (they are in its config.toml and plan.json); "
+                + (
+                    "to add batches to a folder an earlier toolschool wrote, rerun it once as it was (that records "
+                    "each batch's lines), then add them; "
+                    if legacy
+                    else "new batches may only be added at the end of the batches file, the earlier ones' data "
+                    "unchanged; "
+                )
+                + "or choose another --run / --out",
             )
         # An earlier try stopped before anything was trained (say, examples longer than [sft] max_length): nothing
         # depends on its plan, and the rerun its error asked for takes the folder.
@@ -674,6 +720,57 @@ def check_plan(out_dir: Path, plan: dict[str, Any], *, write: bool = True) -> No
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+
+
+def same_rounds(saved: dict[str, Any], plan: dict[str, Any]) -> bool:
+    """Whether the two plans agree on every round they share: the same settings (evaluation settings aside), and
+    one's batches the first batches of the other's, in order, with the same tools and lines (the data file may
+    have grown or moved). Round r depends only on the batches up to r, so batches added at the end keep the
+    finished rounds, and a shorter batches file shows the first rounds. A plan written before plans held each
+    batch's lines cannot tell, so it only agrees with an equal plan."""
+    old, new = saved.get("batch_data"), plan.get("batch_data")
+    if not isinstance(old, list) or not isinstance(new, list):
+        return False
+    n = min(len(old), len(new))
+    if old[:n] != new[:n] or saved.get("batches", [])[:n] != plan.get("batches", [])[:n]:
+        return False
+    ignored = {"batches", "data", "batch_data", *EVAL_KEYS}
+    return all(saved.get(k) == plan.get(k) for k in set(saved) | set(plan) if k not in ignored)
+
+
+def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
+    """What differs between a folder's plan and this run's, as 'key old → new' (nested keys dotted; a batch whose
+    lines changed is named), evaluation settings aside."""
+    changes: list[str] = []
+    for key in sorted(set(saved) | set(plan)):
+        old, new = saved.get(key), plan.get(key)
+        if key in EVAL_KEYS or key == "batch_data" or old == new:
+            continue
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += [
+                f"{key}.{k} {_shown(old.get(k))} → {_shown(new.get(k))}"
+                for k in sorted(set(old) | set(new))
+                if old.get(k) != new.get(k)
+            ]
+        else:
+            changes.append(f"{key} {_shown(old)} → {_shown(new)}")
+    old_lines, new_lines = saved.get("batch_data"), plan.get("batch_data")
+    if isinstance(old_lines, list) and isinstance(new_lines, list):
+        names = plan.get("batches") or []
+        for j, (a, b) in enumerate(zip(old_lines, new_lines, strict=False)):
+            if a != b:
+                tools = f" ({', '.join(names[j])})" if j < len(names) else ""
+                changes.append(f"the lines of batch {j + 1}{tools}")
+    return changes
+
+
+def _shown(value: Any, width: int = 60) -> str:
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:10] + "…"  # a sha256
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text) <= width:
+        return text
+    return "…" + text[1 - width :] if isinstance(value, str) else text[: width - 1] + "…"  # a path ends in its name
 
 
 def trained_anything(out_dir: Path) -> bool:
@@ -790,7 +887,8 @@ def _run_rounds(
     settings = config.continual.model_copy(update={"replay": inputs.plan["replay"]})
     matrix = _empty_matrix(inputs)
     start_model = config.model.name
-    chain = training_chain = _sha256_json({"model": config.model.name})
+    start = _sha256_json({"model": config.model.name})
+    chains = RoundKeys(start, start, start, start)
     run: list[int] = []
     skipped: list[int] = []
     rescored: list[int] = []
@@ -799,53 +897,85 @@ def _run_rounds(
         round_dir = out_dir / f"round_{r + 1}"
         round_dir.mkdir(parents=True, exist_ok=True)
         data = compose_round(inputs.batches, r, settings, config.run.seed, inputs.general)
-        fingerprint = _round_fingerprint(chain, data, inputs.plan, r)
-        training = _training_fingerprint(training_chain, data, inputs.plan, r)
+        keys = round_keys(chains, data, inputs.plan, r)
+        _upgrade_legacy(round_dir, keys)
         marker = _read_json(round_dir / MARKER_FILE)
-        if marker is None and reuse_from is not None:
-            marker = _reuse_round(reuse_from / f"round_{r + 1}", round_dir, fingerprint)
-        if marker is not None and marker.get("fingerprint") == fingerprint:
+        if reuse_from is not None and (marker is None or ("reused_from" in marker and not keys.result_is(marker))):
+            # a round of the other run standing in for this one (again, when it was scored again since)
+            marker = _reuse_round(reuse_from / f"round_{r + 1}", round_dir, keys) or marker
+        if marker is not None and "reused_from" in marker and not keys.result_is(marker):
+            _score_reused_model(marker, round_dir, keys)
+        if marker is not None and keys.result_is(marker):
             say(f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): finished earlier, skipped")
             skipped.append(r + 1)
         else:
-            marker = _run_round(config, inputs, r, round_dir, start_model, data, fingerprint, training, progress, say)
+            marker = _run_round(config, inputs, r, round_dir, start_model, data, keys, progress, say)
             (rescored if marker.pop("rescored") else run).append(r + 1)
         _fill_row(matrix, r, marker)
         matrix["summary"] = forgetting_summary(matrix["matrix"])
         write_matrix(out_dir, matrix)
         start_model = str((round_dir / marker["merged"]).resolve())
-        chain, training_chain = fingerprint, training
+        chains = keys.chained(marker.get("model_id"))
     return ContinualResult(
         out_dir=out_dir, matrix=matrix, rounds_run=run, rounds_skipped=skipped, rounds_rescored=rescored
     )
 
 
-def _round_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int) -> str:
-    """What a round's result depends on: the model it starts from (the chain of earlier rounds), its training
-    data, and the settings — not whether replay is on, which only matters through the data."""
-    shared = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio")}
-    return _sha256_json({"chain": chain, "data": _sha256_json(data.examples), "plan": shared, "round": r})
+@dataclass(frozen=True)
+class RoundKeys:
+    """A round's fingerprints: `result` (what its scores depend on: the model it starts from — the chain of earlier
+    rounds —, its training data, the batches seen so far and the settings; not whether replay is on, which only
+    matters through the data) and `training` (the same without the evaluation settings: what its trained model
+    depends on, so other evaluation settings score it again, not train it). The `legacy_` pair is what earlier
+    versions wrote (every batch and the whole data file in it), still accepted so a folder they began resumes."""
+
+    result: str
+    training: str
+    legacy_result: str
+    legacy_training: str
+
+    def result_is(self, record: dict[str, Any]) -> bool:
+        return record.get("fingerprint") in (self.result, self.legacy_result)
+
+    def training_is(self, sft_done: dict[str, Any]) -> bool:
+        if "training_fingerprint" in sft_done:
+            return sft_done["training_fingerprint"] in (self.training, self.legacy_training)
+        return self.result_is(sft_done)  # written before the evaluation settings were split off
+
+    def chained(self, model_id: str | None) -> RoundKeys:
+        """The next round's chains: these fingerprints, and the id of the model this round trained (a round trained
+        again — its folder deleted — is another model: the rounds after it no longer match and train again)."""
+
+        def link(value: str) -> str:
+            return value if model_id is None else _sha256_json({"after": value, "model_id": model_id})
+
+        return RoundKeys(*(link(v) for v in (self.result, self.training, self.legacy_result, self.legacy_training)))
 
 
-def _training_fingerprint(chain: str, data: RoundData, plan: dict[str, Any], r: int) -> str:
-    """What a round's trained model depends on: as `_round_fingerprint` without the evaluation settings (`chain`
-    is the previous round's training fingerprint), so other evaluation settings score it again, not train it."""
-    shared = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio", *EVAL_KEYS)}
-    return _sha256_json({"chain": chain, "data": _sha256_json(data.examples), "plan": shared, "round": r})
+def round_keys(chains: RoundKeys, data: RoundData, plan: dict[str, Any], r: int) -> RoundKeys:
+    examples = _sha256_json(data.examples)
+    replay_keys = ("replay", "replay_ratio")
+    # the batches seen by round r stand for the batches file and the data file: later batches can be added
+    mine = {k: v for k, v in plan.items() if k not in (*replay_keys, "batches", "data", "batch_data")}
+    mine["batches_seen"] = plan["batch_data"][: r + 1]
+    legacy = {k: v for k, v in plan.items() if k not in (*replay_keys, "batch_data")}
+
+    def key(chain: str, settings: dict[str, Any], *, training: bool) -> str:
+        shared = {k: v for k, v in settings.items() if not (training and k in EVAL_KEYS)}
+        return _sha256_json({"chain": chain, "data": examples, "plan": shared, "round": r})
+
+    return RoundKeys(
+        result=key(chains.result, mine, training=False),
+        training=key(chains.training, mine, training=True),
+        legacy_result=key(chains.legacy_result, legacy, training=False),
+        legacy_training=key(chains.legacy_training, legacy, training=True),
+    )
 
 
-def _trained(sft_done: dict[str, Any] | None, fingerprint: str, training: str) -> bool:
-    if sft_done is None:
-        return False
-    if "training_fingerprint" in sft_done:
-        return bool(sft_done["training_fingerprint"] == training)
-    return bool(sft_done.get("fingerprint") == fingerprint)  # written before the evaluation settings were split off
-
-
-def _reuse_round(source: Path, round_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+def _reuse_round(source: Path, round_dir: Path, keys: RoundKeys) -> dict[str, Any] | None:
     """Point this round at an identical finished round of another run (its merged model and evaluation)."""
     marker = _read_json(source / MARKER_FILE)
-    if marker is None or marker.get("fingerprint") != fingerprint:
+    if marker is None or not keys.result_is(marker):
         return None
     merged = (source / marker["merged"]).resolve()
     if not merged.is_dir():
@@ -855,6 +985,48 @@ def _reuse_round(source: Path, round_dir: Path, fingerprint: str) -> dict[str, A
     return reused
 
 
+def _upgrade_legacy(round_dir: Path, keys: RoundKeys) -> None:
+    """Rewrite a round's marker and SFT record that match this round by the fingerprints an earlier version wrote
+    with the current ones, so later batches can be added to the folder without training its rounds again."""
+    marker = _read_json(round_dir / MARKER_FILE)
+    if marker is not None and marker.get("fingerprint") == keys.legacy_result != keys.result:
+        _write_json(round_dir / MARKER_FILE, {**marker, "fingerprint": keys.result})
+    done = _read_json(round_dir / SFT_DONE_FILE)
+    if done is not None and "model_id" not in done and keys.training_is(done):
+        upgraded = {**done, "fingerprint": keys.result, "training_fingerprint": keys.training}
+        _write_json(round_dir / SFT_DONE_FILE, upgraded)
+
+
+def _score_reused_model(marker: dict[str, Any], round_dir: Path, keys: RoundKeys) -> None:
+    """A round that stood in from another run, whose model is the one this round would train, but scored with
+    other evaluation settings: mark that model trained here, so the round scores it again instead of training."""
+    source = Path(marker["reused_from"])
+    done = _read_json(source / SFT_DONE_FILE)
+    if done is not None and keys.training_is(done) and not (round_dir / SFT_DONE_FILE).exists():
+        merged = _relative(source / done["merged"], round_dir)
+        _write_json(round_dir / SFT_DONE_FILE, {**done, "merged": merged, "reused_from": str(source)})
+
+
+def _set_aside_stale(out_dir: Path, round_dir: Path, r: int, say: Log) -> None:
+    """Move what this round trained (or began training) from another start model — an earlier round was trained
+    again since — or on other data to `.previous/<time>/round_<r>/`: resuming those checkpoints would mix two
+    trainings, and deleting them would lose work."""
+    import time
+
+    names = (SFT_DONE_FILE, SFT_STARTED_FILE, MARKER_FILE, "eval", "sft")
+    stale = [round_dir / name for name in names if (round_dir / name).exists()]
+    if not stale:
+        return
+    target = out_dir / ".previous" / time.strftime("%Y%m%d-%H%M%S") / round_dir.name
+    target.mkdir(parents=True, exist_ok=True)
+    for path in stale:
+        path.rename(target / path.name)
+    say(
+        f"round {r + 1}: what it trained earlier started from another model (an earlier round was trained again) "
+        f"or other data; moved to {target}, training it again"
+    )
+
+
 def _run_round(
     config: ToolschoolConfig,
     inputs: ContinualInputs,
@@ -862,14 +1034,16 @@ def _run_round(
     round_dir: Path,
     start_model: str,
     data: RoundData,
-    fingerprint: str,
-    training: str,
+    keys: RoundKeys,
     progress: bool,
     say: Log,
 ) -> dict[str, Any]:
     """Train the round (unless its SFT finished earlier with the same training) and score it; the marker it
     returns carries `rescored`: True when only the scoring ran."""
+    import uuid
+
     from toolschool.data.dataset import write_jsonl
+    from toolschool.train.common import latest_checkpoint
     from toolschool.train.sft import run_sft
 
     batch = inputs.batches[r]
@@ -881,19 +1055,29 @@ def _run_round(
     _write_json(round_dir / "composition.json", comp)
     sft_dir = round_dir / "sft"
     sft_done = _read_json(round_dir / SFT_DONE_FILE)
-    rescored = _trained(sft_done, fingerprint, training) and (round_dir / MARKER_FILE).is_file()
-    if sft_done is None or not _trained(sft_done, fingerprint, training):
+    trained = sft_done is not None and keys.training_is(sft_done)
+    rescored = trained and (round_dir / MARKER_FILE).is_file()
+    if sft_done is None or not trained:
+        started = _read_json(round_dir / SFT_STARTED_FILE)
+        if sft_done is not None or (started is not None and started.get("training_fingerprint") != keys.training):
+            _set_aside_stale(round_dir.parent, round_dir, r, say)
+        if r > 0 and not Path(start_model).is_dir():
+            raise _missing_model(r - 1, round_dir.parent / f"round_{r}", start_model, f"round {r + 1} starts from it")
+        checkpoint = latest_checkpoint(sft_dir)
         say(
             f"round {r + 1}/{total} ({batch.label}: {', '.join(batch.tools)}): training on "
             f"{comp['new']['examples']} new + {replayed} replayed + {comp['general']} general examples, "
             f"{steps_per_round(config)} steps, from {start_model}"
+            + (f" (continuing from {checkpoint.name})" if checkpoint is not None else "")
         )
+        _write_json(round_dir / SFT_STARTED_FILE, {"training_fingerprint": keys.training})
         result = run_sft(_round_config(config, start_model, train_path), sft_dir, resume=True, progress=progress)
         if result.merged_dir is None:
             raise ToolschoolError(f"round {r + 1}: SFT wrote no merged model in {sft_dir}")
         sft_done = {
-            "fingerprint": fingerprint,
-            "training_fingerprint": training,
+            "fingerprint": keys.result,
+            "training_fingerprint": keys.training,
+            "model_id": uuid.uuid4().hex,  # this training's model: the rounds after it chain on it
             "merged": _relative(result.merged_dir, round_dir),
             "steps": result.steps,
             "seconds": round(result.seconds, 1),
@@ -905,15 +1089,18 @@ def _run_round(
             f"round {r + 1}/{total} ({batch.label}): trained earlier; scoring it again with the new evaluation settings"
         )
     merged = (round_dir / sft_done["merged"]).resolve()
+    if not merged.is_dir():
+        raise _missing_model(r, round_dir, str(merged), "scoring it needs it")
     seen = inputs.batches[: r + 1]
     say(f"round {r + 1}/{total}: evaluating {', '.join(b.label for b in seen)} on held-out items")
     metrics = evaluate_rounds_model(merged, seen, config, round_dir / "eval")
     _write_json(round_dir / "eval" / "eval.json", metrics)
     say(f"round {r + 1}/{total}: correct % " + ", ".join(f"{k} {v['correct']:.1f}" for k, v in metrics.items()))
     marker = {
-        "fingerprint": fingerprint,
+        "fingerprint": keys.result,
         "round": r + 1,
         "start_model": start_model,
+        **({"model_id": sft_done["model_id"]} if "model_id" in sft_done else {}),
         "merged": sft_done["merged"],
         "sft": {k: sft_done[k] for k in ("steps", "seconds", "data")},
         "composition": comp,
@@ -921,6 +1108,14 @@ def _run_round(
     }
     _write_json(round_dir / MARKER_FILE, marker)
     return {**marker, "rescored": rescored}
+
+
+def _missing_model(r: int, round_dir: Path, merged: str, why: str) -> ToolschoolError:
+    return ToolschoolError(
+        f"round {r + 1}'s merged model {merged} is missing ({why})",
+        hint=f"put it back, or delete {round_dir} to train round {r + 1} again (the rounds after it then train "
+        "again too: they started from the missing model)",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- folders
@@ -957,6 +1152,7 @@ __all__ = [
     "load_inputs",
     "matrix_markdown",
     "output_dir",
+    "per_tool_markdown",
     "read_batches",
     "replay_count",
     "run_continual",
