@@ -13,7 +13,12 @@ from toolschool.cli.console import console, err_console
 
 def continual(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
-    batches: str = typer.Option(None, "--batches", help="JSON list of lists of tool names, one list per round."),
+    batches: str = typer.Option(
+        None,
+        "--batches",
+        help="JSON list of lists of tool names, one list per round. A batch added at the end later (and its lines "
+        "to --data) keeps the folder's finished rounds: only the new round trains.",
+    ),
     data: str = typer.Option(None, "--data", help="Dataset JSONL (conversations with meta.tool)."),
     general: str = typer.Option(None, "--general", help="JSONL of general no-tool conversations to mix in."),
     general_ratio: float = typer.Option(None, help="General examples per new training example of a round."),

@@ -17,7 +17,10 @@ Layout of the output folder (default `runs/<name>/continual/`, `continual_no_rep
     matrix.json, matrix.md, matrix.png
 
 Resuming: a round with its marker is skipped; a round whose SFT finished (`sft_done.json`) only re-evaluates;
-an interrupted SFT continues from its last checkpoint (run_sft resume=True).
+an interrupted SFT continues from its last checkpoint (run_sft resume=True). A round's fingerprints name the
+batches seen up to it (not the whole batches and data files), so batches added at the end of the batches file
+keep the finished rounds; they chain on the model each earlier round trained (`model_id`), so a round trained
+again makes the rounds after it train again (their old training moves to `.previous/<time>/`).
 """
 
 from __future__ import annotations
