@@ -293,13 +293,15 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
 
 
 def test_fewer_examples_than_prompts_per_step_still_train(tiny_model_dir: Path, tmp_path: Path) -> None:
-    """One example, two prompts per step: the examples are cycled to fill a step instead of training 0 steps."""
-    from toolschool.train.rl import run_rl
+    """One example, two prompts per step: the examples are cycled to fill a step instead of training 0 steps; the
+    run still counts one example (the report said "trained on 2 examples" beside SFT's 1 in the demo)."""
+    from toolschool.train.rl import META_FILE, run_rl
 
     train = write_jsonl(tmp_path / "one.jsonl", [calc_example(12, 34)])
     result = run_rl(rl_config(tiny_model_dir, train, num_steps=1, merge=False), tmp_path / "rl", progress=False)
     assert result.steps == 1
     assert [r["step"] for r in read_log(tmp_path / "rl") if "reward" in r] == [1]
+    assert json.loads((tmp_path / "rl" / META_FILE).read_text())["examples"] == 1
 
 
 def test_a_misspelt_lora_target_is_refused_before_anything_is_written(

@@ -600,6 +600,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     # Each step needs batch_size / num_generations distinct prompts; with fewer examples than that the sampler
     # would yield no batch at all and training would end at step 0. Cycle the examples up to one full step.
     prompts_per_step = settings.batch_size // settings.num_generations
+    examples_used = len(rows)  # what the run trains on, as the report states it, not the cycled copies
     if 0 < len(rows) < prompts_per_step:
         rows = [rows[i % len(rows)] for i in range(prompts_per_step)]
     rewards = (
@@ -618,7 +619,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
     write_text_atomic(out_dir / "config.toml", dump_toml(config))
     start_info = {
-        "examples": len(rows),
+        "examples": examples_used,
         "mode": settings.mode,
         "rewards": rewards,
         "tools": [t.__name__ for t in tools],
@@ -632,7 +633,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
                 "format": fmt.name,
                 "rewards": rewards,
                 "method": settings.method,
-                "examples": len(rows),
+                "examples": examples_used,
                 "train_sha256": train_sha256,
                 "resume_settings": settings_now,
             },
