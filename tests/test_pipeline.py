@@ -245,3 +245,41 @@ def test_exploration_depends_on_the_explorer_not_on_the_student(run_config) -> N
     check_finished_settings(student, ["explore"])
     with pytest.raises(ConfigError, match=r"stage 'sft' .* model.name"):
         check_finished_settings(student, ["explore", "sft"])
+
+
+def test_standalone_distill_or_eval_into_a_finished_run_stage_is_refused(tmp_path: Path) -> None:
+    """`toolschool distill --run demo` (the README's example) after the demo rewrote the run's train/validation
+    split with its own defaults while DONE.json still vouched for the old one, and `toolschool run` went on
+    skipping every stage; `toolschool eval --run demo` replaced the run's comparison in eval/summary.json."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    trials = tmp_path / "trials.jsonl"
+    trials.write_text("")
+    data = tmp_path / "test.jsonl"
+    call = {"id": "c0", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "2 * 3"}}}
+    line = {
+        "messages": [
+            {"role": "user", "content": "What is 2 * 3?"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c0", "content": "6"},
+            {"role": "assistant", "content": "6"},
+        ],
+        "tools": [CALC],
+    }
+    data.write_text(json.dumps(line) + "\n")
+    for stage, argv in (
+        ("distill", ["distill", "--trials", str(trials)]),
+        ("eval", ["eval", "--data", str(data)]),
+    ):
+        folder = tmp_path / "runs" / "demo" / stage
+        folder.mkdir(parents=True)
+        (folder / "DONE.json").write_text('{"stage": "' + stage + '"}')
+        (folder / "summary.json").write_text("{}")
+        result = CliRunner().invoke(app, [*argv, "--out", str(folder)])
+        assert result.exit_code == 2, result.output
+        assert "holds a finished stage of `toolschool run`" in result.output
+        assert f"--from {stage}" in result.output and "--out another folder" in result.output
+        assert sorted(p.name for p in folder.iterdir()) == ["DONE.json", "summary.json"]
+        assert (folder / "summary.json").read_text() == "{}"

@@ -103,6 +103,18 @@ def is_done(config: ToolschoolConfig, stage: str) -> bool:
     return read_marker(config, stage) is not None
 
 
+def refuse_finished_stage(directory: Path, stage: str) -> None:
+    """Refuse a standalone `toolschool distill` / `eval` into a finished stage of `toolschool run`: it would replace
+    the outputs the run's later stages were made from (or its report shows) while the marker still says done."""
+    if (directory / MARKER).is_file():
+        raise ToolschoolError(
+            f"'{directory}' holds a finished stage of `toolschool run` ({MARKER}): writing into it would replace "
+            "what the run's later stages and report were made from",
+            hint=f"rerun it with `toolschool run CONFIG --from {stage}` (its and the later stages' outputs move to "
+            ".previous/), or pass --out another folder",
+        )
+
+
 def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
     """Move the outputs of `from_stage` and every later stage to runs/<name>/.previous/<time>/."""
     if from_stage not in STAGES:

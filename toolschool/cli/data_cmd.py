@@ -168,8 +168,9 @@ def distill(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
-    from toolschool.config import load_config
+    from toolschool.config import load_config, stage_path
     from toolschool.data.distill import run_distill_stage
+    from toolschool.pipeline import refuse_finished_stage
 
     overrides = {
         "distill.trials": trials,
@@ -185,6 +186,7 @@ def distill(
         "run.seed": seed,
     }
     config = load_config(config_path, overrides)
+    refuse_finished_stage(stage_path(config, "distill", out), "distill")
     out_dir, summary = run_distill_stage(config, out, console=err_console)
     table = Table(title=f"distill -> {out_dir}")
     table.add_column("tool")

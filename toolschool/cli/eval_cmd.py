@@ -23,7 +23,7 @@ def _run(
     out: Path | None,
     resume: bool = False,
 ) -> None:
-    from toolschool.config import load_config, stage_dir
+    from toolschool.config import load_config, stage_dir, stage_path
     from toolschool.evaluate.report import summary_markdown
     from toolschool.evaluate.session import (
         check_executable,
@@ -35,6 +35,7 @@ def _run(
     )
     from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
     from toolschool.models.backends import make_backend
+    from toolschool.pipeline import refuse_finished_stage
 
     config = load_config(config_path, overrides)
     settings = config.eval.model_dump()
@@ -54,6 +55,7 @@ def _run(
         check_models_distinct(chosen)
         _check_models(chosen)
         _note_trained_formats(chosen, config.eval.format)
+        refuse_finished_stage(stage_path(config, "eval", out or config.eval.out), "eval")
         out_dir = stage_dir(config, "eval", out or config.eval.out)
     except BaseException:
         if registry is not None:  # its MCP servers would outlive the refusal
