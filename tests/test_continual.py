@@ -710,7 +710,10 @@ def test_a_batch_added_later_trains_only_the_new_round(tmp_path: Path, monkeypat
     assert grown.matrix["matrix"][0][2] is None and grown.matrix["matrix"][2] == [50.0, 50.0, 50.0]
     assert grown.matrix["composition"][2]["replay"] == {"B1": 1, "B2": 1}
     assert json.loads((out / "plan.json").read_text())["batches"][-1] == ["double", "negate"]
-    assert "| 3 | 50.0 | 50.0 | 50.0 | 50.0 |" in (out / "matrix.md").read_text()
+    table = (out / "matrix.md").read_text()
+    assert "| 3 | 50.0 | 50.0 | 50.0 | 50.0 |" in table
+    trained_on = "round 1 4 new; round 2 4 new + replay B1 1; round 3 8 new + replay B1 1, B2 1"
+    assert f"Trained on (examples): {trained_on}" in table
 
 
 @pytest.mark.parametrize(

@@ -491,8 +491,26 @@ def matrix_markdown(data: dict[str, Any]) -> str:
     if summary["average_forgetting"] is not None:
         parts = ", ".join(f"{k} {v:.1f}" for k, v in summary["forgetting"].items())
         text.append(f"Forgetting (best earlier − final, points): {parts}; mean {summary['average_forgetting']:.1f}")
+    if rounds := composition_text(data):
+        text.append(f"Trained on (examples): {rounds}")
     text += per_tool_markdown(data)
     return "\n".join(text) + "\n"
+
+
+def composition_text(data: dict[str, Any]) -> str:
+    """Each finished round's training data in words: new examples, replayed ones per earlier batch, general ones."""
+    parts = []
+    for r, comp in enumerate(data.get("composition") or []):
+        if not isinstance(comp, dict):
+            continue
+        words = [f"{comp['new']['examples']} new"]
+        replay = comp.get("replay") or {}
+        if replay:
+            words.append("replay " + ", ".join(f"{label} {n}" for label, n in replay.items()))
+        if comp.get("general"):
+            words.append(f"{comp['general']} general")
+        parts.append(f"round {r + 1} " + " + ".join(words))
+    return "; ".join(parts)
 
 
 def per_tool_markdown(data: dict[str, Any]) -> list[str]:
@@ -1147,6 +1165,7 @@ __all__ = [
     "check_plan",
     "compare_dirs",
     "compose_round",
+    "composition_text",
     "eval_sample",
     "example_tools",
     "forgetting_summary",
