@@ -763,9 +763,11 @@ def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
     """What differs between a folder's plan and this run's, as 'key old → new' (nested keys dotted; a batch whose
     lines changed is named), evaluation settings aside."""
     changes: list[str] = []
+    old_lines, new_lines = saved.get("batch_data"), plan.get("batch_data")
+    by_lines = isinstance(old_lines, list) and isinstance(new_lines, list)  # the data file matters through them
     for key in sorted(set(saved) | set(plan)):
         old, new = saved.get(key), plan.get(key)
-        if key in EVAL_KEYS or key == "batch_data" or old == new:
+        if key in EVAL_KEYS or key == "batch_data" or (by_lines and key == "data") or old == new:
             continue
         if isinstance(old, dict) and isinstance(new, dict):
             changes += [
@@ -775,8 +777,7 @@ def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
             ]
         else:
             changes.append(f"{key} {_shown(old)} → {_shown(new)}")
-    old_lines, new_lines = saved.get("batch_data"), plan.get("batch_data")
-    if isinstance(old_lines, list) and isinstance(new_lines, list):
+    if by_lines:
         names = plan.get("batches") or []
         for j, (a, b) in enumerate(zip(old_lines, new_lines, strict=False)):
             if a != b:
