@@ -150,6 +150,10 @@ def test_aggregate_rates() -> None:
     assert rates["no_call_rate"] == 0.0, "a malformed reply is not a reply that chose not to call"
     assert rates["correct_tool"] == pytest.approx(2 / 4)
     assert rates["argument_accuracy"] == pytest.approx(1 / 2)
+    # an item that needs no call, answered without one, has no arguments to get right: not a 100 % argument rate
+    answered = score_item(ParsedReply(text="4", final="4"), [], "4")
+    assert "argument_accuracy" not in aggregate([answered])
+    assert aggregate([answered, *scores])["argument_accuracy"] == pytest.approx(1 / 2)
     assert "valid_json" not in rates and "answer_accuracy" not in rates
     assert aggregate([])["correct"] == 0.0
     # a rate over an empty subset is undefined (absent), not 0 %

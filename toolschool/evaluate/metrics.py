@@ -396,7 +396,9 @@ def aggregate(scores: list[ItemScore]) -> dict[str, float]:
     n = len(scores)
     well = [s for s in scores if s.well_formed]
     well_called = [s for s in well if s.called]
-    tool_right = [s for s in scores if s.tool_match]
+    # replies that called the right tools: an item whose gold makes no call has no arguments to get right (counted
+    # here, a model that never calls scored 100 % argument accuracy on the items that need no tool)
+    tool_right = [s for s in scores if s.tool_match and s.gold_called]
     out: dict[str, float] = {
         "n": float(n),
         # STE metrics
