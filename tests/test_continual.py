@@ -882,3 +882,29 @@ def test_other_evaluation_settings_score_a_reused_round_one_again_without_traini
     assert json.loads((tmp_path / "runs/cmp/continual_no_replay/plan.json").read_text())["eval"]["limit"] == 2
     marker = json.loads((tmp_path / "runs/cmp/continual_no_replay/round_1/round.json").read_text())
     assert marker["merged"] == "../../continual/round_1/sft/merged"  # the replay run's model, scored here
+
+
+def test_a_round_one_trained_again_in_the_replay_run_is_not_kept_stale_in_the_baseline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The baseline's round 1 stands in from the replay run's. That round trained again (its folder deleted), the
+    baseline kept the old model's scores under the new model's path; now it takes the new round 1 and its
+    round 2 trains again from it."""
+    trainings: list[tuple[str, str]] = []
+    _scripted_training(monkeypatch, trainings)
+    two, _ = _two_then_three(tmp_path)
+    argv = ["continual", "--batches", two["continual.batches"], "--data", two["continual.data"], "--model", "m"]
+    argv += ["--steps-per-round", "1", "--out", str(tmp_path / "cmp"), "--compare"]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    shutil.rmtree(tmp_path / "cmp" / "continual" / "round_1")
+    trainings.clear()
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert [t[0] for t in trainings] == ["round_1", "round_2", "round_2"]
+    ids = [
+        json.loads((tmp_path / "cmp" / name / "round_1" / "round.json").read_text())["model_id"]
+        for name in ("continual", "continual_no_replay")
+    ]
+    assert ids[0] == ids[1]
+    baseline_round_2 = json.loads((tmp_path / "cmp" / "continual_no_replay" / "round_2" / "round.json").read_text())
+    assert baseline_round_2["start_model"] == str(tmp_path / "cmp" / "continual" / "round_1" / "sft" / "merged")

@@ -922,6 +922,9 @@ def _run_rounds(
         keys = round_keys(chains, data, inputs.plan, r)
         _upgrade_legacy(round_dir, keys)
         marker = _read_json(round_dir / MARKER_FILE)
+        if marker is not None and "reused_from" in marker and not _same_as_source(marker):
+            # the other run trained that round again since: stand in with its new model, or train it here
+            marker = _reuse_round(Path(marker["reused_from"]), round_dir, keys)
         if reuse_from is not None and (marker is None or ("reused_from" in marker and not keys.result_is(marker))):
             # a round of the other run standing in for this one (again, when it was scored again since)
             marker = _reuse_round(reuse_from / f"round_{r + 1}", round_dir, keys) or marker
@@ -1017,6 +1020,12 @@ def _upgrade_legacy(round_dir: Path, keys: RoundKeys) -> None:
     if done is not None and "model_id" not in done and keys.training_is(done):
         upgraded = {**done, "fingerprint": keys.result, "training_fingerprint": keys.training}
         _write_json(round_dir / SFT_DONE_FILE, upgraded)
+
+
+def _same_as_source(marker: dict[str, Any]) -> bool:
+    """Whether a round that stood in from another run still holds that run's model (not one trained again since)."""
+    source = _read_json(Path(marker["reused_from"]) / MARKER_FILE)
+    return source is not None and source.get("model_id") == marker.get("model_id")
 
 
 def _score_reused_model(marker: dict[str, Any], round_dir: Path, keys: RoundKeys) -> None:
