@@ -133,4 +133,26 @@ def test_the_report_says_which_summary_is_icl_and_whether_the_items_are_the_same
         settings=chosen,
     )
     text = (build_report(run).with_name("report.md")).read_text()
-    assert "Warning: the data rows were not scored on the same items (m (eval) vs m (eval_icl))" in text
+    assert "Warning: the data rows all of m (eval), m (eval_icl) were not scored on the same items" in text
+
+
+def test_the_report_compares_bfcl_categories_scored_on_the_same_items(tmp_path: Path) -> None:
+    """Zero-shot on three BFCL categories, ICL on two of them: the `all` rows differ, the category rows do not."""
+    from toolschool.evaluate.benchmarks import bfcl
+
+    run = tmp_path / "run"
+    demos = write(tmp_path / "train.jsonl", TRAIN)
+    for folder, spec, chosen in (
+        ("eval", "bfcl:simple_python,multiple,irrelevance", settings(tmp_path)),
+        ("eval_icl", "bfcl:simple_python,irrelevance", settings(tmp_path, icl=1, demos=str(demos))),
+    ):
+        run_evaluation(
+            ["m"],
+            [Benchmark("bfcl", bfcl.load_items(spec, limit=1))],
+            make_options(chosen),
+            run / folder,
+            make_backend=lambda _n: Recorder(),
+            settings=chosen,
+        )
+    text = (build_report(run).with_name("report.md")).read_text()
+    assert "Warning: the bfcl rows all of m (eval), m (eval_icl) were not scored on the same items" in text

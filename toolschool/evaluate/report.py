@@ -347,19 +347,24 @@ def bar_groups(
 
 
 def different_items(combined: dict[str, dict[str, Any]]) -> list[str]:
-    """A warning per benchmark whose models were scored on different items (another --data, --limit or BFCL
-    category set; `items_digest` of each summary block): their rows, e.g. zero-shot against ICL, do not compare."""
+    """A warning per benchmark whose rows of different models (or eval folders) scored different items (another
+    --data, --limit or category set; the summaries' `items_digest` / `category_digests`): e.g. zero-shot against
+    ICL compares only on rows scored on the same items."""
     notes = []
     for bench in sorted({b for benches in combined.values() for b in benches}):
-        digests: dict[str, list[str]] = {}
-        for label, benches in combined.items():
-            digest = (benches.get(bench) or {}).get("items_digest")
-            if isinstance(digest, str):
-                digests.setdefault(digest, []).append(label)
-        if len(digests) > 1:
-            groups = " vs ".join(", ".join(labels) for labels in digests.values())
+        blocks = {label: benches[bench] for label, benches in combined.items() if isinstance(benches.get(bench), dict)}
+        rows: dict[str, dict[str, str]] = {}  # row (all or a category) -> label -> digest
+        for label, block in blocks.items():
+            if isinstance(block.get("items_digest"), str):
+                rows.setdefault("all", {})[label] = block["items_digest"]
+            for category, digest in (block.get("category_digests") or {}).items():
+                rows.setdefault(category, {})[label] = digest
+        differing = [row for row, digests in rows.items() if len(set(digests.values())) > 1]
+        if differing:
+            labels = sorted({label for row in differing for label in rows[row]})
             notes.append(
-                f"Warning: the {bench} rows were not scored on the same items ({groups}), so they do not compare."
+                f"Warning: the {bench} rows {', '.join(differing)} of {', '.join(labels)} were not scored on the same "
+                "items, so they do not compare."
             )
     return notes
 

@@ -11,6 +11,8 @@ scored against the item's expected answer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -242,11 +244,20 @@ def is_context_full(parsed: ParsedReply) -> bool:
     return bool(parsed.error and parsed.error.startswith(CONTEXT_FULL))
 
 
+def items_digest(items: list[EvalItem]) -> str:
+    """Which items a summary block scored (their ids and queries, in order): two summaries, e.g. zero-shot and
+    ICL, compare only where they are equal, which the run report checks."""
+    digest = hashlib.sha256()
+    for item in items:
+        digest.update(json.dumps([item.id, item.query], ensure_ascii=False).encode("utf-8") + b"\n")
+    return digest.hexdigest()[:16]
+
+
 def summarize(results: list[ItemResult]) -> dict[str, Any]:
     """Metrics over all items, per benchmark category, and per gold tool; `accuracy` where a judge gave verdicts
     (BFCL's overall `accuracy`: its own aggregate of the categories, `bfcl.summary_accuracy`; the other rates are
     pooled over the items); `context_full`: how many items were scored failed because their prompt did not fit
-    (only when some were)."""
+    (only when some were); `items_digest` and `category_digests`: which items were scored."""
 
     def block(group: list[ItemResult]) -> dict[str, float]:
         rates = aggregate([r.score for r in group])
@@ -271,7 +282,12 @@ def summarize(results: list[ItemResult]) -> dict[str, Any]:
         "overall": overall,
         "by_category": by_category if len(categories) > 1 else {},
         "per_tool": per_tool_accuracy([r.score for r in results]),
+        "items_digest": items_digest([r.item for r in results]),
     }
+    if len(categories) > 1:
+        summary["category_digests"] = {
+            name: items_digest([r.item for r in group]) for name, group in categories.items()
+        }
     if full := sum(is_context_full(r.parsed) for r in results):
         summary["context_full"] = full
     return summary

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import json
 import re
 import time
@@ -425,7 +424,6 @@ async def _run_model(
             _write_ordered(path, done)
             results = [done[i] for i in sorted(done)]
             block = summarize(results)
-            block["items_digest"] = items_digest(bench.items)
             block["seconds"] = round(seconds, 3)
             block["items_per_second"] = round(len(todo) / seconds, 4) if todo and seconds > 0 else 0.0
             if len(todo) < len(results):
@@ -435,15 +433,6 @@ async def _run_model(
         if backend is not None:
             await backend.aclose()
     return per_benchmark
-
-
-def items_digest(items: list[EvalItem]) -> str:
-    """Which items a summary block scored (their ids and queries, in order): two summaries, e.g. zero-shot and
-    ICL, compare only when they are equal, which the run report checks."""
-    digest = hashlib.sha256()
-    for item in items:
-        digest.update(json.dumps([item.id, item.query], ensure_ascii=False).encode("utf-8") + b"\n")
-    return digest.hexdigest()[:16]
 
 
 def _write_ordered(path: Path, done: dict[int, ItemResult]) -> None:
