@@ -232,3 +232,13 @@ def test_what_a_model_was_not_measured_on_is_not_drawn_or_written_as_zero(tmp_pa
     page = build_report(run)
     assert {"metrics_data.png", "per_tool_data.png"} <= set(re.findall(r'<img src="([^"]+)"', page.read_text()))
     assert "n = items scored" in (page.parent / "report.md").read_text()
+
+
+def test_ste_rates_show_only_on_ste_rows() -> None:
+    """aggregate computes ste_well_formed for every benchmark: a BFCL table showed an `ste_well_formed` 0.0 column."""
+    rates = {"n": 2.0, "correct": 0.5, "ste_well_formed": 0.0, "ste_api_match": 1.0}
+    only_bfcl = summary_markdown({"models": {"m": {"bfcl": {"overall": rates, "by_category": {}}}}})
+    assert "ste_" not in only_bfcl
+    both = summary_markdown({"models": {"m": {"bfcl": {"overall": rates}, "ste": {"overall": rates}}}})
+    assert "| ste_well_formed | ste_api_match |" in both
+    assert "| bfcl | all | m | 2 | 50.0 | – | – |" in both and "| ste | all | m | 2 | 50.0 | 0.0 | 100.0 |" in both

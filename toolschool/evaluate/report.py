@@ -49,6 +49,11 @@ def _count(value: float | None) -> str:
     return "–" if value is None else str(int(value))
 
 
+def _shown(bench: str, metric: str, rates: dict[str, float]) -> float | None:
+    """A rate as the table shows it: the STE notebook's rates (`ste_*`) only on STE rows, where they are defined."""
+    return None if metric.startswith("ste_") and bench != "ste" else rates.get(metric)
+
+
 def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """(header, rows): one row per (benchmark, category, model); rates in percent."""
     entries: list[tuple[str, str, str, dict[str, float]]] = []
@@ -58,10 +63,10 @@ def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             for category, rates in (block.get("by_category") or {}).items():
                 if bench == "bfcl":  # per-category BFCL accuracy is the leaderboard's unit; STE APIs are many
                     entries.append((bench, category, model, rates))
-    metrics = [m for m in TABLE_METRICS if any(m in rates for *_, rates in entries)]
+    metrics = [m for m in TABLE_METRICS if any(_shown(bench, m, rates) is not None for bench, _, _, rates in entries)]
     header = ["benchmark", "category", "model", "n", *metrics]
     rows = [
-        [bench, category, model, _count(rates.get("n")), *[_pct(rates.get(m)) for m in metrics]]
+        [bench, category, model, _count(rates.get("n")), *[_pct(_shown(bench, m, rates)) for m in metrics]]
         for bench, category, model, rates in sorted(entries, key=lambda e: (e[0], e[1] != "all", e[1]))
     ]
     return header, rows
