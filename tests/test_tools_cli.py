@@ -23,6 +23,12 @@ def test_list_builtin_table() -> None:
     assert "expression: string" in result.output and "builtin" in result.output
 
 
+def test_list_counts_one_tool_in_the_singular() -> None:
+    result = runner.invoke(app, ["tools", "list", "--only", "weekday"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert result.output.lstrip().startswith("1 tool\n")
+
+
 def test_list_json_with_module(tmp_path: Path) -> None:
     module = tmp_path / "mine.py"
     module.write_text(

@@ -47,7 +47,7 @@ def list_tools(
             rows = [{"source": registry.source(t.name), **t.schema()} for t in registry]
             typer.echo(json.dumps(rows, indent=2, ensure_ascii=False))
             return
-        table = Table(title=f"{len(registry)} tools")
+        table = Table(title=f"{len(registry)} tool{'' if len(registry) == 1 else 's'}")
         for column in ("name", "source", "description", "parameters"):
             table.add_column(column, overflow="fold")
         for tool in registry:
