@@ -103,9 +103,11 @@ async def test_http_errors_are_clear(url: str) -> None:
         EndpointError,
         match=f"endpoint http://127.0.0.1:{port}/v1 is unreachable "
         "\\(APIConnectionError: Connection error\\. .+\\) \\(2 attempts\\)",
-    ):
+    ) as refused:
         await down.generate(GenerationRequest([{"role": "user", "content": "hi"}]))
     await down.aclose()
+    # the backend does not know which option named the endpoint: the hint must not send an --explorer user to --model
+    assert "--model, --explorer, or a judge or paraphrase model" in (refused.value.hint or "")
 
 
 # --- a scripted server: fails on purpose, counts concurrency, answers with parsed tool_calls ------------------

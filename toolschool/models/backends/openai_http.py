@@ -105,7 +105,8 @@ class OpenAIBackend(Backend):
                 ) from exc
             raise EndpointError(
                 f"endpoint {self.base_url} is unreachable ({_connection_text(exc)}) ({tries})",
-                hint="start the server (e.g. toolschool serve --port 8000) or fix the URL in --model openai:URL#NAME",
+                hint="start the server (e.g. toolschool serve --port 8000) or fix the URL of openai:URL#NAME where "
+                "you gave it (--model, --explorer, or a judge or paraphrase model)",
             ) from exc
         except openai.APIStatusError as exc:
             raise EndpointError(
