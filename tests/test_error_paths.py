@@ -657,6 +657,7 @@ def test_hub_model_that_cannot_be_fetched_online(monkeypatch: pytest.MonkeyPatch
             raise ConnectionError("Failed to resolve the hub host\nretrying...")
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr("toolschool.models.loading.hub_unreachable", lambda: None)  # the Hub answers, the fetch fails
     spec = parse_model_spec("nobody/no-such-model")
     with pytest.raises(ModelLoadError) as info:
         _from_pretrained(Loader, "nobody/no-such-model", spec)
@@ -752,3 +753,48 @@ def test_serve_refuses_image_parts_instead_of_answering_without_them() -> None:
     assert "messages[0].content[1] is a part of type 'image_url'" in error["message"] and "text" in error["message"]
     only_text = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [text]}]})
     assert only_text.status_code == 200, only_text.text
+
+
+def test_a_hub_id_neither_cached_nor_reachable_is_refused_at_once_leaving_no_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Offline, huggingface_hub retried for about a minute before the error, and `eval --out` had written its
+    config.toml and an empty items file by then."""
+    import socket
+
+    from toolschool.models import loading
+
+    def refuse(address: Any, timeout: float | None = None) -> Any:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(loading, "_HUB_PROBE", {})
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    out = tmp_path / "ev"
+    args = ["eval", "-m", "nobody/no-such-model-xyz", "-b", "bfcl", "--limit", "1", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert (
+        "model 'nobody/no-such-model-xyz' is not in the local Hugging Face cache and the Hub cannot be reached ("
+        in (result.output)
+    )
+    assert ": Name or service not known)" in result.output and not out.exists()
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # behind a proxy the library reaches the Hub: no probe
+    monkeypatch.setattr(loading, "_HUB_PROBE", {})
+    assert loading.hub_unreachable() is None
+
+
+def test_a_run_naming_a_hub_model_offline_is_refused_before_the_first_stage(tmp_path: Path) -> None:
+    from toolschool.config import load_config
+    from toolschool.pipeline import run_pipeline
+
+    config = load_config(None, {"run.root": str(tmp_path / "runs"), "distill.judge_model": "nobody/judge-xyz"})
+    with pytest.raises(ConfigError) as info:
+        run_pipeline(config)
+    assert str(info.value).startswith(
+        "[distill] judge_model = 'nobody/judge-xyz': model 'nobody/judge-xyz' is not in the local Hugging Face cache "
+        "and HF_HUB_OFFLINE=1"
+    )
+    assert not (tmp_path / "runs").exists()

@@ -558,8 +558,9 @@ def check_input_files(config: ToolschoolConfig, stages: list[str]) -> None:
 
 def _check_models(config: ToolschoolConfig, stages: list[str]) -> None:
     """Every model the stages in `stages` will load can be found: a model spec that is no folder, embedded name, hub
-    id or endpoint, or a folder holding no model, is refused now (with an endpoint exploring, a mistyped `[model]
-    name` folder surfaced only when SFT loaded it). Nothing is loaded or downloaded here."""
+    id or endpoint, a folder holding no model, or a hub id neither cached nor reachable, is refused now (with an
+    endpoint exploring, a mistyped `[model] name` folder surfaced only when SFT loaded it). Nothing is loaded or
+    downloaded here."""
     from toolschool.models.loading import resolve_chain
     from toolschool.models.spec import parse_model_spec
 
@@ -580,8 +581,9 @@ def _check_models(config: ToolschoolConfig, stages: list[str]) -> None:
                 continue
             try:
                 spec = parse_model_spec(value)
-                if spec.kind == "local":
-                    resolve_chain(spec)  # a folder holding a model (or an adapter naming a base that exists)
+                if spec.kind in ("local", "hub"):
+                    # a folder holding a model (or an adapter naming a base that exists); a hub id cached or reachable
+                    resolve_chain(spec)
             except ModelLoadError as exc:
                 raise ConfigError(f"[{section}] {key} = '{value}': {exc.message}", hint=exc.hint) from None
 

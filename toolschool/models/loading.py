@@ -64,6 +64,8 @@ def resolve_chain(spec: ModelSpec) -> tuple[str, list[str]]:
                     hint="re-save the adapter with peft's save_pretrained",
                 ) from exc
             base_spec = _adapter_base_spec(folder, base)
+            if base_spec.kind == "hub":
+                check_hub_model(base, f"'{base}' (the base model of adapter '{folder}')")
             base_source, inner = resolve_chain(base_spec)
             if str(folder) in inner or len(inner) > 8:
                 raise ModelLoadError(
@@ -78,7 +80,59 @@ def resolve_chain(spec: ModelSpec) -> tuple[str, list[str]]:
                 hint="pass a folder saved with save_pretrained (e.g. runs/NAME/sft/merged)",
             )
         return str(folder), []
+    check_hub_model(spec.path_or_id)
     return spec.path_or_id, []
+
+
+_NOT_CACHED_HINT = (
+    "download it on a connected machine (huggingface-cli download ID), pass a local folder, or use --model smollm2-135m"
+)
+
+
+def check_hub_model(repo_id: str, label: str | None = None) -> None:
+    """A hub model must be in the local Hugging Face cache or the Hub must answer: otherwise one clear line now,
+    instead of a minute of huggingface_hub's retries at load time (and an output folder written meanwhile).
+    `label` names it in the message (default: 'REPO_ID')."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # a malformed id: from_pretrained names what is wrong with it
+        return
+    if isinstance(cached, str):
+        return
+    reason = hub_unreachable()
+    if reason is not None:
+        raise ModelLoadError(
+            f"model {label or repr(repo_id)} is not in the local Hugging Face cache and {reason}", hint=_NOT_CACHED_HINT
+        )
+
+
+_HUB_PROBE: dict[str, str | None] = {}
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be reached ("HF_HUB_OFFLINE=1", or its host refusing a TCP connection within
+    5 s), or None. Behind a proxy nothing is probed: the proxy, not this machine, reaches the Hub. Asked once per
+    process."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE=1"
+    if any(os.environ.get(name) for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    if "answer" not in _HUB_PROBE:
+        import socket
+        from urllib.parse import urlsplit
+
+        from huggingface_hub import constants
+
+        url = urlsplit(constants.ENDPOINT)
+        host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((host, port), timeout=5).close()
+            _HUB_PROBE["answer"] = None
+        except OSError as exc:
+            _HUB_PROBE["answer"] = f"the Hub cannot be reached ({host}: {exc.strerror or type(exc).__name__})"
+    return _HUB_PROBE["answer"]
 
 
 def _adapter_base_spec(folder: Path, base: object) -> ModelSpec:
@@ -111,11 +165,10 @@ def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -
         try:
             return loader.from_pretrained(source, local_files_only=True, **kwargs)
         except OSError:
-            if os.environ.get("HF_HUB_OFFLINE") == "1":
+            if hub_unreachable() is not None:
                 raise ModelLoadError(
-                    f"model {name} is not in the local Hugging Face cache and HF_HUB_OFFLINE=1",
-                    hint="download it on a connected machine (huggingface-cli download ID), pass a local folder, "
-                    "or use --model smollm2-135m",
+                    f"model {name} is not in the local Hugging Face cache and {hub_unreachable()}",
+                    hint=_NOT_CACHED_HINT,
                 ) from None
         try:
             return loader.from_pretrained(source, **kwargs)
