@@ -720,7 +720,7 @@ def test_a_batch_added_later_trains_only_the_new_round(tmp_path: Path, monkeypat
     ("change", "message"),
     [
         ("edited", "the lines of batch 1 (shout)"),
-        ("inserted", 'batches [["shout"],["reverse"]] → [["shout"],["double","negate"],["reverse"]]'),
+        ("inserted", 'batch 2 ["reverse"] → ["double","negate"]'),
         ("lr", "sft.learning_rate 0.0002 → 0.001"),
         ("steps", "steps_per_round 1 → 3"),
     ],
@@ -851,6 +851,7 @@ def test_a_folder_an_earlier_version_wrote_resumes_and_then_takes_new_batches(
     with pytest.raises(ToolschoolError, match="different settings") as info:
         run_continual(load_config(None, three), out, progress=False)
     assert "rerun it once as it was" in (info.value.hint or "")
+    assert 'batches 2 → 3 (added: [["double", "negate"]])' in str(info.value)
     assert run_continual(config, out, progress=False).rounds_skipped == [1, 2]
     grown = run_continual(load_config(None, three), out, progress=False)
     assert grown.rounds_skipped == [1, 2] and grown.rounds_run == [3]

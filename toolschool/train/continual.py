@@ -769,7 +769,9 @@ def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
         old, new = saved.get(key), plan.get(key)
         if key in EVAL_KEYS or key == "batch_data" or (by_lines and key == "data") or old == new:
             continue
-        if isinstance(old, dict) and isinstance(new, dict):
+        if key == "batches" and isinstance(old, list) and isinstance(new, list):
+            changes.append(_batches_change(old, new))
+        elif isinstance(old, dict) and isinstance(new, dict):
             changes += [
                 f"{key}.{k} {_shown(old.get(k))} → {_shown(new.get(k))}"
                 for k in sorted(set(old) | set(new))
@@ -784,6 +786,17 @@ def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
                 tools = f" ({', '.join(names[j])})" if j < len(names) else ""
                 changes.append(f"the lines of batch {j + 1}{tools}")
     return changes
+
+
+def _batches_change(old: list[Any], new: list[Any]) -> str:
+    """The first batch that differs, or the batches one file has beyond the other (a long list cut at a fixed
+    width would hide them)."""
+    for j, (a, b) in enumerate(zip(old, new, strict=False)):
+        if a != b:
+            return f"batch {j + 1} {_shown(a)} → {_shown(b)}"
+    longer, verb = (new, "added") if len(new) > len(old) else (old, "dropped")
+    extra = longer[min(len(old), len(new)) :]
+    return f"batches {len(old)} → {len(new)} ({verb}: {_shown(extra)})"
 
 
 def _shown(value: Any, width: int = 60) -> str:
