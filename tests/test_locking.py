@@ -58,3 +58,17 @@ def test_a_failing_run_keeps_what_it_wrote_and_a_folder_that_was_there(tmp_path:
     with pytest.raises(ValueError), folder_lock(existing, REFUSAL):
         raise ValueError("bad setting")
     assert existing.is_dir() and (existing / LOCK_FILE).is_file()
+
+
+def test_a_folder_that_cannot_be_made_is_one_clear_error(tmp_path: Path) -> None:
+    """`--out` naming a file (or a folder under one) was a FileExistsError traceback from the lock's mkdir."""
+    from toolschool.errors import ConfigError
+
+    taken = tmp_path / "taken"
+    taken.write_text("not a folder")
+    for folder in (taken, taken / "sub"):
+        with pytest.raises(ConfigError, match=f"cannot write the output folder '{folder}'") as info:
+            with folder_lock(folder, REFUSAL):
+                pass
+        assert "--out" in (info.value.hint or "")
+    assert taken.read_text() == "not a folder"

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ConfigError, ToolschoolError
 
 
 def lock_or_refuse(handle: IO[Any], refusal: ToolschoolError) -> None:
@@ -35,10 +35,17 @@ def folder_lock(directory: Path, refusal: ToolschoolError) -> Iterator[None]:
     A run refused or failing before it wrote anything leaves no folder behind: one this lock created, holding
     nothing but the lock file, is removed again when the block raises."""
     created = not directory.exists()
-    directory.mkdir(parents=True, exist_ok=True)
     lock_path = directory / LOCK_FILE
     try:
-        with lock_path.open("a", encoding="utf-8") as handle:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = lock_path.open("a", encoding="utf-8")
+    except OSError as exc:  # a file in the way, no permission, a read-only disk
+        raise ConfigError(
+            f"cannot write the output folder '{directory}': {exc.strerror or exc}",
+            hint="pass --out a folder you can write to (or choose another run name)",
+        ) from None
+    try:
+        with handle:
             lock_or_refuse(handle, refusal)
             yield
     except BaseException:
