@@ -628,3 +628,111 @@ def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path
     )
     run_distill_stage(config)
     assert made == [("judge-model", {"concurrency": 16, "dtype": "bf16", "device": "cpu"})]
+
+
+def test_a_judge_echoing_the_reply_format_gives_no_verdict() -> None:
+    """A small judge echoes the prompt's 'Addresses: Yes|No - reason' lines: that was read as three Yes (kept)."""
+    echo = "Reply with three lines:\nAddresses: Yes|No - reason\nFaithful: Yes/No - reason\nAppropriate: Yes or No"
+    judgment = parse_judgment(echo)
+    assert judgment["keep"] is False and judgment["error"] == "no verdict for addresses, faithful, appropriate"
+    # answers numbered as the questions, without the criteria's names, are read in the questions' order
+    numbered = parse_judgment("1. Yes\n2. No - it says 84\n3. Yes\n\nQuestion:\nWhat is 1234 * 5678?")
+    assert numbered["error"] is None and numbered["keep"] is False
+    assert numbered["faithful"] == {"verdict": False, "reason": "it says 84"} and numbered["appropriate"]["verdict"]
+    # a named line wins over a numbered one for the same criterion
+    both = parse_judgment("1. Yes\nAddresses: No - off topic\nFaithful: Yes\nAppropriate: Yes")
+    assert both["addresses"] == {"verdict": False, "reason": "off topic"}
+
+
+def _check_counts_add_up(summary: dict) -> None:
+    """What each step lost is what its drop reasons count, per tool; final = kept originals + paraphrases."""
+    dropped = summary["dropped"]
+    for tool, row in summary["per_tool"].items():
+        lost = {stage: sum(dropped[stage].get(tool, {}).values()) for stage in ("rules", "judge", "dedupe")}
+        assert row["trials"] - row["rules"] == lost["rules"], tool
+        assert row["rules"] - row["judge"] == lost["judge"], tool
+        assert row["judge"] - row["dedupe"] == lost["dedupe"], tool
+        assert row["dedupe"] + row["paraphrases"] == row["final"] == row["train"] + row["validation"], tool
+
+
+def test_near_duplicates_are_counted_as_dropped_in_summary_and_card(tmp_path: Path) -> None:
+    """The card said 'nothing was dropped' while dedupe had removed a query (summary.json had no dedupe entry)."""
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0)
+    summary = distill(good_trials(), opts)
+    assert summary["dropped"]["dedupe"] == {"calculator": {"near-duplicate of an earlier query of the tool": 1}}
+    _check_counts_add_up(summary)
+    card = (opts.out / "README.md").read_text()
+    assert "- **dedupe**: near-duplicate of an earlier query of the tool: 1" in card
+    # without near-duplicates nothing is listed under dedupe
+    unique = [t for t in good_trials() if t["query"] != "what is 1234 * 5678"]
+    alone = distill(unique, DistillOptions(trials=opts.trials, out=tmp_path / "u", validation_fraction=0.0))
+    why = (tmp_path / "u" / "README.md").read_text().split("## Why items were dropped")[1].split("Steps:")[0]
+    assert alone["dropped"]["dedupe"] == {} and "dedupe" not in why
+
+
+class GarbageJudge(ScriptedBackend):
+    """Replies to judge prompts with text that holds no verdict (as the embedded 135M model does)."""
+
+    async def generate(self, request: GenerationRequest) -> list[Completion]:
+        self.requests.append(request)
+        return [Completion(text="The final answer is 84.\n\nThe tool results are accurate.")]
+
+
+def test_judge_replies_without_a_verdict_are_counted_reported_and_not_kept(tmp_path: Path, monkeypatch) -> None:
+    import toolschool.models.backends as backends
+
+    monkeypatch.setattr(backends, "make_backend", lambda spec, **kwargs: GarbageJudge({}))
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--judge-model", "j"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["judge_no_verdict"] == 4 and summary["total"]["judge"] == 0
+    assert summary["dropped"]["judge"] == {
+        "calculator": {"no verdict for addresses, faithful, appropriate": 3},
+        "unit_convert": {"no verdict for addresses, faithful, appropriate": 1},
+    }
+    _check_counts_add_up(summary)
+    judgments = [json.loads(line) for line in (out / "judgments.jsonl").read_text().splitlines()]
+    assert len(judgments) == 4 and all(j["raw"].startswith("The final answer") and not j["keep"] for j in judgments)
+    assert "4 of 4 judge replies gave no Yes/No for every criterion" in (out / "README.md").read_text()
+    output = " ".join(result.output.split())
+    assert "4 of 4 judge replies gave no Yes/No for every criterion and were not kept" in output
+    assert "distillation kept no training example" in output
+
+
+def test_a_second_distill_into_a_folder_in_use_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Two distills into one folder at once appended to one cache.jsonl and replaced each other's files."""
+    from toolschool.errors import ToolschoolError
+    from toolschool.locking import folder_lock
+
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    out = tmp_path / "o"
+    runner = CliRunner()
+    # flock is per open file: the lock held here refuses the command's own open of out/.lock, as another process's
+    with folder_lock(out, ToolschoolError("held by the test")):
+        result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())
+        assert f"{out} is being written by another running distill" in output and "another --out" in output
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # not even config.toml
+    result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
+    assert result.exit_code == 0, result.output
+    assert (out / "train.jsonl").is_file() and (out / "config.toml").is_file()
+
+
+def test_a_refused_distill_leaves_no_output_folder(tmp_path: Path) -> None:
+    """Options that cannot work are refused before the folder (and its config.toml) is made."""
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--target-per-tool", "9"])
+    assert result.exit_code == 2 and "needs a paraphrasing model" in result.output
+    assert not out.exists()
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(taken)])
+    assert f"cannot write the output folder '{taken}'" in " ".join(result.output.split())
+    assert "Traceback" not in result.output and "--out" in result.output

@@ -197,4 +197,17 @@ def distill(
         table.add_row(tool, *(str(row[s]) for s in steps))
     table.add_row("total", *(str(summary["total"][s]) for s in steps))
     console.print(table)
+    unread = summary["judge_no_verdict"]
+    if unread:
+        err_console.print(
+            f"[yellow]{unread} of {summary['total']['rules']} judge replies gave no Yes/No for every criterion and "
+            f"were not kept (their text is under `raw` in {out_dir / 'judgments.jsonl'}): a judge model that follows "
+            "the reply format gives each a verdict[/yellow]",
+            highlight=False,
+        )
+    if summary["total"]["final"] == 0:
+        err_console.print(
+            "[yellow]distillation kept no training example: see why in the card's 'Why items were dropped'[/yellow]",
+            highlight=False,
+        )
     console.print(f"card: {out_dir / 'README.md'}", highlight=False)

@@ -280,8 +280,16 @@ Reply with exactly three lines:
 Addresses: Yes|No - reason
 Faithful: Yes|No - reason
 Appropriate: Yes|No - reason"""
-# "Faithful: No - reason", also numbered ("2. ", "2) ") like the questions, bulleted or in bold
-_JUDGE_LINE = re.compile(r"^\W*(?:\d+[.)]\W*)?(addresses|faithful|appropriate)\W*\s*(yes|no)\b\W*(.*)$", re.IGNORECASE)
+# "Faithful: No - reason", also numbered ("2. ", "2) ") like the questions, bulleted or in bold. A verdict
+# followed by its alternative ("Yes|No", "Yes/No", "Yes or No": the reply format echoed back, as a small judge
+# does) is no verdict: read as Yes, an echo of the prompt's three format lines kept every trial.
+_NOT_AN_ALTERNATIVE = r"(?!\s*(?:[|/]|or\b)\s*(?:yes|no)\b)"
+_JUDGE_LINE = re.compile(
+    rf"^\W*(?:\d+[.)]\W*)?(addresses|faithful|appropriate)\W*\s*(yes|no)\b{_NOT_AN_ALTERNATIVE}\W*(.*)$",
+    re.IGNORECASE,
+)
+# "2. No - reason": the answer to question 2, numbered as the prompt numbers them, without the criterion's name
+_JUDGE_NUMBERED = re.compile(rf"^\W*([1-3])\s*[.):]\W*(yes|no)\b{_NOT_AN_ALTERNATIVE}\W*(.*)$", re.IGNORECASE)
 
 
 def judge_prompt(candidate: Candidate) -> str:
@@ -296,8 +304,12 @@ def judge_prompt(candidate: Candidate) -> str:
 
 
 def parse_judgment(text: str) -> dict[str, Any]:
-    """{criterion: {"verdict": bool, "reason": str}} plus `keep` (all Yes) and `error` when a line is missing."""
+    """{criterion: {"verdict": bool, "reason": str}} plus `keep` (all Yes) and `error` when a line is missing.
+
+    A criterion's line is `Name: Yes|No - reason` (as asked) or, failing that, `N. Yes|No - reason` for question N.
+    A reply without a verdict for every criterion is not kept; its `error` says which are missing."""
     found: dict[str, dict[str, Any]] = {}
+    numbered: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         match = _JUDGE_LINE.match(line.strip())
         if match and match.group(1).lower() not in found:
@@ -305,6 +317,14 @@ def parse_judgment(text: str) -> dict[str, Any]:
                 "verdict": match.group(2).lower() == "yes",
                 "reason": match.group(3).strip(" -:"),
             }
+            continue
+        match = _JUDGE_NUMBERED.match(line.strip())
+        if match and JUDGE_CRITERIA[int(match.group(1)) - 1] not in numbered:
+            numbered[JUDGE_CRITERIA[int(match.group(1)) - 1]] = {
+                "verdict": match.group(2).lower() == "yes",
+                "reason": match.group(3).strip(" -:"),
+            }
+    found = {c: found.get(c) or numbered[c] for c in JUDGE_CRITERIA if c in found or c in numbered}
     missing = [c for c in JUDGE_CRITERIA if c not in found]
     result: dict[str, Any] = {**found, "raw": text}
     result["error"] = f"no verdict for {', '.join(missing)}" if missing else None
@@ -519,6 +539,22 @@ class DistillOptions:
     device: str | None = None
 
 
+def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
+    """Refuse settings that cannot work before anything is written or any model is asked."""
+    if opts.target_per_tool > 0 and not paraphrasing:
+        raise DataError(
+            f"target_per_tool={opts.target_per_tool} needs a paraphrasing model",
+            hint="pass --paraphrase-model (any backend), or --target-per-tool 0 to skip paraphrasing",
+        )
+    if opts.max_paraphrases < 0 or not 0.0 < opts.dedupe_threshold <= 1.0:
+        raise DataError(
+            f"max_paraphrases={opts.max_paraphrases} must be >= 0 and "
+            f"dedupe_threshold={opts.dedupe_threshold} must be in (0, 1]"
+        )
+    if not 0.0 <= opts.validation_fraction < 1.0:
+        raise DataError(f"validation_fraction {opts.validation_fraction} must be in [0, 1)", hint="e.g. 0.1")
+
+
 async def _generate(
     backend: Backend, prompt: str, *, n: int, temperature: float, max_tokens: int, seed: int
 ) -> list[str]:
@@ -534,6 +570,7 @@ async def run_judge(
 ) -> list[dict[str, Any]]:
     """One judgment per candidate (cached); order follows `candidates`."""
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+    advance = progress("judging", len(candidates)) if progress is not None else None
 
     async def one(candidate: Candidate) -> dict[str, Any]:
         prompt = judge_prompt(candidate)
@@ -545,8 +582,8 @@ async def run_judge(
                     await _generate(backend, prompt, n=1, temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
                 )[0]
             cache.put(key, text)
-        if progress is not None:
-            progress()
+        if advance is not None:
+            advance()
         return parse_judgment(text)
 
     return list(await asyncio.gather(*(one(c) for c in candidates)))
@@ -562,6 +599,8 @@ async def run_paraphrase(
 ) -> dict[str, list[str]]:
     """Raw paraphrase texts per candidate id (cached); each candidate asks for its tool's planned count."""
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+    asking = sum(1 for c in candidates if plan.get(c.tool, 0) > 0)
+    advance = progress("paraphrasing", asking) if progress is not None and asking else None
 
     async def one(candidate: Candidate) -> tuple[str, list[str]]:
         n = plan.get(candidate.tool, 0)
@@ -587,8 +626,8 @@ async def run_paraphrase(
                     seed=seed + len(texts),
                 )
             cache.put(key, texts)
-        if progress is not None:
-            progress()
+        if advance is not None:
+            advance()
         return candidate.id, texts[:n_ask]
 
     return dict(await asyncio.gather(*(one(c) for c in candidates)))
@@ -677,23 +716,18 @@ async def adistill(
     paraphraser: Backend | None = None,
     progress: Any = None,
 ) -> dict[str, Any]:
-    """Run every step over `trials`, write train/validation/summary/card into `opts.out`; return the summary."""
-    if opts.target_per_tool > 0 and paraphraser is None:
-        raise DataError(
-            f"target_per_tool={opts.target_per_tool} needs a paraphrasing model",
-            hint="pass --paraphrase-model (any backend), or --target-per-tool 0 to skip paraphrasing",
-        )
-    if opts.max_paraphrases < 0 or not 0.0 < opts.dedupe_threshold <= 1.0:
-        raise DataError(
-            f"max_paraphrases={opts.max_paraphrases} must be >= 0 and "
-            f"dedupe_threshold={opts.dedupe_threshold} must be in (0, 1]"
-        )
+    """Run every step over `trials`, write train/validation/summary/card into `opts.out`; return the summary.
+
+    `progress(label, total)`, when given, is called as the judge and the paraphraser start and returns what to call
+    as each of `total` candidates is done (as `toolschool eval` reports its items)."""
+    check_options(opts, paraphrasing=paraphraser is not None)
     opts.out.mkdir(parents=True, exist_ok=True)
     cache = ReplyCache(opts.out / "cache.jsonl")
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     drops: dict[str, dict[str, Counter[str]]] = {
         "rules": defaultdict(Counter),
         "judge": defaultdict(Counter),
+        "dedupe": defaultdict(Counter),
         "paraphrase": defaultdict(Counter),
     }
 
@@ -721,6 +755,7 @@ async def adistill(
         candidates.append(candidate)
 
     judged = candidates
+    no_verdict = 0  # judge replies without a readable Yes/No for every criterion (not kept)
     if judge is not None:
         judgments = await run_judge(candidates, judge, cache, opts, progress)
         write_jsonl(
@@ -730,6 +765,7 @@ async def adistill(
         judged = []
         for candidate, judgment in zip(candidates, judgments, strict=True):
             candidate.meta["judge"] = {k: judgment[k] for k in JUDGE_CRITERIA if k in judgment}
+            no_verdict += judgment["error"] is not None
             if judgment["keep"]:
                 judged.append(candidate)
             else:
@@ -740,9 +776,11 @@ async def adistill(
     for candidate in judged:
         counts[candidate.tool]["judge"] += 1
 
-    originals, _removed = dedupe(judged, opts.dedupe_threshold)
+    originals, removed = dedupe(judged, opts.dedupe_threshold)
     for candidate in originals:
         counts[candidate.tool]["dedupe"] += 1
+    for candidate in removed:
+        drops["dedupe"][candidate.tool]["near-duplicate of an earlier query of the tool"] += 1
 
     paraphrases: list[tuple[Candidate, str, int]] = []
     if paraphraser is not None and opts.target_per_tool > 0 and opts.max_paraphrases > 0:
@@ -810,6 +848,7 @@ async def adistill(
         "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts)},
         "total": {step: sum(counts[t][step] for t in counts) for step in STEPS},
         "dropped": {stage: {t: dict(c.most_common()) for t, c in sorted(per.items())} for stage, per in drops.items()},
+        "judge_no_verdict": no_verdict,
         "files": {"train": str(opts.out / "train.jsonl"), "validation": str(opts.out / "validation.jsonl")},
     }
     (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -849,6 +888,12 @@ def distill_card(summary: dict[str, Any]) -> str:
             lines.append(f"- **{stage}**: " + "; ".join(f"{r}: {n}" for r, n in totals.most_common()))
     if not any(summary["dropped"].values()):
         lines.append("- nothing was dropped")
+    if summary.get("judge_no_verdict"):
+        lines += [
+            "",
+            f"{summary['judge_no_verdict']} of {summary['total']['rules']} judge replies gave no Yes/No for every "
+            "criterion (the reply text is under `raw` in `judgments.jsonl`): they are not kept, as a No is not.",
+        ]
     lines += [
         "",
         "Steps: rules (final answer after a call that executed without error, explored tool called) → judge "
@@ -863,13 +908,18 @@ def distill_card(summary: dict[str, Any]) -> str:
 def run_distill_stage(
     config: Any, out: str | Path | None = None, *, console: Any = None
 ) -> tuple[Path, dict[str, Any]]:
-    """The `distill` stage on a run config: read the run's trial log, write the stage folder, return its summary."""
-    from toolschool.config import stage_dir
+    """The `distill` stage on a run config: read the run's trial log, write the stage folder, return its summary.
+
+    The output folder is locked while it runs: two distills into one folder at once would append the same replies
+    to `cache.jsonl` and replace each other's train/validation files with a mix of two runs."""
+    from toolschool.config import stage_dir, stage_path
+    from toolschool.errors import ToolschoolError
+    from toolschool.locking import folder_lock
 
     d = config.distill
     trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
     records, note = read_trial_log(trials_path)
-    out_dir = stage_dir(config, "distill", out)
+    out_dir = stage_path(config, "distill", out)
     opts = DistillOptions(
         trials=trials_path,
         out=out_dir,
@@ -887,9 +937,27 @@ def run_distill_stage(
         dtype=config.model.dtype,
         device=config.model.device,
     )
-    if console is not None:
+    check_options(opts, paraphrasing=bool(opts.paraphrase_model))  # a refused distill writes nothing
+    refusal = ToolschoolError(
+        f"{out_dir} is being written by another running distill",
+        hint="wait for it to finish (or stop it: a rerun resumes from its cache.jsonl), or distill into another --out",
+    )
+    with folder_lock(out_dir, refusal):
+        stage_dir(config, "distill", out)
+        if console is None:
+            return out_dir, asyncio.run(run_distill(records, opts))
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
         if note is not None:
             console.print(f"[yellow]{note}[/yellow]", highlight=False)
-    summary = asyncio.run(run_distill(records, opts))
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        # a judge or paraphraser on a CPU takes minutes: show which step runs and how far it is
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as bar:
+
+            def progress(label: str, total: int) -> Any:
+                task = bar.add_task(label, total=total)
+                return lambda: bar.advance(task)
+
+            summary = asyncio.run(run_distill(records, opts, progress=progress))
     return out_dir, summary
