@@ -85,3 +85,18 @@ def test_ctrl_c_says_how_the_interrupted_command_continues(monkeypatch, tmp_path
     monkeypatch.setattr(toolschool.pipeline, "run_pipeline", interrupt)
     result = runner.invoke(app, ["run", str(Path(__file__).parent.parent / "configs" / "demo.toml")])
     assert result.exit_code == 130 and "rerun the same command to continue" in result.output
+
+
+def test_peft_wrapping_a_model_prints_no_transformers_deprecation(tiny_model_dir: Path) -> None:
+    """Every command that trains or loads an adapter printed PEFT's read of transformers' deprecated
+    `is_gradient_checkpointing` as a FutureWarning; the command line silences that one message."""
+    import warnings
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    assert CliRunner().invoke(app, ["tools", "list", "--only", "weekday"]).exit_code == 0  # any command sets it up
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with warnings.catch_warnings(record=True) as caught:
+        get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

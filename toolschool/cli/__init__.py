@@ -7,6 +7,7 @@ sub-command: `toolschool --debug models info`) shows the traceback instead.
 from __future__ import annotations
 
 import traceback
+import warnings
 from typing import Any
 
 import typer
@@ -72,6 +73,10 @@ def _root(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
 ) -> None:
     _state["debug"] = debug
+    # PEFT reads transformers' deprecated `model.is_gradient_checkpointing` whenever it wraps a model (peft 0.21 with
+    # transformers 5): a FutureWarning about code the user does not own, printed by every command that trains or
+    # loads an adapter. Only that message is silenced.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 def _register() -> None:
