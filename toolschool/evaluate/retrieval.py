@@ -73,10 +73,13 @@ class DenseRetriever:
         import torch
         from transformers import AutoModel, AutoTokenizer
 
+        from toolschool.models.loading import quiet_transformers
+
         folder = dense_model_dir()
         self._torch = torch
-        self._tokenizer = AutoTokenizer.from_pretrained(folder)
-        self._model = AutoModel.from_pretrained(folder).eval()
+        with quiet_transformers():
+            self._tokenizer = AutoTokenizer.from_pretrained(folder)
+            self._model = AutoModel.from_pretrained(folder).eval()
         self._batch_size = batch_size
         self._matrix = self.embed(documents) if documents else None
 

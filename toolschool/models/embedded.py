@@ -105,9 +105,9 @@ def ensure_embedded(name: str = DEFAULT_MODEL, *, progress: bool = True) -> Path
 def _convert(model: EmbeddedModel, target: Path, *, progress: bool) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     from toolschool.models.chat_template import install_chatml_tools_template
+    from toolschool.models.loading import quiet_transformers
 
     source = gguf_path(model)
     start = time.perf_counter()
@@ -118,13 +118,9 @@ def _convert(model: EmbeddedModel, target: Path, *, progress: bool) -> None:
             f"[dim]Converting embedded model {model.name} from {source.name} to safetensors "
             f"(once, ~20-40 s) into {target}[/dim]"
         )
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with quiet_transformers():
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +157,24 @@ def _adapter_base_spec(folder: Path, base: object) -> ModelSpec:
         ) from None
 
 
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """No transformers warnings below errors and no "Loading weights" progress bar while loading: our own line
+    says what loads; both are put back after."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+
 def _from_pretrained(loader: Any, source: str, spec: ModelSpec, **kwargs: Any) -> Any:
     """Call a from_pretrained, local cache first; turn hub/offline failures into one clear line.
 
@@ -224,7 +244,6 @@ def load_model(
     """Load weights and tokenizer for local inference or training."""
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     from toolschool.models.device import parse_dtype, resolve_device
 
@@ -237,15 +256,9 @@ def load_model(
     adapter = adapters[-1] if adapters else None
     device = resolve_device(device)
     torch_dtype = parse_dtype(dtype, device)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_transformers():
         tokenizer = load_tokenizer(spec)
         hf_model = _from_pretrained(AutoModelForCausalLM, source, spec, dtype=torch_dtype)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
     if len(tokenizer) > hf_model.get_input_embeddings().weight.shape[0]:
         hf_model.resize_token_embeddings(len(tokenizer))
     for index, folder in enumerate(adapters):
