@@ -29,6 +29,12 @@ def test_list_counts_one_tool_in_the_singular() -> None:
     assert result.output.lstrip().startswith("1 tool\n")
 
 
+def test_call_help_names_the_config_key_of_its_timeout() -> None:
+    """rich read "[tools]" in the --timeout help as markup and dropped it: "( call_timeout in a run"."""
+    result = runner.invoke(app, ["tools", "call", "--help"], terminal_width=200)
+    assert "([tools] call_timeout in a run" in result.output
+
+
 def test_list_json_with_module(tmp_path: Path) -> None:
     module = tmp_path / "mine.py"
     module.write_text(

@@ -65,7 +65,7 @@ def call(
     only: list[str] = typer.Option(None, "--only", help=ONLY_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the whole observation as JSON."),
     timeout: float = typer.Option(
-        None, "--timeout", help="Seconds the call may take ([tools] call_timeout in a run; default 120).", min=0.001
+        None, "--timeout", help="Seconds the call may take (\\[tools] call_timeout in a run; default 120).", min=0.001
     ),
 ) -> None:
     """Call one tool and print its observation (exit 1 when the observation is an error)."""
