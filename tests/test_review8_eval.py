@@ -195,6 +195,23 @@ def test_resume_refuses_other_settings_or_other_items(tmp_path: Path) -> None:
     assert calls == []
 
 
+def test_resume_refuses_an_edited_demonstrations_file(tmp_path: Path) -> None:
+    items = [_calc_item(i) for i in range(2)]
+    out = tmp_path / "eval"
+
+    def pool(answer: str) -> DemoPool:
+        demo = {"messages": [{"role": "user", "content": "Add two and two."}, {"role": "assistant", "content": answer}]}
+        return DemoPool([demo])
+
+    first = EvalOptions(icl_k=1, demos=pool("4"))
+    run_evaluation(["m"], [Benchmark("data", items)], first, out, make_backend=lambda _m: _FlakyBackend({}))
+    edited = EvalOptions(icl_k=1, demos=pool("four"))
+    with pytest.raises(ConfigError, match=r"cannot resume .*data.items.jsonl.*demos_sha256: '[0-9a-f]{64}' -> "):
+        run_evaluation(["m"], [Benchmark("data", items)], edited, out, make_backend=None, resume=True)
+    same = EvalOptions(icl_k=1, demos=pool("4"))
+    run_evaluation(["m"], [Benchmark("data", items)], same, out, make_backend=None, resume=True)  # nothing to redo
+
+
 def test_eval_cli_resume_runs_only_the_missing_items(tiny_model_dir: Path, tmp_path: Path) -> None:
     data = tmp_path / "test.jsonl"
     lines = [

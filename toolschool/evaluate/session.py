@@ -289,6 +289,8 @@ def _fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | No
     if options.icl_k:
         state["demos"] = (settings or {}).get("demos")
         state["retriever"] = (settings or {}).get("retriever")
+        if options.demos is not None:
+            state["demos_sha256"] = options.demos.digest()
     return state
 
 
