@@ -909,3 +909,23 @@ def test_a_round_one_trained_again_in_the_replay_run_is_not_kept_stale_in_the_ba
     assert ids[0] == ids[1]
     baseline_round_2 = json.loads((tmp_path / "cmp" / "continual_no_replay" / "round_2" / "round.json").read_text())
     assert baseline_round_2["start_model"] == str(tmp_path / "cmp" / "continual" / "round_1" / "sft" / "merged")
+
+
+def test_a_round_that_writes_no_checkpoint_before_its_end_says_so_verbatim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the default [sft] checkpoint_interval (200) above --steps-per-round, Ctrl-C loses the round's training
+    although the interrupt line says work is kept: the round says so when it starts. (The CLI printed its lines as
+    rich markup, which dropped '[sft]'.)"""
+    _scripted_training(monkeypatch, [])
+    two, _ = _two_then_three(tmp_path)
+    argv = ["continual", "--batches", two["continual.batches"], "--data", two["continual.data"], "--model", "m"]
+    result = CliRunner().invoke(app, [*argv, "--steps-per-round", "6", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    text = result.output.replace("\n", " ")
+    assert "round 1/2: no checkpoint before the round ends ([sft] checkpoint_interval 200 ≥ 6 steps)" in text
+    toml = tmp_path / "c.toml"
+    toml.write_text("[sft]\ncheckpoint_interval = 2\n")
+    frequent = [*argv[:1], str(toml), *argv[1:], "--steps-per-round", "6", "--out", str(tmp_path / "c")]
+    result = CliRunner().invoke(app, frequent)
+    assert result.exit_code == 0 and "no checkpoint before" not in result.output

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from toolschool.cli.console import console, err_console
 
@@ -83,7 +84,8 @@ def continual(
     config = load_config(config_path, overrides)
 
     def say(text: str) -> None:
-        err_console.print(f"[dim]continual: {text}[/dim]", highlight=False, soft_wrap=True)
+        # plain text: escaped, or rich would take "[sft]" (or a path holding brackets) for markup and drop it
+        err_console.print(f"[dim]continual: {escape(text)}[/dim]", highlight=False, soft_wrap=True)
 
     def prepare(folder: Path, with_replay: bool) -> ContinualInputs:
         """The inputs, loaded and checked, and the folder's plan checked — before anything is written anywhere,

@@ -1114,6 +1114,12 @@ def _run_round(
             f"{steps_per_round(config)} steps, from {start_model}"
             + (f" (continuing from {checkpoint.name})" if checkpoint is not None else "")
         )
+        if config.sft.checkpoint_interval >= steps_per_round(config):
+            say(
+                f"round {r + 1}/{total}: no checkpoint before the round ends ([sft] checkpoint_interval "
+                f"{config.sft.checkpoint_interval} ≥ {steps_per_round(config)} steps), so an interruption trains it "
+                "again from its start; a lower checkpoint_interval lets it continue mid-round"
+            )
         _write_json(round_dir / SFT_STARTED_FILE, {"training_fingerprint": keys.training})
         result = run_sft(_round_config(config, start_model, train_path), sft_dir, resume=True, progress=progress)
         if result.merged_dir is None:
