@@ -35,6 +35,24 @@ def test_every_command_has_help() -> None:
     walk(root, [])
 
 
+def test_no_help_text_loses_a_bracketed_word_to_rich_markup() -> None:
+    """Help is rendered as rich markup: an unescaped "[tools]" or "[sft]" vanishes from --help (write "\\[tools]")."""
+    import re
+
+    import click
+    import typer.main
+
+    def walk(cmd: click.Command, path: str) -> list[str]:
+        texts = [(path, cmd.help or ""), *((f"{path} {p.name}", getattr(p, "help", None) or "") for p in cmd.params)]
+        found = [where for where, text in texts if re.search(r"(?<!\\)\[[a-z_.]+\]", text)]
+        if isinstance(cmd, click.Group):
+            for name, sub in cmd.commands.items():
+                found += walk(sub, f"{path} {name}")
+        return found
+
+    assert walk(typer.main.get_command(app), "toolschool") == []
+
+
 def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "toolschool", "--version"], capture_output=True, text=True, check=True)
     assert __version__ in out.stdout
