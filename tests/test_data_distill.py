@@ -699,7 +699,24 @@ def test_judge_replies_without_a_verdict_are_counted_reported_and_not_kept(tmp_p
     assert "4 of 4 judge replies gave no Yes/No for every criterion" in (out / "README.md").read_text()
     output = " ".join(result.output.split())
     assert "4 of 4 judge replies gave no Yes/No for every criterion and were not kept" in output
-    assert "distillation kept no training example" in output
+    assert "distillation kept no training example: the judge kept none of the 4 trials that passed the rules" in output
+    assert "point --judge-model" in output
+
+
+def test_an_empty_train_split_names_the_step_that_kept_nothing(tmp_path: Path) -> None:
+    from toolschool.data.distill import nothing_to_train
+
+    def run(trials: list[dict], name: str, fraction: float = 0.0) -> dict:
+        return distill(trials, DistillOptions(trials=tmp_path / "t", out=tmp_path / name, validation_fraction=fraction))
+
+    assert nothing_to_train(run(good_trials(), "ok")) is None
+    assert "the trial log holds no trial" in nothing_to_train(run([], "none"))[0]
+    failing = [t for t in good_trials() if trial_to_candidate(t)[0] is None]
+    why, hint = nothing_to_train(run(failing, "rules"))
+    assert "no exploration trial ended with a final answer" in why and "explorer" in hint
+    # one kept original and validation_fraction 0.9: round(0.9) = 1 group goes to validation, none to train
+    why, hint = nothing_to_train(run(good_trials()[:1], "split", fraction=0.9))
+    assert why.endswith("all 1 kept examples went to the validation split") and "validation_fraction" in hint
 
 
 def test_a_second_distill_into_a_folder_in_use_is_refused_and_writes_nothing(tmp_path: Path) -> None:

@@ -296,16 +296,12 @@ def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.data.distill import run_distill_stage
+    from toolschool.data.distill import nothing_to_train, run_distill_stage
 
     out_dir, summary = run_distill_stage(config, console=console)
-    train = out_dir / "train.jsonl"
-    if not train.is_file() or not train.read_text(encoding="utf-8").strip():
-        raise ToolschoolError(
-            "distillation kept no training example: no exploration trial ended with a final answer after a "
-            f"call that executed without error (see {out_dir / 'README.md'})",
-            hint="explore more (more episodes), or point [pipeline] explorer at a stronger model",
-        )
+    empty = nothing_to_train(summary)  # which step kept nothing: the rules, or a judge that kept none
+    if empty is not None:
+        raise ToolschoolError(f"{empty[0]} (see {out_dir / 'README.md'})", hint=empty[1])
     return {"counts": summary.get("total", {})}
 
 

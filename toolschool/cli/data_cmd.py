@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from toolschool.cli.console import console, err_console
@@ -169,7 +170,7 @@ def distill(
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
     from toolschool.config import load_config, stage_path
-    from toolschool.data.distill import run_distill_stage
+    from toolschool.data.distill import nothing_to_train, run_distill_stage
     from toolschool.pipeline import refuse_finished_stage
 
     overrides = {
@@ -201,13 +202,11 @@ def distill(
     if unread:
         err_console.print(
             f"[yellow]{unread} of {summary['total']['rules']} judge replies gave no Yes/No for every criterion and "
-            f"were not kept (their text is under `raw` in {out_dir / 'judgments.jsonl'}): a judge model that follows "
-            "the reply format gives each a verdict[/yellow]",
+            f"were not kept (their text is under `raw` in {escape(str(out_dir / 'judgments.jsonl'))}): a judge model "
+            "that follows the reply format gives each a verdict[/yellow]",
             highlight=False,
         )
-    if summary["total"]["final"] == 0:
-        err_console.print(
-            "[yellow]distillation kept no training example: see why in the card's 'Why items were dropped'[/yellow]",
-            highlight=False,
-        )
+    empty = nothing_to_train(summary)
+    if empty is not None:
+        err_console.print(f"[yellow]{escape(empty[0])} — {escape(empty[1])}[/yellow]", highlight=False)
     console.print(f"card: {out_dir / 'README.md'}", highlight=False)

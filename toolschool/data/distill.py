@@ -856,6 +856,27 @@ async def adistill(
     return summary
 
 
+def nothing_to_train(summary: dict[str, Any]) -> tuple[str, str] | None:
+    """(why, what to do) when the distilled train split is empty: the step that kept nothing, not a guess."""
+    total = summary["total"]
+    if total["train"]:
+        return None
+    first = "distillation kept no training example: "
+    if not total["trials"]:
+        return first + "the trial log holds no trial", "run `toolschool explore` (more episodes) first"
+    if not total["rules"]:
+        why = "no exploration trial ended with a final answer after a call that executed without error"
+        return first + why, "explore more (more episodes), or point [pipeline] explorer at a stronger model"
+    if not total["judge"]:
+        unread = summary.get("judge_no_verdict", 0)
+        why = f"the judge kept none of the {total['rules']} trials that passed the rules"
+        if unread:
+            why += f" ({unread} of its replies gave no Yes/No for every criterion: see `raw` in judgments.jsonl)"
+        return first + why, "point --judge-model ([distill] judge_model) at a stronger model, or distill without one"
+    why = f"all {total['final']} kept examples went to the validation split"
+    return first + why, "lower [distill] validation_fraction, or explore more"
+
+
 def distill_card(summary: dict[str, Any]) -> str:
     """The markdown dataset card: where the data came from and what each step kept, per tool."""
     o = summary["options"]
