@@ -1036,9 +1036,10 @@ def _upgrade_legacy(round_dir: Path, keys: RoundKeys) -> None:
 
 
 def _same_as_source(marker: dict[str, Any]) -> bool:
-    """Whether a round that stood in from another run still holds that run's model (not one trained again since)."""
+    """Whether a round that stood in from another run still holds that run's model (not one trained again since);
+    a source no longer found (folders moved) leaves the round as it is."""
     source = _read_json(Path(marker["reused_from"]) / MARKER_FILE)
-    return source is not None and source.get("model_id") == marker.get("model_id")
+    return source is None or source.get("model_id") == marker.get("model_id")
 
 
 def _score_reused_model(marker: dict[str, Any], round_dir: Path, keys: RoundKeys) -> None:
