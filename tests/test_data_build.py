@@ -395,3 +395,49 @@ def test_repeated_source_rows_become_one_record(tmp_path: Path) -> None:
     for category, what in (("calculator", "question"), ("python_exec", "code and input"), ("no_tool", "prompt")):
         stats = summary["categories"][category]
         assert stats["used"] == 2 and stats["dropped_by_reason"] == {f"same {what} as an earlier row": 1}, stats
+
+
+def _build_args(out: Path, *extra: str) -> list[str]:
+    sources = ["--gsm8k", str(GSM8K), "--cruxeval", str(CRUX), "--instructions", str(FLAN)]
+    return ["dataset", "build-calc-python", *sources, "--formats", "hermes", *extra, "--out", str(out)]
+
+
+def test_a_build_that_fails_leaves_no_folder_and_a_folder_in_use_is_refused(tmp_path: Path) -> None:
+    """A missing source left an output folder holding only config.toml; two builds at once shared one folder."""
+    from toolschool.errors import ToolschoolError
+    from toolschool.locking import folder_lock
+
+    runner = CliRunner()
+    out = tmp_path / "ds"
+    missing = _build_args(out, "--size", "4")
+    missing[missing.index("--gsm8k") + 1] = str(tmp_path / "nope.jsonl")
+    result = runner.invoke(app, missing)
+    assert result.exit_code == 2 and "nope.jsonl' does not exist" in result.output
+    assert not out.exists()
+
+    with folder_lock(out, ToolschoolError("held by the test")):  # flock is per open file: as another process's
+        result = runner.invoke(app, _build_args(out, "--size", "4"))
+        assert result.exit_code == 2, result.output
+        assert f"{out} is being written by another running dataset build" in " ".join(result.output.split())
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    result = runner.invoke(app, _build_args(out, "--size", "4"))
+    assert result.exit_code == 0, result.output
+    assert (out / "config.toml").is_file() and (out / "hermes" / "train.jsonl").is_file()
+
+
+def test_a_category_its_source_cannot_fill_is_warned_about(tmp_path: Path) -> None:
+    """--size 40 from a 10-row CRUXEval sample gave fewer examples than asked with nothing said but a table cell."""
+    out = tmp_path / "ds"
+    result = CliRunner().invoke(
+        app,
+        _build_args(out, "--size", "40", "--ratio", "calculator=0", "--ratio", "python_exec=1", "--ratio", "no_tool=0"),
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    used = summary["categories"]["python_exec"]["used"]
+    assert used < 40 and summary["records"] == used
+    output = " ".join(result.output.split())
+    assert f"python_exec: {used} of the 40 asked for: its source has no more valid examples" in output
+    assert f"{used} examples in all, not --size 40" in output
+    result = CliRunner().invoke(app, _build_args(tmp_path / "enough", "--size", "4"))
+    assert result.exit_code == 0 and "asked for" not in result.output

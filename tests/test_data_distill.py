@@ -751,5 +751,5 @@ def test_a_refused_distill_leaves_no_output_folder(tmp_path: Path) -> None:
     taken = tmp_path / "taken"
     taken.write_text("a file")
     result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(taken)])
-    assert f"cannot write the output folder '{taken}'" in " ".join(result.output.split())
+    assert f"cannot write the distill output folder '{taken}'" in " ".join(result.output.split())
     assert "Traceback" not in result.output and "--out" in result.output

@@ -27,13 +27,14 @@ LOCK_FILE = ".lock"
 
 
 @contextmanager
-def folder_lock(directory: Path, refusal: ToolschoolError) -> Iterator[None]:
+def folder_lock(directory: Path, refusal: ToolschoolError, *, name: str = "output") -> Iterator[None]:
     """Hold `directory/.lock` (the folder is created) while the block runs, or raise `refusal` at once if another
     process holds it: two runs writing one output folder at the same time would write the same checkpoints, logs or
     item lines twice and mix them.
 
     A run refused or failing before it wrote anything leaves no folder behind: one this lock created, holding
-    nothing but the lock file, is removed again when the block raises."""
+    nothing but the lock file, is removed again when the block raises. A folder that cannot be made is a
+    ConfigError naming it (`name`: what the folder is, e.g. "distill output")."""
     created = not directory.exists()
     lock_path = directory / LOCK_FILE
     try:
@@ -41,7 +42,7 @@ def folder_lock(directory: Path, refusal: ToolschoolError) -> Iterator[None]:
         handle = lock_path.open("a", encoding="utf-8")
     except OSError as exc:  # a file in the way, no permission, a read-only disk
         raise ConfigError(
-            f"cannot write the output folder '{directory}': {exc.strerror or exc}",
+            f"cannot write the {name} folder '{directory}': {exc.strerror or exc}",
             hint="pass --out a folder you can write to (or choose another run name)",
         ) from None
     try:

@@ -61,8 +61,10 @@ def build_calc_python_cmd(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/dataset)."),
 ) -> None:
     """Build the calculator / python / no-tool dataset: records, per-format train/validation, summary, card."""
-    from toolschool.config import load_config, stage_dir
+    from toolschool.config import load_config, stage_dir, stage_path
     from toolschool.data.build_calc_python import BuildOptions, build_calc_python
+    from toolschool.errors import ToolschoolError
+    from toolschool.locking import folder_lock
 
     overrides = {
         "dataset.gsm8k": gsm8k,
@@ -79,9 +81,18 @@ def build_calc_python_cmd(
     }
     config = load_config(config_path, overrides)
     d = config.dataset
-    out_dir = stage_dir(config, "dataset", out if out is not None else d.out)  # a file in the way: one line
+    out_dir = stage_path(config, "dataset", out if out is not None else d.out)
+    refusal = ToolschoolError(
+        f"{out_dir} is being written by another running dataset build",
+        hint="wait for it to finish, or build into another --out",
+    )
     err_console.print(f"[dim]dataset build-calc-python -> {out_dir}[/dim]")
-    with err_console.status("building (python_exec runs each candidate in the sandbox)..."):
+    # locked: two builds at once would write the same files (and their .tmp files) into one folder; a build that
+    # fails (a missing source) leaves no folder behind, and config.toml is that of the data the folder holds
+    with (
+        folder_lock(out_dir, refusal, name="dataset output"),
+        err_console.status("building (python_exec runs each candidate in the sandbox)..."),
+    ):
         summary = build_calc_python(
             BuildOptions(
                 gsm8k=d.gsm8k,
@@ -98,6 +109,7 @@ def build_calc_python_cmd(
                 workers=d.workers,
             )
         )
+        stage_dir(config, "dataset", out_dir)
     table = Table(title=f"dataset -> {out_dir}")
     for column in ("category", "available", "examined", "valid", "dropped", "target", "used"):
         table.add_column(column, justify="left" if column == "category" else "right")
@@ -110,6 +122,19 @@ def build_calc_python_cmd(
     for category, errors in summary["source_read_errors"].items():  # not JSON objects: not even 'available'
         for error in errors:
             console.print(f"  {category}: unreadable source line {error}", highlight=False)
+    short = {c: s for c, s in summary["categories"].items() if s["used"] < s["target"]}
+    for category, s in short.items():
+        err_console.print(
+            f"[yellow]{category}: {s['used']} of the {s['target']} asked for: its source has no more valid "
+            "examples[/yellow]",
+            highlight=False,
+        )
+    if short:
+        err_console.print(
+            f"[yellow]{summary['records']} examples in all, not --size {summary['options']['size']}; the other "
+            "categories were not topped up, so the ratios are not those asked for[/yellow]",
+            highlight=False,
+        )
     console.print(f"files: {json.dumps(summary['files'])}; card: {out_dir / 'README.md'}", highlight=False)
 
 

@@ -963,7 +963,7 @@ def run_distill_stage(
         f"{out_dir} is being written by another running distill",
         hint="wait for it to finish (or stop it: a rerun resumes from its cache.jsonl), or distill into another --out",
     )
-    with folder_lock(out_dir, refusal):
+    with folder_lock(out_dir, refusal, name="distill output"):
         stage_dir(config, "distill", out)
         if console is None:
             return out_dir, asyncio.run(run_distill(records, opts))
