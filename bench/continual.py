@@ -171,7 +171,8 @@ def trim(matrix: dict[str, Any]) -> dict[str, Any]:
 def reevaluate(args: argparse.Namespace, config: Any, work: Path, say: Any, started: float) -> None:
     """Score every finished round's merged model of `work` again with the current evaluation, into
     work/reevaluated/ (the run's own folders stay as they are), and write the bench JSON from those scores."""
-    from toolschool.train.continual import evaluate_rounds_model, forgetting_summary, load_inputs, write_comparison
+    from toolschool.train.continual import evaluate_rounds_model, load_inputs
+    from toolschool.train.forgetting import forgetting_summary, write_comparison
 
     matrices: dict[str, dict[str, Any]] = {}
     scored: dict[Path, dict[str, Any]] = {}  # merged model -> its scores (round 1 is one model in both runs)
@@ -248,7 +249,8 @@ def main() -> None:
 
     from toolschool.config import load_config
     from toolschool.data.dataset import write_jsonl
-    from toolschool.train.continual import run_continual, write_comparison
+    from toolschool.train.continual import run_continual
+    from toolschool.train.forgetting import write_comparison
 
     started = time.perf_counter()
     work: Path = args.work

@@ -16,15 +16,14 @@ from toolschool.train.continual import (
     Batch,
     compose_round,
     example_tools,
-    forgetting_summary,
     held_out_count,
-    matrix_markdown,
     read_batches,
     replay_count,
     run_continual,
     sample_replay,
     split_into_batches,
 )
+from toolschool.train.forgetting import forgetting_summary, matrix_markdown
 
 TOOLS = ("shout", "reverse", "double", "negate")
 
@@ -261,7 +260,7 @@ def test_forgetting_summary_and_markdown() -> None:
 
 def test_the_matrix_says_how_many_items_each_percentage_is_of() -> None:
     """n per batch (from the cells' details) under the table and on the heatmap's axis; long batches say '+k more'."""
-    from toolschool.train.continual import batch_axis_labels
+    from toolschool.train.forgetting import batch_axis_labels
 
     details = [[{"n": 5}, None], [{"n": 5}, {"n": 16}]]
     data = {
@@ -282,7 +281,7 @@ def test_the_matrix_says_how_many_items_each_percentage_is_of() -> None:
 def test_the_report_shows_each_tools_correct_percent_after_each_round() -> None:
     """A batch's figure hides which of its tools were kept and which were lost: the markdown gives a per-tool
     table (rounds x tools, n per tool) from the cells' details, which only matrix.json held."""
-    from toolschool.train.continual import per_tool_markdown
+    from toolschool.train.forgetting import per_tool_markdown
 
     def cell(**tools: tuple[int, float]) -> dict:
         return {"per_tool": {tool: {"n": n, "correct": c} for tool, (n, c) in tools.items()}}

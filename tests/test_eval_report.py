@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from toolschool.cli import app
 from toolschool.errors import ToolschoolError
 from toolschool.evaluate.report import bar_groups, build_report, curve_groups, summary_markdown
-from toolschool.train.continual import forgetting_summary
+from toolschool.train.forgetting import forgetting_summary
 
 CHROMIUM_FLAGS = [
     "--headless",
@@ -113,7 +113,7 @@ def test_validation_curves_come_from_the_validation_records_only() -> None:
 
 def test_a_continual_run_is_reported_with_its_forgetting_matrix(tmp_path: Path) -> None:
     """`toolschool continual --run NAME` then `toolschool report runs/NAME`: the matrix, not 'nothing to report'."""
-    from toolschool.train.continual import write_comparison, write_matrix
+    from toolschool.train.forgetting import write_comparison, write_matrix
 
     run = tmp_path / "run"
     matrices = []

@@ -238,7 +238,7 @@ def test_a_continual_report_names_the_model_that_learned_and_the_steps_per_round
     """The forgetting matrix alone does not say which model learned the batches nor how long each round trained;
     matrix.json records both, and the report now states them."""
     from toolschool.evaluate.report import build_report
-    from toolschool.train.continual import forgetting_summary, write_matrix
+    from toolschool.train.forgetting import forgetting_summary, write_matrix
 
     run = tmp_path / "run"
     for name, replay in (("continual", True), ("continual_no_replay", False)):

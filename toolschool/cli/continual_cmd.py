@@ -53,8 +53,8 @@ def continual(
         load_inputs,
         output_dir,
         run_continual,
-        write_comparison,
     )
+    from toolschool.train.forgetting import write_comparison
 
     if compare and replay is False:
         raise ConfigError("--compare runs both with and without replay", hint="drop --no-replay")
@@ -127,6 +127,6 @@ def continual(
 
 
 def _summary(folder: Path, matrix: dict) -> str:
-    from toolschool.train.continual import matrix_markdown
+    from toolschool.train.forgetting import matrix_markdown
 
     return f"{matrix_markdown(matrix)}\nwritten: {folder}/matrix.json, matrix.md, matrix.png"
