@@ -55,7 +55,7 @@ def _eval_metrics(examples: list[dict[str, Any]], replies: dict[str, str], fmt_n
 def _validation_metrics(
     examples: list[dict[str, Any]], replies: dict[str, str], fmt_name: str, tokenizer: Any, monkeypatch: Any
 ) -> dict[str, float]:
-    import toolschool.train.sft as sft
+    import toolschool.train.validation as validation
 
     fmt = get_format(fmt_name)
     items = build_validation_items(examples, fmt, tokenizer, len(examples), 512)
@@ -65,7 +65,7 @@ def _validation_metrics(
     def canned_generation(model, tokenizer, prompts, max_new_tokens, stop):  # noqa: ANN001, ANN202
         return [next(answers) for _ in prompts]
 
-    monkeypatch.setattr(sft, "generate_batch", canned_generation)
+    monkeypatch.setattr(validation, "generate_batch", canned_generation)
     return validate(torch.nn.Linear(1, 1), tokenizer, fmt, items, max_new_tokens=8)
 
 

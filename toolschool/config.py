@@ -181,6 +181,15 @@ class RLSection(Section):
     """RL from tool-use rewards (TRL GRPO): group-relative advantages, clipped objective, KL to the start model."""
 
     train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
+    validation: str | None = Field(
+        None,
+        description="held-out JSONL validated during training (default: the run's distill/validation.jsonl when "
+        "train is the run's own)",
+    )
+    validation_interval: int = Field(
+        50, ge=1, description="steps between validations (also before the first step and after the last)"
+    )
+    validation_samples: int = Field(16, ge=0, description="validation items generated each time; 0: no validation")
     mode: str = Field("single_turn", description="single_turn (reward the first reply) | multi_turn (run the tools)")
     format: FormatName = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
     rewards: list[str] = Field(

@@ -329,7 +329,11 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     rl_config = _with(config, model={"name": str(start)})
     out_dir = stage_path(rl_config, "rl")  # run_rl saves the config
     result = run_rl(rl_config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
-    return {"steps": result.steps, "model": str(result.merged_dir) if result.merged_dir else None}
+    return {
+        "steps": result.steps,
+        "model": str(result.merged_dir) if result.merged_dir else None,
+        "final_validation": result.final_validation,
+    }
 
 
 def _no_sft_model(start: Path) -> ToolschoolError:
@@ -522,6 +526,7 @@ INPUT_FILES: tuple[tuple[str, str, str, str], ...] = (
     ("sft", "sft", "train", "file"),
     ("sft", "sft", "validation", "file"),
     ("rl", "rl", "train", "file"),
+    ("rl", "rl", "validation", "file"),
     ("eval", "pipeline", "eval_data", "file"),
     ("eval", "eval", "demos", "file"),
 )

@@ -14,6 +14,13 @@ def rl(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
     model: str = typer.Option(None, "--model", "-m", help="Starting model (e.g. runs/NAME/sft/merged)."),
     train: str = typer.Option(None, help="Training JSONL (default: runs/NAME/distill/train.jsonl)."),
+    validation: str = typer.Option(
+        None, help="Held-out JSONL validated during training (default: runs/NAME/distill/validation.jsonl)."
+    ),
+    validation_interval: int = typer.Option(
+        None, help="Steps between validations; also before the first step and after the last (default 50)."
+    ),
+    validation_samples: int = typer.Option(None, help="Validation items generated each time; 0: none (default 16)."),
     mode: str = typer.Option(None, help="single_turn | multi_turn (execute the tools, reward the final answer)."),
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
     reward: list[str] = typer.Option(
@@ -43,13 +50,17 @@ def rl(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
     seed: int = typer.Option(None),
 ) -> None:
-    """Reinforce tool use with rewards; writes checkpoints, train_log.jsonl, adapter/ and merged/."""
+    """Reinforce tool use with rewards; writes checkpoints, train_log.jsonl (with held-out validation), adapter/ and
+    merged/."""
     from toolschool.config import load_config, stage_path
     from toolschool.train.rl import check_settings, run_rl
 
     overrides = {
         "model.name": model,
         "rl.train": train,
+        "rl.validation": validation,
+        "rl.validation_interval": validation_interval,
+        "rl.validation_samples": validation_samples,
         "rl.mode": mode,
         "rl.format": format,
         "rl.rewards": list(reward) if reward else None,
@@ -92,6 +103,7 @@ def rl(
             if k == "reward" or k.startswith(("rewards/", "kl")) and not k.endswith("/std") and not k.endswith("/mean")
         }
         | {k: result.last_log[k] for k in ("valid_format_rate", "tool_accuracy") if k in result.last_log},
+        "final_validation": result.final_validation,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print_json(json.dumps(summary))

@@ -128,6 +128,7 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
 
     An interrupted run logged the steps it trained after its last checkpoint; the resumed run trains those steps
     again and logs them again, so without this the log (and the report's curves) would hold two records for each.
+    Starting at step 0, a validation record at step 0 (of the start model) goes too: the run validates it again.
     Only the main process rewrites the file (under `accelerate launch` every process runs this code).
     """
     if not main_process() or not log_path.is_file():
@@ -139,8 +140,11 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
             record = json.loads(line)
         except json.JSONDecodeError:  # the last line of a run killed while writing it
             continue
-        if isinstance(record, dict) and record.get("step", 0) <= step:
-            kept.append(line)
+        if not isinstance(record, dict) or record.get("step", 0) > step:
+            continue
+        if step == 0 and record.get("step", 0) == 0 and "validation" in record:
+            continue  # the start model's validation (RL's step 0) belongs to the run that starts at step 0 now
+        kept.append(line)
     if len(kept) != len(lines):
         write_text_atomic(log_path, "".join(line + "\n" for line in kept))
 

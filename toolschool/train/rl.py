@@ -53,7 +53,14 @@ from toolschool.train.common import (
     training_lock,
 )
 from toolschool.train.rewards import RewardSuite, check_reward_names
-from toolschool.train.sft import split_at_first_assistant
+from toolschool.train.validation import (
+    build_validation_items,
+    last_validation,
+    load_validation_examples,
+    resolve_validation_path,
+    split_at_first_assistant,
+    validation_callback,
+)
 
 META_FILE = "toolschool_rl.json"
 MODES = ("single_turn", "multi_turn")
@@ -70,6 +77,7 @@ class RLResult:
     steps: int
     seconds: float
     last_log: dict[str, Any] = field(default_factory=dict)
+    final_validation: dict[str, float] | None = None  # the last held-out validation's rates (None: no validation)
     main_process: bool = True  # False in the other processes of an `accelerate launch` run (they save nothing)
 
 
@@ -554,6 +562,13 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     check_written_format(examples, fmt.name, str(train_path), lines=lines)
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
+    validation_path = resolve_validation_path(
+        settings.validation, train_explicit=bool(settings.train), run_dir=config.run_dir(), flag="--validation"
+    )
+    validation_examples, validation_lines = load_validation_examples(
+        validation_path, required=bool(settings.validation)
+    )
+    check_written_format(validation_examples, fmt.name, str(validation_path), lines=validation_lines)
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if not resume:
         refuse_existing_checkpoints(out_dir)  # an incomplete one too: a fresh run would mix with what it left
@@ -614,6 +629,15 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         else [*settings.reward_weights, 1.0]
     )
     suite = RewardSuite(fmt, rewards, mode=settings.mode, toolkens=toolkens)
+    # Held-out validation scores the first reply of each item as SFT's validation and `toolschool eval` do (each
+    # item with its own tools, in the run's format, toolken names mapped back), greedy, in rl.max_tokens tokens.
+    validation_items = build_validation_items(
+        toolken_examples(validation_examples, toolkens),
+        fmt,
+        tokenizer,
+        settings.validation_samples,
+        settings.max_prompt_tokens,
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
@@ -623,6 +647,8 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         "mode": settings.mode,
         "rewards": rewards,
         "tools": [t.__name__ for t in tools],
+        "validation_items": len(validation_items),
+        "validation_prompts_truncated": sum(item.truncated for item in validation_items),
     }
     write_text_atomic(
         out_dir / META_FILE,
@@ -688,6 +714,17 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
             tools=tools or None,
             callbacks=[
                 *log_callbacks(logger, out_dir / "tensorboard", start_info, flatten=flatten_log),
+                validation_callback(
+                    logger,
+                    out_dir / "tensorboard",
+                    tokenizer,
+                    fmt,
+                    validation_items,
+                    interval=settings.validation_interval,
+                    max_new_tokens=settings.max_tokens,
+                    toolkens=bool(toolkens),
+                    at_start=True,
+                ),
                 *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
             ],
         )
@@ -715,7 +752,16 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     main = trainer.is_world_process_zero()  # every process of an `accelerate launch` run gets here
     if main:
         logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
-    return RLResult(out_dir, adapter_dir, merged_dir, trainer.state.global_step, seconds, last, main_process=main)
+    return RLResult(
+        out_dir,
+        adapter_dir,
+        merged_dir,
+        trainer.state.global_step,
+        seconds,
+        last,
+        final_validation=last_validation(out_dir / "train_log.jsonl"),
+        main_process=main,
+    )
 
 
 def _start_adapter(model_name: str) -> str | None:

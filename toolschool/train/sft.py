@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.chat.toolkens import plain_name, rename_tools_and_calls, toolken, with_renamed_calls
+from toolschool.chat.toolkens import rename_tools_and_calls, toolken
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError
-from toolschool.files import read_lines, write_text_atomic
+from toolschool.files import write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
@@ -57,6 +57,16 @@ from toolschool.train.common import (
     sha256_file,
     training_lock,
 )
+from toolschool.train.validation import (  # noqa: F401  (build_validation_items, validate: also imported from here)
+    ValidationItem,
+    build_validation_items,
+    last_validation,
+    load_validation_examples,
+    resolve_validation_path,
+    split_at_first_assistant,
+    validate,
+    validation_callback,
+)
 
 META_FILE = "toolschool_sft.json"
 log = logging.getLogger(__name__)
@@ -76,14 +86,6 @@ class PreparedData:
         data = asdict(self)
         data.pop("rows")
         return data
-
-
-def split_at_first_assistant(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(prompt messages, first assistant message) — the unit validation and evaluation score."""
-    for index, message in enumerate(messages):
-        if message.get("role") == "assistant":
-            return list(messages[:index]), message
-    raise DataError("conversation has no assistant turn")
 
 
 def check_has_assistant(examples: Sequence[dict[str, Any]], source: str) -> None:
@@ -190,128 +192,6 @@ def apply_toolkens(examples: Sequence[dict[str, Any]]) -> list[str]:
     return sorted(names)
 
 
-@dataclass
-class ValidationItem:
-    prompt_ids: list[int]
-    gold: dict[str, Any]
-    tools: list[dict[str, Any]] | None
-    truncated: bool = False  # the prompt was longer than max_length and lost its start (system prompt, tools)
-    # What evaluation scores the reply against (evaluate.items.item_from_example): the gold turn's calls and, when
-    # it makes none, the expected answer (meta.expected_answer, else the conversation's last answer text).
-    gold_calls: list[dict[str, Any]] = field(default_factory=list)
-    gold_answer: str | None = None
-
-
-def build_validation_items(
-    examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, limit: int, max_length: int
-) -> list[ValidationItem]:
-    """Prompts of the first `limit` examples (their first assistant turn is what is scored), with the gold read
-    as evaluation reads it, so validation rates and `toolschool eval` rates on the same lines agree."""
-    from toolschool.evaluate.items import item_from_example
-
-    items = []
-    for index, example in enumerate(examples[:limit]):
-        prompt, gold = split_at_first_assistant(example["messages"])
-        scored = item_from_example(example, index)
-        assert scored is not None  # split_at_first_assistant found the assistant turn
-        answer = scored.expected_answer if scored.expected_answer is not None else scored.gold_final
-        pre = (example.get("meta") or {}).get("format")
-        if pre and pre != "hermes":  # already converted to a text format (see render_example)
-            messages, tools = prompt, None
-        else:
-            messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"]
-        items.append(
-            ValidationItem(
-                prompt_ids=ids[-max_length:],
-                gold=gold,
-                tools=example.get("tools"),
-                truncated=len(ids) > max_length,
-                gold_calls=list(scored.gold_calls),
-                gold_answer=None if scored.gold_calls else answer,
-            )
-        )
-    return items
-
-
-def generate_batch(
-    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, stop: list[str]
-) -> list[str]:
-    """Greedy generation for a batch of token prompts (left padded); stops at end of turn and stop strings.
-
-    It ends a reply where evaluation's local backend does (any end-of-turn token: <|im_end|>, the tokenizer's and
-    the model's eos) and decodes it the same way, so validation scores the replies `toolschool eval` would see.
-    """
-    import torch
-
-    from toolschool.models.backends.local import end_of_turn_ids
-
-    ends = sorted(end_of_turn_ids(tokenizer, model))
-    pad = tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention[row, width - len(prompt) :] = 1
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=ends,
-            stop_strings=stop or None,
-            tokenizer=tokenizer if stop else None,
-        )
-    texts = []
-    for row in range(len(prompts)):
-        new = out[row, width:].tolist()
-        end = next((i for i, token in enumerate(new) if token in ends), len(new))
-        text = tokenizer.decode(new[:end], skip_special_tokens=False)
-        for s in stop:
-            if s in text:
-                text = text[: text.index(s)]
-        texts.append(text)
-    return texts
-
-
-def validate(
-    model: Any,
-    tokenizer: Any,
-    fmt: Any,
-    items: Sequence[ValidationItem],
-    *,
-    max_new_tokens: int,
-    batch_size: int = 8,
-    toolkens: bool = False,
-) -> dict[str, float]:
-    """Generate on validation prompts and score with the evaluation module's metrics."""
-    from toolschool.evaluate.metrics import aggregate, score_item
-
-    was_training = model.training
-    model.eval()
-    scores = []
-    try:
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            texts = generate_batch(model, tokenizer, [i.prompt_ids for i in chunk], max_new_tokens, fmt.stop)
-            for item, text in zip(chunk, texts, strict=True):
-                parsed = fmt.parse(fmt.prefill + text if fmt.prefill else text)
-                gold_calls = item.gold_calls
-                if toolkens:
-                    parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)
-                    gold_calls = with_renamed_calls(gold_calls, plain_name)
-                scores.append(score_item(parsed, gold_calls, item.gold_answer, format_name=fmt.name))
-    finally:
-        if was_training:
-            model.train()
-    return aggregate(scores)
-
-
 def _make_callbacks(
     logger: JsonlLogger,
     tokenizer: Any,
@@ -321,35 +201,17 @@ def _make_callbacks(
     stats: dict[str, int],
     tb_dir: Path,
 ) -> list[Any]:
-    from torch.utils.tensorboard import SummaryWriter
-    from transformers import TrainerCallback
-
-    class ValidationCallback(TrainerCallback):
-        def __init__(self) -> None:
-            self.writer: Any = None
-
-        def _run(self, state, model) -> None:  # noqa: ANN001
-            if not items or not state.is_world_process_zero:
-                return
-            metrics = validate(
-                model, tokenizer, fmt, items, max_new_tokens=settings.validation_max_tokens, toolkens=settings.toolkens
-            )
-            logger.write({"step": state.global_step, "validation": metrics})
-            if self.writer is None:
-                self.writer = SummaryWriter(log_dir=str(tb_dir))
-            for key, value in metrics.items():
-                if isinstance(value, int | float):
-                    self.writer.add_scalar(f"validation/{key}", value, state.global_step)
-            self.writer.flush()
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001
-            if state.global_step % settings.validation_interval == 0 and state.global_step < state.max_steps:
-                self._run(state, model)
-
-        def on_train_end(self, args, state, control, model=None, **kwargs):  # noqa: ANN001
-            self._run(state, model)
-
-    return [*log_callbacks(logger, tb_dir, stats), ValidationCallback()]
+    validation = validation_callback(
+        logger,
+        tb_dir,
+        tokenizer,
+        fmt,
+        items,
+        interval=settings.validation_interval,
+        max_new_tokens=settings.validation_max_tokens,
+        toolkens=settings.toolkens,
+    )
+    return [*log_callbacks(logger, tb_dir, stats), validation]
 
 
 @dataclass
@@ -374,13 +236,9 @@ def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
             f"training data '{train}' does not exist",
             hint="pass --train PATH (a JSONL of conversations) or run `toolschool distill` first",
         )
-    if settings.validation:
-        validation = Path(settings.validation)
-        if not validation.is_file():
-            raise ConfigError(f"validation data '{validation}' does not exist", hint="check --validation PATH")
-    else:
-        candidate = default_dir / "validation.jsonl"
-        validation = candidate if candidate.is_file() and not settings.train else None
+    validation = resolve_validation_path(
+        settings.validation, train_explicit=bool(settings.train), run_dir=config.run_dir(), flag="--validation"
+    )
     return train, validation
 
 
@@ -452,10 +310,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     check_has_assistant(train_examples, str(train_path))
     if settings.toolkens:
         _check_canonical_for_toolkens(train_examples, train_path, train_report.kept_lines)
-    validation_examples: list[dict[str, Any]] = []
-    if validation_path is not None:
-        validation_examples, _ = load_dataset_jsonl(validation_path, on_error="stop")
-        check_has_assistant(validation_examples, str(validation_path))
+    validation_examples, _ = load_validation_examples(validation_path, required=bool(settings.validation))
 
     started = time.perf_counter()
     # A start model that is a LoRA adapter is merged in: a new LoRA trains on top (its adapter/ and checkpoints
@@ -599,12 +454,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     adapter_dir, merged_dir = save_final(
         trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
     )
-    final_validation = None
-    for line in read_lines(out_dir / "train_log.jsonl")[::-1]:
-        record = json.loads(line)
-        if "validation" in record:
-            final_validation = record["validation"]
-            break
+    final_validation = last_validation(out_dir / "train_log.jsonl")
     seconds = time.perf_counter() - started
     if trainer.is_world_process_zero():  # every process of an `accelerate launch` run gets here
         logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
