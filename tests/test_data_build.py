@@ -441,3 +441,19 @@ def test_a_category_its_source_cannot_fill_is_warned_about(tmp_path: Path) -> No
     assert f"{used} examples in all, not --size 40" in output
     result = CliRunner().invoke(app, _build_args(tmp_path / "enough", "--size", "4"))
     assert result.exit_code == 0 and "asked for" not in result.output
+
+
+def test_a_rebuild_in_fewer_formats_removes_the_earlier_build_s_other_format(tmp_path: Path) -> None:
+    """json/ of a hermes,json build stayed beside a later hermes-only build: other records, another split."""
+    out = tmp_path / "ds"
+    both = _build_args(out, "--size", "6")
+    both[both.index("--formats") + 1] = "hermes,json"
+    assert CliRunner().invoke(app, both).exit_code == 0
+    (out / "json" / "notes.txt").write_text("the user's own file")
+    result = CliRunner().invoke(app, _build_args(out, "--size", "6", "--seed", "1"))
+    assert result.exit_code == 0, result.output
+    assert not (out / "json" / "train.jsonl").exists() and not (out / "json" / "validation.jsonl").exists()
+    assert (out / "json" / "notes.txt").is_file()  # only the files a build writes are removed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["removed"] == [str(out / "json" / "train.jsonl"), str(out / "json" / "validation.jsonl")]
+    assert "removed an earlier build's files in a format not asked for now" in " ".join(result.output.split())

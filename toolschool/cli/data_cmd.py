@@ -122,6 +122,12 @@ def build_calc_python_cmd(
     for category, errors in summary["source_read_errors"].items():  # not JSON objects: not even 'available'
         for error in errors:
             console.print(f"  {category}: unreadable source line {error}", highlight=False)
+    if summary["removed"]:
+        err_console.print(
+            f"[dim]removed an earlier build's files in a format not asked for now: "
+            f"{escape(', '.join(summary['removed']))}[/dim]",
+            highlight=False,
+        )
     short = {c: s for c, s in summary["categories"].items() if s["used"] < s["target"]}
     for category, s in short.items():
         err_console.print(

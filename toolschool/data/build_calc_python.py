@@ -434,6 +434,29 @@ def split_ids(ids: list[str], validation_fraction: float, seed: int) -> set[str]
     return set(distinct[:n])
 
 
+BUILD_FORMATS = ("hermes", "json")
+
+
+def remove_other_formats(out: Path, formats: list[str]) -> list[str]:
+    """Delete the split files an earlier build wrote in a format this build does not write; return their paths.
+
+    Rebuilt with `--formats hermes` after `hermes,json`, the folder kept the old `json/` files beside the new
+    records, summary and card: training on them used another selection and split (with another seed, validation
+    lines of one build among the training lines of the other)."""
+    removed = []
+    for fmt in BUILD_FORMATS:
+        if fmt in formats:
+            continue
+        for split in ("train", "validation"):
+            path = out / fmt / f"{split}.jsonl"
+            if path.is_file():
+                path.unlink()
+                removed.append(str(path))
+        if (out / fmt).is_dir() and not any((out / fmt).iterdir()):
+            (out / fmt).rmdir()
+    return removed
+
+
 def _source_name(source: str) -> str:
     """`gsm8k/train` for a local file (folder/stem: `train` alone says little), the id otherwise."""
     path = Path(source)
@@ -444,7 +467,7 @@ def _source_name(source: str) -> str:
 
 def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
     """Build the dataset into `opts.out`; returns the summary (also written as summary.json + README.md)."""
-    bad_formats = [f for f in opts.formats if f not in ("hermes", "json")]
+    bad_formats = [f for f in opts.formats if f not in BUILD_FORMATS]
     if bad_formats or not opts.formats:
         raise DataError(
             f"format(s) {', '.join(bad_formats) or '(none)'} cannot be written", hint="use hermes and/or json"
@@ -482,6 +505,7 @@ def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
         ({**r.to_dict(), "split": "validation" if r.id in validation else "train"} for r in records),
     )
     files: dict[str, dict[str, int]] = {}
+    removed = remove_other_formats(opts.out, opts.formats)
     for fmt in opts.formats:
         for split in ("train", "validation"):
             examples = [
@@ -510,6 +534,7 @@ def build_calc_python(opts: BuildOptions) -> dict[str, Any]:
         "records": len(records),
         "validation_records": len(validation),
         "files": files,
+        "removed": removed,
     }
     (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     (opts.out / "README.md").write_text(dataset_card(summary), encoding="utf-8")
