@@ -701,6 +701,10 @@ def test_judge_replies_without_a_verdict_are_counted_reported_and_not_kept(tmp_p
     assert "4 of 4 judge replies gave no Yes/No for every criterion and were not kept" in output
     assert "distillation kept no training example: the judge kept none of the 4 trials that passed the rules" in output
     assert "point --judge-model" in output
+    # distilled again without a judge: the earlier verdicts are not this data's (the card says rules only)
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert not (out / "judgments.jsonl").exists() and (out / "cache.jsonl").is_file()
 
 
 def test_an_empty_train_split_names_the_step_that_kept_nothing(tmp_path: Path) -> None:

@@ -756,7 +756,9 @@ async def adistill(
 
     judged = candidates
     no_verdict = 0  # judge replies without a readable Yes/No for every criterion (not kept)
-    if judge is not None:
+    if judge is None:  # an earlier judged run's verdicts are not this data's: the card says "rules only"
+        (opts.out / "judgments.jsonl").unlink(missing_ok=True)
+    else:
         judgments = await run_judge(candidates, judge, cache, opts, progress)
         write_jsonl(
             opts.out / "judgments.jsonl",
