@@ -66,7 +66,9 @@ def test_rl_validates_before_the_first_step_every_interval_and_at_the_end_and_re
     # The report plots RL's held-out curve as it plots SFT's.
     page = build_report(out.parent)
     assert "rl_validation.png" in re.findall(r'<img src="([^"]+)"', page.read_text())
-    assert "validation at step 4 on 2 held-out items" in (page.parent / "report.md").read_text()
+    markdown = (page.parent / "report.md").read_text()
+    assert "validation at step 4 on 2 held-out items" in markdown
+    assert "(first validation, step 0: well_formed" in markdown  # the start model: what RL changed reads off the text
 
 
 def test_rl_resumed_before_its_first_checkpoint_validates_the_start_model_once(
@@ -173,3 +175,56 @@ def test_run_checks_the_rl_validation_file_before_its_first_stage(tmp_path: Path
     with pytest.raises(ConfigError, match=r"\[rl\] validation = '\S*nope.jsonl' does not exist"):
         check_input_files(config, ["explore", "distill", "sft", "rl"])
     check_input_files(config, ["explore", "distill", "sft"])  # rl does not run
+
+
+@pytest.mark.parametrize(
+    ("fmt_name", "mode"), [("json", "single_turn"), ("react", "single_turn"), ("hermes", "multi_turn")]
+)
+def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
+    tiny_model_dir: Path,
+    files: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fmt_name: str,
+    mode: str,
+) -> None:
+    """The random model writes no call, so validation's generation is replaced by the gold reply written in the
+    run's format (without the format's prefill, as generation returns it): the item must score correct, and the
+    prompt must be the format's (json/react: its instructions in the system text)."""
+    import toolschool.train.validation as validation
+    from toolschool.chat.formats import get_format
+    from toolschool.data.records import example_to_format
+    from toolschool.train.rl import run_rl
+
+    fmt = get_format(fmt_name)
+    if fmt_name == "hermes":
+        reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "5*6"}}\n</tool_call>'
+    else:
+        written = example_to_format(calc_example(5, 6), fmt_name)
+        reply = next(m["content"] for m in written["messages"] if m["role"] == "assistant")
+    prompts: list[str] = []
+
+    def gold_reply(model, tokenizer, batch, max_new_tokens, stop):  # noqa: ANN001, ANN202
+        prompts.extend(tokenizer.decode(ids) for ids in batch)
+        return [reply.removeprefix(fmt.prefill) for _ in batch]
+
+    monkeypatch.setattr(validation, "generate_batch", gold_reply)
+    train, held_out = files
+    config = rl_config(
+        tiny_model_dir,
+        train,
+        num_steps=1,
+        merge=False,
+        format=fmt_name,
+        mode=mode,
+        validation=str(held_out),
+        validation_samples=1,
+    )
+    run_rl(config, tmp_path / "rl", progress=False)
+    records = validations(tmp_path / "rl")
+    assert [r["step"] for r in records] == [0, 1]
+    assert all(r["validation"]["correct"] == 1.0 and r["validation"]["n"] == 1 for r in records)
+    if fmt_name != "hermes":
+        instructions = fmt.to_messages([{"role": "user", "content": "x"}], [calc_example(1, 1)["tools"][0]])[0][0]
+        assert instructions["content"].split("\n")[0] in prompts[0]
+        assert prompts[0].endswith(fmt.prefill)

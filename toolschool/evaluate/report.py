@@ -232,11 +232,17 @@ def _last_values_text(records: list[dict[str, Any]]) -> str:
             parts.append(f"{key} {ys[-1]:.4g} (step {xs[-1]:g})")
     checks = [r for r in records if isinstance(r.get("validation"), dict)]
     if checks:
+
+        def shown(rates: dict[str, Any]) -> str:
+            return ", ".join(f"{m} {100 * rates[m]:.1f} %" for m in VALIDATION_METRICS if _is_number(rates.get(m)))
+
         rates = checks[-1]["validation"]
-        shown = ", ".join(f"{m} {100 * rates[m]:.1f} %" for m in VALIDATION_METRICS if _is_number(rates.get(m)))
         n = rates.get("n")
         items = f" on {n:g} held-out items" if _is_number(n) else ""
-        parts.append(f"validation at step {checks[-1]['step']:g}{items}: {shown}")
+        text = f"validation at step {checks[-1]['step']:g}{items}: {shown(rates)}"
+        if len(checks) > 1:  # where the curve started (RL: the start model), so the change reads off the text
+            text += f" (first validation, step {checks[0]['step']:g}: {shown(checks[0]['validation'])})"
+        parts.append(text)
     return "Last values: " + "; ".join(parts) + "." if parts else "No loss, reward or validation values yet."
 
 

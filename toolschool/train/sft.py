@@ -5,7 +5,8 @@ What this module adds on top of TRL:
   including each assistant turn's end-of-turn token) are defined in one place for training and inference;
 - sequences longer than `max_length` are truncated and counted (validation prompts too), examples without an
   assistant turn are refused with the file and line;
-- validation during training generates on validation samples and logs the evaluation module's metrics;
+- validation during training generates on validation samples and logs the evaluation module's metrics
+  (`toolschool.train.validation`, shared with RL);
 - logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
   `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
   RNG and skips the batches already seen; we drop the log records written after that checkpoint, restore the
