@@ -757,3 +757,24 @@ def test_a_refused_distill_leaves_no_output_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(taken)])
     assert f"cannot write the distill output folder '{taken}'" in " ".join(result.output.split())
     assert "Traceback" not in result.output and "--out" in result.output
+
+
+def test_an_unreachable_judge_or_a_missing_model_stops_distill_before_it_writes(tmp_path: Path) -> None:
+    """The endpoint was first asked when judging began, after the folder and its config.toml were written."""
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    fresh, earlier = tmp_path / "fresh", tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "config.toml").write_text("# the earlier distill's settings\n")
+    for out in (fresh, earlier):
+        for model, message in (
+            (["--judge-model", "openai:http://127.0.0.1:9/v1#judge"], "endpoint http://127.0.0.1:9/v1 is unreachable"),
+            (["--paraphrase-model", str(tmp_path / "nope"), "--target-per-tool", "5"], "is not an existing folder"),
+        ):
+            args = ["distill", "--trials", str(log), "--out", str(out), *model]
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+            assert "Traceback" not in result.output
+    assert not fresh.exists()
+    assert sorted(p.name for p in earlier.iterdir()) == [".lock", "config.toml"]
+    assert (earlier / "config.toml").read_text() == "# the earlier distill's settings\n"

@@ -686,16 +686,26 @@ def distill(
     return asyncio.run(adistill(trials, opts, judge=judge, paraphraser=paraphraser, progress=progress))
 
 
-async def run_distill(trials: list[dict[str, Any]], opts: DistillOptions, *, progress: Any = None) -> dict[str, Any]:
+async def run_distill(
+    trials: list[dict[str, Any]], opts: DistillOptions, *, progress: Any = None, ready: Any = None
+) -> dict[str, Any]:
     """Make the judge/paraphraser backends named in `opts` (one backend when both name the same model), run,
-    and close them, all in one event loop (a local backend's batching worker lives on that loop)."""
+    and close them, all in one event loop (a local backend's batching worker lives on that loop).
+
+    An endpoint is reached (and its model looked for) before `ready()` is called and any work starts: an unreachable
+    one, or a model that cannot load, stops distill before it writes anything."""
     from toolschool.models.backends import make_backend
 
     backends: dict[str, Backend] = {}
-    for spec in (opts.judge_model, opts.paraphrase_model):
-        if spec and spec not in backends:
-            backends[spec] = make_backend(spec, concurrency=opts.concurrency, dtype=opts.dtype, device=opts.device)
     try:
+        for spec in (opts.judge_model, opts.paraphrase_model):
+            if spec and spec not in backends:
+                backends[spec] = make_backend(spec, concurrency=opts.concurrency, dtype=opts.dtype, device=opts.device)
+                check = getattr(backends[spec], "check", None)
+                if check is not None:
+                    await check()
+        if ready is not None:
+            ready()
         return await adistill(
             trials,
             opts,
@@ -965,10 +975,11 @@ def run_distill_stage(
         f"{out_dir} is being written by another running distill",
         hint="wait for it to finish (or stop it: a rerun resumes from its cache.jsonl), or distill into another --out",
     )
+    # the config is saved once the judge and paraphraser loaded or answered: a refused distill writes nothing
+    ready = lambda: stage_dir(config, "distill", out)  # noqa: E731
     with folder_lock(out_dir, refusal, name="distill output"):
-        stage_dir(config, "distill", out)
         if console is None:
-            return out_dir, asyncio.run(run_distill(records, opts))
+            return out_dir, asyncio.run(run_distill(records, opts, ready=ready))
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
         if note is not None:
             console.print(f"[yellow]{note}[/yellow]", highlight=False)
@@ -982,5 +993,5 @@ def run_distill_stage(
                 task = bar.add_task(label, total=total)
                 return lambda: bar.advance(task)
 
-            summary = asyncio.run(run_distill(records, opts, progress=progress))
+            summary = asyncio.run(run_distill(records, opts, progress=progress, ready=ready))
     return out_dir, summary
