@@ -43,6 +43,7 @@ from toolschool.models.backend import Backend, Completion, ContextLengthError, G
 from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
+from toolschool.models.openmp import release_thread_pool
 
 
 class BackendClosedError(ToolschoolError):
@@ -214,6 +215,7 @@ class LocalBackend(Backend):
         self._positions_B: torch.Tensor | None = None
         self._logits_BV: torch.Tensor | None = None
         self._thread = threading.Thread(target=self._run, name=f"toolschool-generate-{self.name}", daemon=True)
+        release_thread_pool()  # the team that loaded the model (see `toolschool.models.openmp`)
         self._thread.start()
 
     # ----------------------------------------------------------------------------------------------- callers
@@ -255,6 +257,7 @@ class LocalBackend(Backend):
 
     def _submit(self, request: GenerationRequest, listener: Callable[..., None] | None = None) -> _Pending:
         request.params.check()
+        release_thread_pool()  # torch work this thread did (training, a retriever) must not throttle the worker's
         loop = asyncio.get_running_loop()
         pending = _Pending(request=request, loop=loop, future=loop.create_future(), listener=listener)
         pending.future.add_done_callback(lambda fut: _mark_cancelled(pending, fut))
@@ -309,6 +312,7 @@ class LocalBackend(Backend):
         admitted: list[_Pending] = []
         with self._cond:
             while not self._rows and not self._queue and not self._closed:
+                release_thread_pool()  # idle: other threads' torch work must not be throttled by this one's team
                 self._cond.wait()
             if self._closed:
                 return False

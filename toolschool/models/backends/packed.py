@@ -5,7 +5,9 @@ default path (`F.linear`, MKL sgemm on a row-major weight) runs them at a third 
 the vocabulary projection (49k x 576 for SmolLM2) is the worst case. oneDNN's `_linear_pointwise` with a
 weight reordered once into its blocked layout runs the same products 1.3-3x faster on 16 rows (measured on
 the 2-core EPYC: lm_head 54 -> 18 ms, MLP projections 0.74 -> 0.53 ms, a whole batch-16 decode step 0.29 ->
-0.21 s). Results agree with `F.linear` to float rounding (~1e-6 relative).
+0.21 s). Results agree with `F.linear` to float rounding (~1e-6 relative). On a CPU with native bf16 (AVX-512 BF16
+/ AMX) bf16 weights are packed too: on a 2-core Xeon the 16-row products run ~2x faster than `F.linear` (lm_head
+3.1 -> 1.4 ms, MLP projections 0.075 -> 0.038 ms), with the same results bit for bit.
 
 `packed_view(model)` returns a shallow clone of the module tree, in eval mode, that shares every parameter with
 the original; only its linear layers are wrapped. The original model is untouched, so `model.generate`,
@@ -26,14 +28,20 @@ BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; any row count s
 
 
 def packing_available(model: nn.Module) -> bool:
-    """oneDNN prepacking applies to fp32 weights on the CPU, where torch was built with it."""
+    """oneDNN prepacking applies to fp32 weights on the CPU, where torch was built with it, and to bf16 weights where
+    oneDNN computes bf16 natively (AVX-512 BF16 / AMX)."""
     try:
         param = next(model.parameters())
     except StopIteration:
         return False
+    if param.dtype == torch.bfloat16:
+        is_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+        dtype_ok = is_supported is not None and bool(is_supported())
+    else:
+        dtype_ok = param.dtype == torch.float32
     return (
         param.device.type == "cpu"
-        and param.dtype == torch.float32
+        and dtype_ok
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
