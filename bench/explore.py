@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import machine  # bench/ is the script's folder, first on sys.path
 from generate import busy_cpu_seconds, own_cpu_seconds  # bench/ is the script's folder, first on sys.path
 
 from toolschool.chat.formats import get_format
@@ -139,7 +140,7 @@ def main() -> None:
         "concurrency_1": None,
         "concurrency_16": None,
         "target_speedup": 6.0,
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+        "machine": {"platform": platform.platform(), "cpu": machine.describe(), "cpu_count": os.cpu_count()},
     }
 
     def save() -> None:  # after each phase, so a run cut short still leaves what it measured

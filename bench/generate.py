@@ -25,11 +25,11 @@ import asyncio
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 
+import machine  # bench/ is the script's folder, first on sys.path
 import torch
 
 from toolschool.models.backend import GenerationRequest, SamplingParams
@@ -189,7 +189,7 @@ def main() -> None:
         "model": args.model,
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": loaded.device,
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "machine": machine.describe(),
         "load_average_1m_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "run_wall_s": round(wall, 1),
         "cpu_seconds_used_by_other_processes": round(max(others, 0.0), 1),

@@ -18,10 +18,11 @@ Settings pinned for all variants, and why:
   `{% generation %}` markers, so `assistant_only_loss` is refused) and, with `tools` stored as a JSON string (the
   only way Arrow keeps differing tool schemas), the template iterates the string character by character into a
   prompt thousands of tokens long — the pathology of the earlier version of this benchmark.
-- `bf16=False` (fp32, as `toolschool sft` trains by default here): TRL's `SFTConfig` turns bf16 autocast on by
-  default, and on a CPU without AVX-512 BF16 (this one) torch runs bf16 matmuls in a slow single-threaded
-  reference GEMM (`cpublas_gemm_impl`, seen in the backward of a stuck run with gdb): one batch-8 step took more
-  than 8 minutes at ~11 GB RSS. That, not padding, was why the earlier plain-TRL baseline never finished.
+- `bf16=False` (fp32, as `toolschool sft` trains by default): TRL's `SFTConfig` turns bf16 autocast on by
+  default, and on a CPU without AVX-512 BF16 (the 2-core AMD EPYC this was first run on) torch runs bf16
+  matmuls in a slow single-threaded reference GEMM (`cpublas_gemm_impl`, seen in the backward of a stuck run
+  with gdb): one batch-8 step took more than 8 minutes at ~11 GB RSS. That, not padding, was why the earlier
+  plain-TRL baseline never finished.
 - `use_cpu=True`, one dataloader process.
 
 Numerator of tokens/s: the tokens of the examples trained on (sum of row lengths), identical for all variants;
@@ -39,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -47,6 +47,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from machine import describe as describe_machine  # bench/ is the script's folder, first on sys.path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("trl-default", "padding-free", "shared-prefix")
@@ -177,7 +179,7 @@ def main() -> None:
 
     base = "trl-default"
     figures: dict = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cpus, {platform.processor() or 'cpu'}; fp32, no GPU",
+        "machine": f"{describe_machine()}; fp32, no GPU",
         "model": args.model,
         "data": str(args.data),
         "steps": args.steps,
@@ -188,7 +190,8 @@ def main() -> None:
         "pinned": {
             "gradient_checkpointing": "off in every variant (TRL default: on) to isolate batching",
             "data": "same tokenized rows (our format's labels) for every variant",
-            "bf16": "off (TRL default: on; bf16 matmuls on this AVX2-only CPU use a slow single-threaded GEMM)",
+            "bf16": "off (TRL default: on; fp32 as toolschool sft's default; on an AVX2-only CPU bf16 matmuls use a "
+            "slow single-threaded GEMM)",
         },
         "tokens_per_s_counts": "tokens of the examples trained on (same numerator for every variant)",
     }

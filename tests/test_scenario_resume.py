@@ -257,8 +257,8 @@ def test_ctrl_c_in_toolschool_run_then_rerun_scores_every_item_once_as_an_uninte
         f'[run]\nname = "c"\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\ndtype = "fp32"\n'
         '[tools]\ntoolbox = ["builtin"]\nonly = ["calculator", "weekday"]\n'
         "[eval]\nmax_tokens = 4\nmax_turns = 1\nconcurrency = 1\n"
-        '[pipeline]\nstages = ["explore", "distill", "eval"]\neval_data = "builtin"\nheldout_per_tool = 3\n'
-    )
+        '[pipeline]\nstages = ["explore", "distill", "eval"]\neval_data = "builtin"\nheldout_per_tool = 12\n'
+    )  # 24 items one at a time: the first is scored long before the last, so Ctrl-C comes in the middle
     config = load_config(toml)
     _explored(config)
     run_dir = config.run_dir()
@@ -287,14 +287,14 @@ def test_ctrl_c_in_toolschool_run_then_rerun_scores_every_item_once_as_an_uninte
         pytest.skip("the run finished before Ctrl-C reached it")
     assert first.returncode == 130, err
     assert "interrupted — work written so far is kept; rerun the same command to continue" in err
-    assert 1 <= len(scored) < 6 and all(json.loads(line) for line in scored) and not is_done(config, "eval")
+    assert 1 <= len(scored) < 24 and all(json.loads(line) for line in scored) and not is_done(config, "eval")
     with items.open("a") as handle:  # what a kill -9 in the middle of writing the next line leaves
         handle.write(json.dumps({"index": 99, "item": "cut"})[:20])
 
     resumed = run_pipeline(config)
     assert _status(resumed) == {"explore": "skipped", "distill": "skipped", "eval": "done"}
     indexes = [json.loads(line)["index"] for line in items.read_text().splitlines()]
-    assert sorted(indexes) == list(range(6)), "each item scored once, the cut line dropped"
+    assert sorted(indexes) == list(range(24)), "each item scored once, the cut line dropped"
     summary = json.loads((run_dir / "eval" / "summary.json").read_text())
     assert next(iter(summary["models"].values()))["data"]["resumed_items"] == len(scored)
 
