@@ -30,7 +30,8 @@ def test_a_benchmark_named_twice_is_evaluated_once(ste_file: Path) -> None:
     assert bench.name == "bfcl" and [i.id for i in bench.items] == ["simple_python_0", "irrelevance_0"]
     assert bfcl.parse_spec("bfcl:multiple,multiple") == ["multiple"]
     benches = resolve_benchmarks(["ste", "bfcl:multiple", "ste"], str(ste_file), 1)
-    assert [b.name for b in benches] == ["ste", "bfcl"] and len(benches[0].items) == 3
+    (once,) = resolve_benchmarks(["ste"], str(ste_file), 1)
+    assert [b.name for b in benches] == ["ste", "bfcl"] and len(benches[0].items) == len(once.items) >= 1
 
 
 def test_bfcl_tool_schema_conversion_follows_bfcl() -> None:

@@ -256,7 +256,7 @@ def test_ctrl_c_in_toolschool_run_then_rerun_scores_every_item_once_as_an_uninte
     toml.write_text(
         f'[run]\nname = "c"\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\ndtype = "fp32"\n'
         '[tools]\ntoolbox = ["builtin"]\nonly = ["calculator", "weekday"]\n'
-        "[eval]\nmax_tokens = 4\nmax_turns = 1\nconcurrency = 1\n"
+        "[eval]\nmax_tokens = 32\nmax_turns = 1\nconcurrency = 1\n"
         '[pipeline]\nstages = ["explore", "distill", "eval"]\neval_data = "builtin"\nheldout_per_tool = 12\n'
     )  # 24 items one at a time: the first is scored long before the last, so Ctrl-C comes in the middle
     config = load_config(toml)

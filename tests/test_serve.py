@@ -16,12 +16,12 @@ import httpx
 import pytest
 from helpers import CALC
 from openai import AsyncOpenAI
+from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 from typer.testing import CliRunner
 
 from toolschool.chat.formats import get_format
 from toolschool.cli import app
 from toolschool.models.backend import Backend, Completion, GenerationRequest
-from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.models.backends.openai_http import _completion_from_choice
 from toolschool.serve.app import ChatCompletionRequest, to_response
@@ -46,19 +46,6 @@ CONVERSATION = [
         ],
     },
 ]
-
-
-@pytest.fixture(scope="module")
-def backend(tiny_model_dir: Path):
-    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=16)
-    yield b
-    asyncio.run(b.aclose())
-
-
-@pytest.fixture(scope="module")
-def base_url(backend: LocalBackend):
-    with running_server(backend, "tiny") as url:
-        yield url
 
 
 def _wire(messages: list[dict]) -> list[dict]:

@@ -21,6 +21,7 @@ import openai
 import pytest
 from helpers import CALC
 from openai import AsyncOpenAI
+from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
 from toolschool.models.backends import make_backend
@@ -39,19 +40,6 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-
-
-@pytest.fixture(scope="module")
-def backend(tiny_model_dir: Path):
-    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=16)
-    yield b
-    asyncio.run(b.aclose())
-
-
-@pytest.fixture(scope="module")
-def base_url(backend: LocalBackend):
-    with running_server(backend, "tiny") as url:
-        yield url
 
 
 async def _sse(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
