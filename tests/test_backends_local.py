@@ -51,6 +51,16 @@ def _prefix_of(completion_ids: list[int], reference: list[int], stop_ids: set[in
     )
 
 
+async def _burst(backend: LocalBackend, requests: list[GenerationRequest]) -> list[list[Completion]]:
+    """Generate for requests that all arrive before the worker looks (as a burst of clients does). The worker's lock,
+    re-entrant for this thread, is held while they queue, else it may take the first one or two alone as they come."""
+    with backend._cond:
+        tasks = [asyncio.create_task(backend.generate(r)) for r in requests]
+        await asyncio.sleep(0)  # each task runs up to its wait, queueing its request
+        assert len(backend._queue) == len(requests)
+    return await asyncio.gather(*tasks)
+
+
 async def test_concurrent_greedy_matches_generating_alone(backend: LocalBackend) -> None:
     requests = [_request(p, i) for i, p in enumerate(PROMPTS)] + [_request("Greedy twice, please.", 0, n=2)]
     steps_before, passes_before = backend.steps, backend.stats.prefill_passes
@@ -387,7 +397,7 @@ async def test_cold_cache_burst_prefills_the_shared_prompt_once(tiny_model_dir: 
     b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
     try:
         requests = [_request(p, 0, max_tokens=2) for p in PROMPTS]  # same system prompt and tool list
-        results = await asyncio.gather(*(b.generate(r) for r in requests))
+        results = await _burst(b, requests)
         # One prompt alone (it fills the cache), then every other one in a single pass on top of it.
         assert b.stats.prefill_passes == 2
         shared = min(len(b.render_prompt(r)) for r in requests) // 2
@@ -433,7 +443,7 @@ async def test_prompts_of_very_different_lengths_are_prefilled_in_separate_passe
         long_question = "Please add up these numbers for me: " + " + ".join(str(i) for i in range(80))
         requests = [_request(p, 0, max_tokens=3) for p in ("hello", "hey there", long_question, "what now?")]
         passes, padding = b.stats.prefill_passes, b.stats.prefill_padding_tokens
-        results = await asyncio.gather(*(b.generate(r) for r in requests))
+        results = await _burst(b, requests)
         assert b.stats.prefill_passes - passes == 2  # the short ones together, the long one alone
         assert b.stats.prefill_padding_tokens - padding < 10
         for request, completions in zip(requests, results, strict=True):
