@@ -16,7 +16,7 @@ import httpx
 import pytest
 from helpers import CALC
 from openai import AsyncOpenAI
-from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
+from serve_fixtures import HI, WEATHER, backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 from typer.testing import CliRunner
 
 from toolschool.chat.formats import get_format
@@ -250,7 +250,6 @@ def test_serve_refuses_an_endpoint_model() -> None:
     assert result.exit_code == 2 and "is already an endpoint" in result.output
 
 
-HI = [{"role": "user", "content": "hi"}]
 CALC_NAME = CALC["function"]["name"]
 
 
@@ -419,15 +418,6 @@ def test_serve_options_are_checked_before_loading_the_model(args: list[str], mes
 
 
 # --- tool_choice "required" / a named function: enforced by prefilling the call opener ------------------------
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 class ScriptedBackend(Backend):

@@ -21,7 +21,7 @@ import openai
 import pytest
 from helpers import CALC
 from openai import AsyncOpenAI
-from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
+from serve_fixtures import HI, WEATHER, backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
 from toolschool.models.backends import make_backend
@@ -29,17 +29,8 @@ from toolschool.models.backends.local import LocalBackend
 from toolschool.serve.server import running_server
 from toolschool.serve.stream import partial_suffix, sendable
 
-HI = [{"role": "user", "content": "hi"}]
 STORY = [{"role": "user", "content": "Tell me a story about a cat."}]
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*7"}}\n</tool_call>'
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 async def _sse(url: str, body: dict[str, Any]) -> list[dict[str, Any] | str]:
