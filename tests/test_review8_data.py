@@ -270,6 +270,7 @@ def test_stats_count_calls_per_called_tool(tmp_path: Path) -> None:
     stats = dataset_stats(examples)
     assert stats["tool_calls"] == 4
     assert stats["calls_per_tool"] == {"get_time": 1, "get_weather": 3}
+    assert stats["per_tool"] == {"(no meta.tool)": 3}  # not {"None": 3}
 
 
 def test_stats_counts_calls_per_tool_in_text_format_lines() -> None:

@@ -192,10 +192,16 @@ def distill(
     target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
     max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),
     dedupe_threshold: float = typer.Option(None, help="Token-set Jaccard at which two queries are duplicates."),
-    validation_fraction: float = typer.Option(None),
-    require_solved: bool = typer.Option(None, "--require-solved/--no-require-solved"),
-    concurrency: int = typer.Option(None),
-    seed: int = typer.Option(None),
+    validation_fraction: float = typer.Option(
+        None, help="Share of the original queries held out for validation, per tool."
+    ),
+    require_solved: bool = typer.Option(
+        None,
+        "--require-solved/--no-require-solved",
+        help="Also require the explorer's reflection to say Yes.",
+    ),
+    concurrency: int = typer.Option(None, help="Judge and paraphrase requests in flight."),
+    seed: int = typer.Option(None, help="Seed of the split and of paraphrase sampling."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/distill)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:

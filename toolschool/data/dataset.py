@@ -527,6 +527,12 @@ def _call_name(call: Any) -> str:
     return str(function.get("name")) if isinstance(function, dict) else "?"
 
 
+def _meta_label(meta: dict[str, Any], key: str) -> str:
+    """A line's meta value as a stats key; lines without one (OpenAI-style data) count as `(no meta.KEY)`."""
+    value = meta.get(key)
+    return f"(no meta.{key})" if value is None else str(value)
+
+
 def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
     """Counts a user wants before training: per tool, per category, per source, calls and turns.
 
@@ -543,9 +549,9 @@ def dataset_stats(examples: list[dict[str, Any]]) -> dict[str, Any]:
     with_calls = 0
     for example in examples:
         meta = example.get("meta", {})
-        per_tool[str(meta.get("tool"))] += 1
-        per_category[str(meta.get("category"))] += 1
-        per_source[str(meta.get("source"))] += 1
+        per_tool[_meta_label(meta, "tool")] += 1
+        per_category[_meta_label(meta, "category")] += 1
+        per_source[_meta_label(meta, "source")] += 1
         names = [_call_name(c) for m in example["messages"] for c in _calls_of(m, meta.get("format"))]
         calls_per_tool.update(names)
         n_calls = len(names)
