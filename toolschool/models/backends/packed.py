@@ -24,24 +24,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from toolschool.models.device import cpu_has_bf16
+
 BATCH_HINT = 16  # oneDNN picks its blocking for this many rows; any row count still works
 
 
 def packing_available(model: nn.Module) -> bool:
     """oneDNN prepacking applies to fp32 weights on the CPU, where torch was built with it, and to bf16 weights where
-    oneDNN computes bf16 natively (AVX-512 BF16 / AMX)."""
+    the CPU computes bf16 natively (`cpu_has_bf16`: where `--dtype auto` picks bf16)."""
     try:
         param = next(model.parameters())
     except StopIteration:
         return False
-    if param.dtype == torch.bfloat16:
-        is_supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-        dtype_ok = is_supported is not None and bool(is_supported())
-    else:
-        dtype_ok = param.dtype == torch.float32
     return (
         param.device.type == "cpu"
-        and dtype_ok
+        and (param.dtype == torch.float32 or param.dtype == torch.bfloat16 and cpu_has_bf16())
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
