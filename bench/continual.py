@@ -28,12 +28,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import random
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import machine  # bench/ is the script's folder, first on sys.path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -207,7 +208,7 @@ def reevaluate(args: argparse.Namespace, config: Any, work: Path, say: Any, star
         "what": "forgetting matrix (rounds x batches, correct % on held-out items), built-in toolbox in two batches",
         "evaluation": "the finished rounds' models of --work scored again (--reevaluate); eval_limit items are "
         "taken in turn from each tool of a batch",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), no GPU",
+        "machine": f"{machine.describe()}, no GPU",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "with_replay": trim(matrices["continual"]),
         "without_replay": trim(matrices["continual_no_replay"]),
@@ -310,7 +311,7 @@ def main() -> None:
 
     result = {
         "what": "forgetting matrix (rounds x batches, correct % on held-out items), built-in toolbox in two batches",
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores (shared), no GPU",
+        "machine": f"{machine.describe()}, no GPU",
         "torch_threads": torch.get_num_threads(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "with_replay": trim(with_replay.matrix),

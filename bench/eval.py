@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import machine  # bench/ is the script's folder, first on sys.path
+
 from toolschool.evaluate.benchmarks import bfcl
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
 from toolschool.models.backends import make_backend
@@ -64,7 +66,7 @@ def main() -> None:
         "benchmark": "eval throughput: BFCL simple_python, hermes format, greedy",
         "model": args.model,
         "max_tokens": args.max_tokens,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": platform.processor()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "processor": machine.describe()},
         **figures,
     }
     out = Path(args.out)

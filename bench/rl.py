@@ -20,13 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import machine  # bench/ is the script's folder, first on sys.path
 
 HERE = Path(__file__).resolve().parent
 TIME_KEYS = ("time/generation", "time/policy_forward", "time/no_grad_forward")
@@ -185,7 +186,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     train_path = write_jsonl(work / "train.jsonl", train)
     result: dict[str, Any] = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (shared), no GPU",
+        "machine": f"{machine.describe()}, no GPU",
         "model": args.model,
         "data": str(args.data) if args.data else f"generated ({args.examples})",
         "train_examples": len(train),

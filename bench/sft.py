@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import describe as describe_machine  # bench/ is the script's folder, first on sys.path
+import machine  # bench/ is the script's folder, first on sys.path
 
 HERE = Path(__file__).resolve().parent
 VARIANTS = ("trl-default", "padding-free", "shared-prefix")
@@ -179,7 +179,7 @@ def main() -> None:
 
     base = "trl-default"
     figures: dict = {
-        "machine": f"{describe_machine()}; fp32, no GPU",
+        "machine": f"{machine.describe()}; fp32, no GPU",
         "model": args.model,
         "data": str(args.data),
         "steps": args.steps,

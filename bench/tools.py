@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
+
+import machine  # bench/ is the script's folder, first on sys.path
 
 from toolschool.tools.registry import build_registry
 from toolschool.tools.sandbox import containment
@@ -72,7 +73,7 @@ def main() -> None:
         "latency": results,
         "mcp_start_seconds": round(mcp_start_seconds, 3),
         "sandbox_containment": containment(),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "python": sys.version},
+        "machine": {"cpu": machine.describe(), "cores": os.cpu_count(), "python": sys.version},
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
