@@ -16,6 +16,15 @@ CALC = {
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
     },
 }
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+HI = [{"role": "user", "content": "hi"}]
 
 
 def save_tiny_llama(out: Path, tokenizer_dir: Path, *, hidden: int = 64, layers: int = 2, seed: int = 0) -> Path:

@@ -1,5 +1,4 @@
-"""The tiny model served by a real `toolschool serve` app on 127.0.0.1 (one per test module that imports these
-fixtures), and the requests the serve tests share."""
+"""The tiny model served by a real `toolschool serve` app on 127.0.0.1, one per test module that imports these."""
 
 from __future__ import annotations
 
@@ -12,16 +11,6 @@ import pytest
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
 from toolschool.serve.server import running_server
-
-HI = [{"role": "user", "content": "hi"}]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "weather",
-        "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import CALC
+from helpers import CALC, HI, WEATHER
 from openai import AsyncOpenAI
-from serve_fixtures import HI, WEATHER, backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
+from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 from typer.testing import CliRunner
 
 from toolschool.chat.formats import get_format

@@ -19,9 +19,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import CALC
+from helpers import CALC, HI, WEATHER
 from openai import AsyncOpenAI
-from serve_fixtures import HI, WEATHER, backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
+from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
 from toolschool.models.backends import make_backend
