@@ -78,6 +78,21 @@ def test_cascade_attention_equals_reading_every_row(dtype: torch.dtype) -> None:
     assert torch.allclose(got.float(), want.float(), atol=tolerance)
 
 
+def test_unusual_attention_arguments_go_to_transformers_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    from transformers.integrations import sdpa_attention
+
+    seen = {}
+
+    def fake(module, query, key, value, mask, dropout, scaling, **kwargs):
+        seen.update(kwargs)
+        return "transformers", None
+
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", fake)
+    q, k, v, _, additive, _ = _batch(torch.float32)
+    assert attention_forward(_Attention(), q, k, v, additive, sliding_window=64)[0] == "transformers"
+    assert seen == {"sliding_window": 64}
+
+
 def test_no_plan_when_the_per_row_pass_would_not_be_shorter() -> None:
     _, _, _, mask, _, _ = _batch(torch.float32)
     mask[0, :200] = 0  # row 0 starts late: its shared prefix no longer covers the early columns of the others

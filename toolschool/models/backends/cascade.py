@@ -118,6 +118,11 @@ def attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers attention interface: [B, H, q, D] queries, [B, Hkv, L, D] keys/values -> [B, q, H, D]."""
+    if any(kwargs.get(name) is not None for name in ("softcap", "sliding_window", "position_bias", "s_aux")):
+        # what plain SDPA does with these (softcap: refuse) is transformers' to decide
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     B, H, Q, D = query.shape  # noqa: N806
     Hkv = key.shape[1]  # noqa: N806
     if cascade is None or Q != 1:
