@@ -111,8 +111,8 @@ class PrefixCache:
     one tool) and then differ in a short user turn; a multi-turn episode's next prompt extends its previous
     one. So most of every prefill is shared. A new prompt reuses the longest common token prefix of any entry
     (always keeping at least its last token to run, which yields the next-token logits). Reuse is exact: the
-    cached keys and values are what the same tokens at the same positions produce. Entries are copies (taken
-    with an index tensor), so the batch's in-place KV buffers never write into them.
+    cached keys and values are what the same tokens at the same positions produce. Entries are copies (sliced
+    out of the batch), so the batch's in-place KV buffers never write into them.
     """
 
     min_reuse = 8
@@ -707,8 +707,8 @@ def real_runs(mask_L: torch.Tensor) -> list[tuple[int, int]]:
 
 
 def _copy_runs(t_BHLD: torch.Tensor, i: int, runs: list[tuple[int, int]]) -> torch.Tensor:
-    """A contiguous copy ([1, H, n, D]) of row i's positions in `runs`: sliced block copies, several times faster
-    than gathering the same positions with an index tensor."""
+    """A contiguous copy ([1, H, n, D]) of row i's positions in `runs`: sliced block copies (a quarter less time
+    than gathering the same positions with an index tensor, in 16-episode exploration)."""
     parts = [t_BHLD[i : i + 1, :, start:end] for start, end in runs]
     return parts[0].clone() if len(parts) == 1 else torch.cat(parts, dim=2)
 
