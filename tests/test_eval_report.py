@@ -73,6 +73,32 @@ def test_report_writes_html_markdown_and_plots(run_dir: Path) -> None:
     assert "<table>" in page.read_text()
 
 
+def test_training_curves_tick_whole_steps_only(run_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps are counts: the x ticks a report draws read 1, 2, 3, never 2.5 (matplotlib's default on the 5-step RL
+    log), and a lone validation step gets a tick of its own. The ticks are read from each figure as it is saved."""
+    from matplotlib.figure import Figure
+
+    drawn: dict[str, list[float]] = {}  # plot file name -> the x ticks inside the visible range
+    save = Figure.savefig
+
+    def spy(fig: Figure, path: Path, *args: object, **kwargs: object) -> None:
+        fig.canvas.draw()
+        for ax in fig.axes:
+            if ax.get_xlabel() == "step":
+                low, high = ax.get_xlim()
+                drawn[Path(path).name] = [float(t) for t in ax.get_xticks() if low <= t <= high]
+        save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    with (run_dir / "rl" / "train_log.jsonl").open("a") as log:
+        log.write("\n" + json.dumps({"step": 5, "validation": {"correct": 0.5}}))
+    build_report(run_dir)
+    assert set(drawn) == {"sft_loss.png", "sft_validation.png", "rl_loss.png", "rl_reward.png", "rl_validation.png"}
+    assert drawn["rl_reward.png"] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert drawn["sft_validation.png"] == [10.0] and drawn["rl_validation.png"] == [5.0]
+    assert all(t.is_integer() for ticks in drawn.values() for t in ticks)
+
+
 def _sft_log_as_sft_writes_it() -> list[dict]:
     """The records `toolschool sft` writes: start, training steps, the trainer's summary, nested validation, end."""
     log: list[dict] = [{"event": "start", "step": 0, "examples": 12, "tokens": 4608, "loss_tokens": 39}]

@@ -114,12 +114,18 @@ def _plot_lines(path: Path, title: str, ylabel: str, series: dict[str, tuple[lis
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, label=name)
     ax.set_title(title)
     ax.set_xlabel("step")
+    # Steps are counts: ticks at whole steps only (matplotlib's default puts 1.5, 2.5 on a 5-step log), one tick
+    # at a lone validation step too (min_n_ticks=1; at 2 the locator falls back to fractions), written out in
+    # full (no "+1e4" offset on a run that resumed at a high step).
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1, steps=[1, 2, 5, 10]))
+    ax.ticklabel_format(axis="x", useOffset=False)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
