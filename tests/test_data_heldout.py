@@ -69,3 +69,31 @@ def test_pipeline_builtin_heldout_leaves_out_the_runs_training_queries(tmp_path)
         path = _held_out(config, reg, tmp_path)
     queries = [json.loads(line)["messages"][0]["content"] for line in path.read_text().splitlines()]
     assert len(queries) == 6 and first["messages"][0]["content"] not in queries
+
+
+def test_the_held_out_check_and_distill_dedupe_agree_on_what_is_one_request() -> None:
+    """One definition of "the same request" (dataset.same_request_key). The held-out check compared case and spacing
+    only, distill's dedupe also dropped punctuation: a training query written `WHICH DAY OF THE WEEK WAS 2021-03-04 !`
+    was a duplicate to distill but a new request to the held-out set, which kept that item as a test item."""
+    from toolschool.data.dataset import same_request_key
+    from toolschool.data.distill import Candidate, dedupe, paraphrase_problem
+
+    def candidate(index: int, query: str) -> Candidate:
+        return Candidate(f"weekday/e{index}/s0", "weekday", query, [], [], [], "x")
+
+    with build_registry(toolbox=["builtin"], only=["weekday"]) as reg:
+        item = builtin_heldout(reg, per_tool=2, seed=1)[0]["messages"][0]["content"]
+        date = item.split()[-1].rstrip("?")
+        same = "  " + item.upper().replace("?", " !").replace(" ", "  ")  # case, spacing, punctuation
+        other = item.replace(date[:4], str(int(date[:4]) + 1))  # another year: another request
+        assert same_request_key(same) == same_request_key(item) != same_request_key(other)
+        without_same = [
+            line["messages"][0]["content"] for line in builtin_heldout(reg, per_tool=2, seed=1, exclude=[same])
+        ]
+        with_other = [
+            line["messages"][0]["content"] for line in builtin_heldout(reg, per_tool=2, seed=1, exclude=[other])
+        ]
+    assert item not in without_same and item in with_other
+    kept, removed = dedupe([candidate(0, item), candidate(1, same), candidate(2, other)], 0.9)
+    assert [c.query for c in removed] == [same] and [c.query for c in kept] == [item, other]
+    assert paraphrase_problem(same, item, [], [], 0.9) == "same as the original"

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,13 +59,21 @@ class DatasetReport:
         return f"{self.source}: {self.lines} lines, {self.kept} kept, {self.skipped} skipped"
 
 
-def same_request_key(text: str) -> str:
-    """What makes two questions, prompts or queries the same request: their words, whatever the spacing and case.
+# Words, and the arithmetic operators as tokens of their own: "1234 * 5678" and "1234 + 5678" ask for different
+# calls, so they must not normalise to the same text; sentence punctuation ("?", ",", quotes) carries no request.
+_REQUEST_TOKEN = re.compile(r"\w+|[-+*/×÷^%=<>]", re.UNICODE)
 
-    `What is 2+3?` and `what is  2+3?` as two records could go one to train and one to validation; the held-out
-    set and ICL retrieval use it too, to leave out an item's own copies.
+
+def same_request_key(text: str) -> str:
+    """What makes two questions, prompts or queries the same request: their words, numbers and arithmetic operators
+    in order, whatever the case, spacing and sentence punctuation (NFKC: `１２` = `12`).
+
+    The one definition of "the same request": `What is 2+3?` and `what is  2 + 3` as two records could go one to
+    train and one to validation. Dataset builds and distill dedupe with it (distill's near-duplicate test compares
+    its tokens), distill splits by it, and the built-in held-out set and ICL retrieval leave out an item's own
+    copies by it, so a request one of them calls new is new to all of them.
     """
-    return " ".join(text.split()).casefold()
+    return " ".join(_REQUEST_TOKEN.findall(unicodedata.normalize("NFKC", text).casefold()))
 
 
 def _pydantic_reason(exc: ValidationError) -> str:

@@ -8,8 +8,9 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
 2. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
    query informatively; it is faithful to the execution results; the tools were used appropriately). Every
    judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
-3. **dedupe** — near-identical queries per tool (normalised text: lower-case words and arithmetic operators;
-   token-set Jaccard >= threshold, with the same numbers and operators in the same order).
+3. **dedupe** — near-identical queries per tool (the tokens of `dataset.same_request_key`: case-folded words,
+   numbers and arithmetic operators; the same key, or token-set Jaccard >= threshold with the same numbers and
+   operators in the same order).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
    query, adds a number neither the query nor the call has (it would ask for another call), puts a unit or name
@@ -30,14 +31,13 @@ import hashlib
 import json
 import random
 import re
-import unicodedata
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolschool.chat.types import tool_call
-from toolschool.data.dataset import validate_example, write_jsonl
+from toolschool.data.dataset import same_request_key, validate_example, write_jsonl
 from toolschool.errors import DataError
 from toolschool.models.backend import Backend, GenerationRequest, SamplingParams
 
@@ -333,20 +333,13 @@ def parse_judgment(text: str) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------- dedupe
-
-# Words, and the arithmetic operators as tokens of their own: "1234 * 5678" and "1234 + 5678" ask for different
-# calls, so they must not normalise to the same text; sentence punctuation ("?", ",", quotes) carries no request.
-_TOKEN = re.compile(r"\w+|[-+*/×÷^%=<>]", re.UNICODE)
-
-
-def normalize_text(text: str) -> str:
-    """Lower-cased words and arithmetic operators, single-spaced (NFKC: `１２` = `12`)."""
-    text = unicodedata.normalize("NFKC", text).lower()
-    return " ".join(_TOKEN.findall(text))
+# Queries are compared as the tokens of `same_request_key` (toolschool.data.dataset), the project's one definition
+# of "the same request": what distill calls one request, the dataset builds, the held-out set and ICL retrieval do.
 
 
 def jaccard(a: str, b: str) -> float:
-    sa, sb = set(normalize_text(a).split()), set(normalize_text(b).split())
+    """Token-set Jaccard similarity of two requests' `same_request_key` tokens."""
+    sa, sb = set(same_request_key(a).split()), set(same_request_key(b).split())
     if not sa and not sb:
         return 1.0
     return len(sa & sb) / len(sa | sb)
@@ -356,17 +349,18 @@ _ATOM = re.compile(r"\d+|[-+*/×÷^%=<>]")
 
 
 def _atoms(norm: str) -> list[str]:
-    """The numbers and operators of a normalised text, in order: what a word set cannot see."""
+    """The numbers and operators of a `same_request_key`, in order: what a word set cannot see."""
     return [token for token in norm.split() if _ATOM.fullmatch(token)]
 
 
 def near_duplicate(text: str, others: list[str], threshold: float) -> bool:
-    """Same normalised text, or word-set Jaccard >= threshold with the same numbers and operators in the same
-    order ("12 - 5" and "5 - 12", or 2024-05-01 and 2024-01-05, share every word but ask for other calls)."""
-    norm = normalize_text(text)
+    """The same request (`same_request_key`), or word-set Jaccard >= threshold with the same numbers and operators
+    in the same order ("12 - 5" and "5 - 12", or 2024-05-01 and 2024-01-05, share every word but ask for other
+    calls)."""
+    norm = same_request_key(text)
     atoms = _atoms(norm)
     for other in others:
-        other_norm = normalize_text(other)
+        other_norm = same_request_key(other)
         if norm == other_norm or (atoms == _atoms(other_norm) and jaccard(text, other) >= threshold):
             return True
     return False
@@ -481,7 +475,7 @@ def paraphrase_problem(
     """Why a paraphrase is rejected, or None."""
     if not paraphrase.strip():
         return "empty"
-    if normalize_text(paraphrase) == normalize_text(original):
+    if same_request_key(paraphrase) == same_request_key(original):
         return "same as the original"
     numbers, phrases = required_atoms(original, calls)
     paraphrase_numbers = _numbers(paraphrase)
@@ -638,7 +632,7 @@ def split_by_original(
 ) -> set[str]:
     """Original ids going to validation, sampled per tool (seeded), so every tool is split the same way.
 
-    An original moves with its paraphrases, and originals whose queries or paraphrases share a normalised text
+    An original moves with its paraphrases, and originals whose queries or paraphrases share a `same_request_key`
     (the same request explored for two tools) move together: no query is ever in both splits.
     """
     if not 0.0 <= fraction < 1.0:
@@ -655,7 +649,7 @@ def split_by_original(
     owner: dict[str, str] = {}
     for c in sorted(originals, key=lambda c: c.id):
         for text in [c.query, *paraphrases.get(c.id, [])]:
-            first = owner.setdefault(normalize_text(text), c.id)
+            first = owner.setdefault(same_request_key(text), c.id)
             a, b = root(first), root(c.id)
             parent[max(a, b)] = min(a, b)  # a group is named by its smallest id
     tool_of = {c.id: c.tool for c in originals}

@@ -85,8 +85,8 @@ def builtin_heldout(
     """Dataset lines for every built-in tool the registry offers: request, gold call, real result, answer.
 
     `tools` on each line are the registry's schemas, the same tool set the run trains and explores with.
-    `exclude`: requests that must not be test items (the run's training queries; compared case- and
-    whitespace-insensitively): a template drawing one draws again.
+    `exclude`: requests that must not be test items (the run's training queries; compared by `same_request_key`,
+    whatever their case, spacing and punctuation, as distill dedupes them): a template drawing one draws again.
 
     Each tool draws from its own seeded stream, so its items do not change with the other tools offered or
     excluded: two runs with the same seed are scored on the same items of each tool. A tool that cannot have

@@ -77,7 +77,9 @@ def _call_args(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def normalize_text(text: str) -> str:
-    """Case-folded, stripped, whitespace collapsed."""
+    """Case-folded, stripped, whitespace collapsed: how a predicted argument or answer value is matched to the gold
+    one. Not `data.dataset.same_request_key` (whether two user requests are one): punctuation is part of a value
+    (`"a-b"` is not `"a b"`, `"3.5"` not `"3 5"`, `print('x')` not `print x`), so it is kept here."""
     return re.sub(r"\s+", " ", text.strip()).casefold()
 
 

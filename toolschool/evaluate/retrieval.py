@@ -155,7 +155,8 @@ class DemoPool:
 
     def demonstrations(self, query: str, k: int) -> list[dict[str, Any]]:
         """The `k` most similar examples; identical queries (the item itself leaking in) are skipped, every copy,
-        also when written with other case or spacing, and so are the queries given to `leave_out`."""
+        also when written with other case, spacing or punctuation (`same_request_key`), and so are the queries
+        given to `leave_out`."""
         blocked = self._left_out | {same_request_key(query)}
         skipped = sum(key in blocked for key in self._keys)  # each would take a place
         picked = []
