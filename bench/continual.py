@@ -194,7 +194,7 @@ def reevaluate(args: argparse.Namespace, config: Any, work: Path, say: Any, star
             if merged not in scored:
                 say(f"{name} round {r + 1}: scoring {merged}")
                 out = work / "reevaluated" / name / f"round_{r + 1}"
-                scored[merged] = evaluate_rounds_model(merged, inputs.batches[: r + 1], config, out)
+                scored[merged] = evaluate_rounds_model(merged, inputs.batches[: r + 1], config, out, resume=False)
             for label, metrics in scored[merged].items():
                 j = int(label[1:]) - 1
                 matrix["matrix"][r][j] = metrics["correct"]

@@ -595,6 +595,138 @@ def test_eval_limit_takes_held_out_items_of_every_tool_of_the_batch(
     assert len((tmp_path / "eval" / "batch_1.items.jsonl").read_text().splitlines()) == 4
 
 
+class _CountingBackend:
+    """Scores as a model would that calls `shout` right and answers anything else without a call; records each
+    reply it gives as (model folder, request) in `answered`, and breaks off (raises) on reply number `fail_at`
+    of all it was asked, as a crash or Ctrl-C during an evaluation would."""
+
+    def __init__(self, answered: list[tuple[str, str]], fail_at: int | None = None) -> None:
+        self.answered, self.fail_at, self.asked = answered, fail_at, 0
+
+    def __call__(self, model: str, **_kwargs: object):  # noqa: ANN204 - make_backend's stand-in
+        from toolschool.models.backend import Backend, Completion, GenerationRequest
+
+        owner = self
+
+        class Replies(Backend):
+            name = "scripted"
+
+            async def generate(self, request: GenerationRequest) -> list[Completion]:
+                owner.asked += 1
+                if owner.asked == owner.fail_at:
+                    raise RuntimeError("interrupted")
+                text = str(request.messages[-1]["content"])
+                owner.answered.append((model, text))
+                if text.startswith("Please shout "):
+                    call = {"name": "shout", "arguments": {"x": text.removeprefix("Please shout ").rstrip(".")}}
+                    return [Completion(text="<tool_call>\n" + json.dumps(call) + "\n</tool_call>")]
+                return [Completion(text="I cannot.")]
+
+        return Replies()
+
+
+def _fake_sft(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SFT stands in (a merged folder, no training); the rounds and their evaluation run for real."""
+    import toolschool.train.sft as sft
+    from toolschool.train.sft import SFTResult
+
+    def fake_sft(config, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
+        merged = out_dir / "merged"
+        merged.mkdir(parents=True, exist_ok=True)
+        (merged / "model.safetensors").write_text(config.model.name)
+        return SFTResult(out_dir=out_dir, adapter_dir=None, merged_dir=merged, steps=1, seconds=0.0)
+
+    monkeypatch.setattr(sft, "run_sft", fake_sft)
+
+
+def test_a_round_evaluation_broken_off_after_k_items_resumes_after_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Continual learning scored a round's items in memory and wrote them at the end: a crash or Ctrl-C during a
+    round's evaluation lost every scored item, and the rerun scored them all again. Now it scores as `toolschool
+    eval` does: each item's line is written as it is scored, and the rerun scores only the others."""
+    import toolschool.models.backends as backends
+
+    _fake_sft(monkeypatch)
+    rows = [_conversation(t, k, split="train" if k < 3 else "test") for t in ("shout", "reverse") for k in range(6)]
+    flags = {
+        "model.name": "start-model",
+        "continual.batches": str(_write_json(tmp_path / "batches.json", [["shout"], ["reverse"]])),
+        "continual.data": str(_write_jsonl(tmp_path / "data.jsonl", rows)),
+        "continual.steps_per_round": 1,
+        "continual.eval_batch_size": 1,
+    }
+    config = load_config(None, flags)
+    out = tmp_path / "out"
+    answered: list[tuple[str, str]] = []
+    # round 1 scores B1's 3 items; round 2 scores B1's and B2's 3 each and breaks off at its 5th reply
+    monkeypatch.setattr(backends, "make_backend", _CountingBackend(answered, fail_at=3 + 5))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_continual(config, out, progress=False)
+    eval_dir = out / "round_2" / "eval"
+    kept = {name: (eval_dir / name).read_text() for name in ("batch_1.items.jsonl", "batch_2.items.jsonl")}
+    merged_2 = str((out / "round_2" / "sft" / "merged").resolve())
+    scored = len([text for model, text in answered if model == merged_2])  # 4, or 5 if the other batch's ran on
+    assert 4 <= scored < 6 and sum(len(text.splitlines()) for text in kept.values()) == scored
+    assert not (out / "round_2" / "round.json").exists()
+
+    told: list[str] = []
+    monkeypatch.setattr(backends, "make_backend", _CountingBackend(answered))
+    resumed = run_continual(config, out, progress=False, log=told.append)
+    assert resumed.rounds_run == [2] and resumed.rounds_skipped == [1]
+    assert not any("scoring its items again" in line for line in told)
+    round_2 = sorted(text for model, text in answered if model == merged_2)
+    held_out = sorted(f"Please {t} {t[:2]}{k}." for t in ("shout", "reverse") for k in range(3, 6))
+    assert round_2 == held_out, "each of round 2's items was scored exactly once over the two runs"
+    for name, before in kept.items():
+        lines = (eval_dir / name).read_text().splitlines()
+        assert [json.loads(line)["index"] for line in lines] == [0, 1, 2], "no item lost or written twice"
+        assert set(before.splitlines()) <= set(lines), "the lines scored before the break are kept as they were"
+
+    monkeypatch.setattr(backends, "make_backend", _CountingBackend([]))
+    whole = run_continual(config, tmp_path / "uninterrupted", progress=False)
+    assert resumed.matrix["matrix"] == whole.matrix["matrix"] == [[100.0, None], [100.0, 0.0]]
+    assert resumed.matrix["details"] == whole.matrix["details"]
+
+
+def test_a_round_evaluation_broken_off_then_rerun_with_other_settings_scores_every_item_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The items a broken-off evaluation scored are kept only for the same model, items and scoring settings:
+    with another reply length they are scored again, and the run says why."""
+    import toolschool.models.backends as backends
+
+    _fake_sft(monkeypatch)
+    rows = [_conversation("shout", k, split="train" if k < 3 else "test") for k in range(6)]
+    flags = {
+        "model.name": "start-model",
+        "continual.batches": str(_write_json(tmp_path / "batches.json", [["shout"]])),
+        "continual.data": str(_write_jsonl(tmp_path / "data.jsonl", rows)),
+        "continual.steps_per_round": 1,
+        "continual.eval_batch_size": 1,
+    }
+    out = tmp_path / "out"
+    answered: list[tuple[str, str]] = []
+    monkeypatch.setattr(backends, "make_backend", _CountingBackend(answered, fail_at=3))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        run_continual(load_config(None, flags), out, progress=False)
+    assert len(answered) == 2
+    told: list[str] = []
+    monkeypatch.setattr(backends, "make_backend", _CountingBackend(answered))
+    result = run_continual(
+        load_config(None, {**flags, "continual.eval_max_tokens": 32}), out, progress=False, log=told.append
+    )
+    assert len(answered) == 2 + 3, "every item scored again"
+    assert any(
+        "cannot resume" in line
+        and "batch_1.items.jsonl" in line
+        and "max_tokens: 128 -> 32" in line
+        and "scoring its items again" in line
+        for line in told
+    ), told
+    assert result.matrix["matrix"] == [[100.0]]
+
+
 def test_round_one_is_trained_once_whichever_of_the_two_runs_comes_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, inputs: dict[str, Path]
 ) -> None:
@@ -661,7 +793,7 @@ def _scripted_training(monkeypatch: pytest.MonkeyPatch, trainings: list[tuple[st
         (merged / "chain.txt").write_text(config.model.name + "\n" + out_dir.parent.name)
         return SFTResult(out_dir=out_dir, adapter_dir=None, merged_dir=merged, steps=1, seconds=0.0)
 
-    def fake_scores(model_dir, batches, config, out_dir):  # noqa: ANN001, ANN202
+    def fake_scores(model_dir, batches, config, out_dir, *, say=None):  # noqa: ANN001, ANN202
         out_dir.mkdir(parents=True, exist_ok=True)
         n = {b.label: len(continual.eval_sample(b, config.continual.eval_limit)) for b in batches}
         return {b.label: {"tools": b.tools, "n": n[b.label], "correct": 50.0, "per_tool": {}} for b in batches}

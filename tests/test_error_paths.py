@@ -495,20 +495,20 @@ def test_eval_summary_that_cannot_be_read(tmp_path: Path) -> None:
 
 def test_eval_resume_with_a_damaged_items_file(tmp_path: Path) -> None:
     from toolschool.evaluate.items import item_from_example
-    from toolschool.evaluate.session import _finished_items
+    from toolschool.evaluate.session import finished_items
 
     item = item_from_example(_call_example(), 0)
     path = tmp_path / "m.data.items.jsonl"
     (tmp_path / "m.data.state.json").write_text('{"k": 1}', encoding="utf-8")
     path.write_text("{oops\n{}\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"{path}:1: not a JSON line — rerun without --resume"):
-        _finished_items(path, [item], {"k": 1})
+        finished_items(path, [item], {"k": 1})
     path.write_text(json.dumps({"index": 0, "id": item.id}) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"{path}:1: not an item record \\("):
-        _finished_items(path, [item], {"k": 1})
+        finished_items(path, [item], {"k": 1})
     path.write_text("[1]\n{}\n", encoding="utf-8")  # JSON, but not an object
     with pytest.raises(DataError, match=f"{path}:1: not an item record \\(a JSON array, not an object\\)"):
-        _finished_items(path, [item], {"k": 1})
+        finished_items(path, [item], {"k": 1})
 
 
 def test_bfcl_category_without_its_data_file(tmp_path: Path) -> None:

@@ -232,6 +232,7 @@ def test_eval_cli_resume_runs_only_the_missing_items(tiny_model_dir: Path, tmp_p
     assert summary["overall"]["n"] == 2 and summary["resumed_items"] == 1
     result = CliRunner().invoke(app, [*args, "--resume", "--format", "json"])
     assert result.exit_code == 2 and "cannot resume" in result.output and "format: 'hermes' -> 'json'" in result.output
+    assert "another --out" in " ".join(result.output.split())  # and the ways on
 
 
 def test_parallel_calls_are_matched_in_any_order() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import json
 import re
 import time
@@ -27,6 +28,7 @@ from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
 from toolschool.files import read_lines
 from toolschool.locking import folder_lock
+from toolschool.models.backend import Backend
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 
@@ -120,13 +122,6 @@ def make_options(settings: dict[str, Any], registry: Any = None) -> EvalOptions:
         registry=registry,
         max_turns=settings["max_turns"],
     )
-
-
-def write_items(path: Path, results: list[ItemResult]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
-        for result in results:
-            handle.write(json.dumps(result.record(), ensure_ascii=False, default=str) + "\n")
 
 
 def run_evaluation(
@@ -226,7 +221,7 @@ def _evaluate_all(
         except (ConfigError, DataError) as exc:
             if on_resume_problem is None:
                 raise
-            on_resume_problem(str(exc))
+            on_resume_problem(exc.message)  # what differs; the caller starts over (the hint's flags are eval's)
     summary: dict[str, Any] = {"models": {}, "settings": settings or {}}
     if icl is not None:  # k, the demonstrations file, its retriever, the examples drawn from and those left out
         summary["icl"] = icl
@@ -282,10 +277,35 @@ def check_models_distinct(models: list[str]) -> None:
 
 # What decides an item's verdicts besides the model and the item: a resumed evaluation must keep them all.
 RESUME_KEYS = ("format", "max_tokens", "temperature", "seed", "mode", "semantic", "icl_k", "execute", "max_turns")
+# Recorded since a later version: a settings file written before does not hold them, and is not refused for that.
+LATER_KEYS = ("model_files",)
+# The files of a model folder that a training run writes (again): their sizes and times tell a model trained again
+# into the same folder, which a resume must not mix with the first one's items.
+MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+MODEL_FILE_NAMES = ("config.json", "adapter_config.json")
 
 
-def _fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | None) -> dict[str, Any]:
+def model_files(model: str) -> dict[str, list[int]] | None:
+    """`{file: [size, mtime_ns]}` of a model folder's weights and config (None for a model that is not a folder:
+    a Hub id, an embedded name, an endpoint). Hashing the weights would take seconds to minutes a model."""
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        return None
+    found = {}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (path.suffix in MODEL_FILE_SUFFIXES or path.name in MODEL_FILE_NAMES):
+            stat = path.stat()
+            found[path.name] = [stat.st_size, stat.st_mtime_ns]
+    return found
+
+
+def fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What an items file's verdicts were decided by (written beside it as `<benchmark>.state.json`): the model
+    (its name, and a folder's weight files), the settings that change how an item is prompted and scored, and with
+    ICL the demonstrations (file, retriever, content). What is evaluated is checked item by item (`item_digest`)."""
     state: dict[str, Any] = {"model": model, **{key: getattr(options, key) for key in RESUME_KEYS}}
+    if (files := model_files(model)) is not None:
+        state["model_files"] = files
     if options.icl_k:
         state["demos"] = (settings or {}).get("demos")
         state["retriever"] = (settings or {}).get("retriever")
@@ -294,8 +314,27 @@ def _fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | No
     return state
 
 
+def item_digest(item: EvalItem) -> str:
+    """An item's content (prompt, tools, gold, expected answer, meta — BFCL's ground truth is there), written with
+    its line: a test file edited since, its ids unchanged, is not resumed with verdicts on the old items."""
+    content = [
+        item.id,
+        item.benchmark,
+        item.category,
+        item.messages,
+        item.tools,
+        item.gold_calls,
+        item.gold_final,
+        item.expected_answer,
+        item.meta,
+    ]
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
 def _record_line(index: int, result: ItemResult) -> str:
-    return json.dumps({"index": index, **result.record()}, ensure_ascii=False, default=str) + "\n"
+    record = {"index": index, "item_digest": item_digest(result.item), **result.record()}
+    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
 
 
 def _restore(item: EvalItem, record: dict[str, Any]) -> ItemResult:
@@ -330,25 +369,41 @@ def _state_path(items_path: Path) -> Path:
 def _finished(
     model: str, benchmarks: list[Benchmark], options: EvalOptions, out_dir: Path, settings: dict[str, Any] | None
 ) -> list[dict[int, ItemResult]]:
-    state = _fingerprint(model, options, settings)
+    state = fingerprint(model, options, settings)
     paths = _items_paths(model, benchmarks, out_dir)
-    return [_finished_items(path, bench.items, state) for path, bench in zip(paths, benchmarks, strict=True)]
+    return [finished_items(path, bench.items, state) for path, bench in zip(paths, benchmarks, strict=True)]
 
 
-def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
-    """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped."""
+RESUME_FIX = (
+    "rerun without --resume to score every item again, or evaluate into another --out to keep these items "
+    "(or resume with the settings they were scored with)"
+)
+
+
+def _changed(key: str, old: Any, new: Any) -> str:
+    """One changed setting as the refusal names it: `max_tokens: 256 -> 64`."""
+    if key == "model_files" and isinstance(old, dict) and isinstance(new, dict):
+        names = sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
+        return f"model files: {', '.join(names)} changed since (the model was written again)"
+    return f"{key}: {old!r} -> {new!r}"
+
+
+def finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
+    """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped.
+
+    Refused (ConfigError / DataError naming what differs) when they were scored with another `fingerprint` than
+    `state` or other items: mixing their verdicts with new ones would give figures that hold for neither."""
     state_path = _state_path(path)
     if not path.is_file():
         return {}
-    fix = "rerun without --resume to start this evaluation over"
+    fix = RESUME_FIX
     try:
         saved = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
         raise ConfigError(f"cannot resume {path}: its settings file {state_path.name} is missing", hint=fix) from None
-    if saved != state:
-        keys = sorted(set(saved) | set(state))
-        changed = "; ".join(f"{k}: {saved.get(k)!r} -> {state.get(k)!r}" for k in keys if saved.get(k) != state.get(k))
-        raise ConfigError(f"cannot resume {path}: it was evaluated with other settings ({changed})", hint=fix)
+    keys = [k for k in sorted(set(saved) | set(state)) if k in saved or k not in LATER_KEYS]
+    if changed := [_changed(k, saved.get(k), state.get(k)) for k in keys if saved.get(k) != state.get(k)]:
+        raise ConfigError(f"cannot resume {path}: it was scored with other settings ({'; '.join(changed)})", hint=fix)
     lines = read_lines(path)
     done: dict[int, ItemResult] = {}
     for number, line in enumerate(lines, 1):
@@ -370,11 +425,56 @@ def _finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) ->
                 f"{record.get('id')!r} in the file)",
                 hint=fix,
             )
+        if "item_digest" in record and record["item_digest"] != item_digest(items[index]):  # older lines have none
+            raise ConfigError(
+                f"cannot resume {path}: item {index} ({record.get('id')!r}) changed since it was scored (its "
+                "prompt, tools, gold answer or meta differ)",
+                hint=fix,
+            )
         try:
             done[index] = _restore(items[index], record)
         except (KeyError, TypeError) as exc:
             raise DataError(f"{path}:{number}: not an item record ({exc})", hint=fix) from None
     return done
+
+
+async def evaluate_into(
+    path: Path,
+    items: list[EvalItem],
+    options: EvalOptions,
+    state: dict[str, Any],
+    done: dict[int, ItemResult],
+    backend: Backend | None,
+    *,
+    on_done: Callable[[ItemResult], None] | None = None,
+) -> list[ItemResult]:
+    """Evaluate `items` into the items file `path`, resumably; returns every item's result in item order.
+
+    `done`: the items already scored there (`finished_items`, or {} to start over) — only the others run, on
+    `backend` (None only when none is left). `state` (`fingerprint`) is written beside the file first, then each
+    item's line is appended as soon as it is scored, so an interruption keeps what finished; at the end the file is
+    rewritten in item order. `toolschool eval` and continual learning's round evaluations both score this way."""
+    todo = {i: dataclasses.replace(item) for i, item in enumerate(items) if i not in done}
+    position = {id(item): i for i, item in todo.items()}  # distinct objects per position: a result finds its index
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _state_path(path).write_text(json.dumps(state, indent=2), encoding="utf-8")
+    _write_ordered(path, done)  # also drops a torn last line before appending
+    done = dict(done)
+    if todo:
+        if backend is None:
+            raise ValueError("evaluate_into: items are left to score but no backend was given")
+        with path.open("a", encoding="utf-8") as handle:
+
+            def scored(result: ItemResult) -> None:
+                handle.write(_record_line(position[id(result.item)], result))
+                handle.flush()
+                if on_done is not None:
+                    on_done(result)
+
+            new = await evaluate_items(backend, list(todo.values()), options, on_done=scored)
+        done |= {position[id(r.item)]: r for r in new}
+        _write_ordered(path, done)
+    return [done[i] for i in sorted(done)]
 
 
 async def _run_model(
@@ -389,7 +489,7 @@ async def _run_model(
 ) -> dict[str, Any]:
     """All benchmarks for one model in one event loop (the backend's worker answers on that loop); `finished`:
     per benchmark, the items a resumed evaluation keeps."""
-    state = _fingerprint(model, options, settings)
+    state = fingerprint(model, options, settings)
     paths = _items_paths(model, benchmarks, out_dir)
     finished = finished or [{} for _ in benchmarks]
     backend = None
@@ -400,36 +500,17 @@ async def _run_model(
             for result in done.values():
                 if callback is not None:
                     callback(result)
-            # distinct objects per position, so a finished result finds its index
-            todo = {i: dataclasses.replace(item) for i, item in enumerate(bench.items) if i not in done}
-            position = {id(item): i for i, item in todo.items()}
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _state_path(path).write_text(json.dumps(state, indent=2), encoding="utf-8")
-            _write_ordered(path, done)  # also drops a torn last line before appending
+            left = len(bench.items) - len(done)
+            if left and backend is None:
+                backend = make_backend(model)
             started = time.perf_counter()
-            if todo:
-                if backend is None:
-                    backend = make_backend(model)
-                with path.open("a", encoding="utf-8") as handle:
-
-                    def on_done(
-                        result: ItemResult, handle: Any = handle, callback: Any = callback, position=position
-                    ) -> None:
-                        handle.write(_record_line(position[id(result.item)], result))
-                        handle.flush()
-                        if callback is not None:
-                            callback(result)
-
-                    new = await evaluate_items(backend, list(todo.values()), options, on_done=on_done)
-                done = done | {position[id(r.item)]: r for r in new}
+            results = await evaluate_into(path, bench.items, options, state, done, backend, on_done=callback)
             seconds = time.perf_counter() - started
-            _write_ordered(path, done)
-            results = [done[i] for i in sorted(done)]
             block = summarize(results)
             block["seconds"] = round(seconds, 3)
-            block["items_per_second"] = round(len(todo) / seconds, 4) if todo and seconds > 0 else 0.0
-            if len(todo) < len(results):
-                block["resumed_items"] = len(results) - len(todo)
+            block["items_per_second"] = round(left / seconds, 4) if left and seconds > 0 else 0.0
+            if left < len(results):
+                block["resumed_items"] = len(results) - left
             per_benchmark[bench.name] = block
     finally:
         if backend is not None:

@@ -12,11 +12,12 @@ Layout of the output folder (default `runs/<name>/continual/`, `continual_no_rep
     plan.json                      what was asked (checked on resume: a different plan is refused)
     round_<r>/train.jsonl          the round's training data; composition.json its counts
     round_<r>/sft/                 run_sft's folder (checkpoints, adapter, merged model)
-    round_<r>/eval/batch_<j>.items.jsonl, eval.json
+    round_<r>/eval/batch_<j>.items.jsonl (+ .state.json: what scored them), eval.json
     round_<r>/round.json           marker of a finished round (its metrics); a rerun skips that round
     matrix.json, matrix.md, matrix.png
 
-Resuming: a round with its marker is skipped; a round whose SFT finished (`sft_done.json`) only re-evaluates;
+Resuming: a round with its marker is skipped; a round whose SFT finished (`sft_done.json`) only re-evaluates,
+after the items its interrupted evaluation scored (the evaluation's own resume, `toolschool.evaluate.session`);
 an interrupted SFT continues from its last checkpoint (run_sft resume=True). A round's fingerprints name the
 batches seen up to it (not the whole batches and data files), so batches added at the end of the batches file
 keep the finished rounds; they chain on the model each earlier round trained (`model_id`), so a round trained
@@ -357,26 +358,30 @@ def evaluate_rounds_model(
     batches: Sequence[Batch],
     config: ToolschoolConfig,
     out_dir: Path,
+    *,
+    say: Log | None = None,
+    resume: bool = True,
 ) -> dict[str, dict[str, Any]]:
-    """Correct % (and the other rates) on the held-out items of each batch, with the model in `model_dir`."""
+    """Correct % (and the other rates) on the held-out items of each batch, with the model in `model_dir`.
+
+    Scored as `toolschool eval` scores (`session.evaluate_into`): each batch's items file takes every item's line as
+    it is scored, so an evaluation interrupted part-way resumes after its last scored item; one scored with other
+    settings, another model or other items (`session.finished_items` says which) is scored again from the start,
+    with a line through `say`. `resume=False` scores every item again (what finished items files hold is replaced)."""
     from toolschool.evaluate.items import item_from_example
     from toolschool.evaluate.metrics import aggregate, per_tool_accuracy
-    from toolschool.evaluate.runner import EvalOptions, evaluate_items
-    from toolschool.evaluate.session import write_items
+    from toolschool.evaluate.runner import EvalOptions
+    from toolschool.evaluate.session import evaluate_into, fingerprint, finished_items
     from toolschool.models.backends import make_backend
 
     settings = config.continual
-    items = []
-    owners: list[int] = []
+    per_batch = []
     for batch in batches:
         test = eval_sample(batch, settings.eval_limit)
         if config.sft.toolkens:
             test = _toolken_copies(test)
-        for k, example in enumerate(test):
-            item = item_from_example(example, k, source=batch.label)
-            if item is not None:
-                items.append(item)
-                owners.append(batch.index)
+        found = (item_from_example(example, k, source=batch.label) for k, example in enumerate(test))
+        per_batch.append([item for item in found if item is not None])
     options = EvalOptions(
         format=config.sft.format,
         max_tokens=settings.eval_max_tokens,
@@ -386,24 +391,43 @@ def evaluate_rounds_model(
         mode="semantic" if config.eval.arguments == "semantic" else "exact",
         semantic=config.eval.arguments == "semantic",
     )
-
-    async def run() -> list[Any]:
-        backend = make_backend(
-            str(model_dir),
-            dtype=config.model.dtype,
-            device=config.model.device,
-            max_batch_size=settings.eval_batch_size,
-        )
+    state = fingerprint(str(model_dir), options)
+    paths = [out_dir / f"batch_{batch.index + 1}.items.jsonl" for batch in batches]
+    finished: list[dict[int, Any]] = []
+    for path, items in zip(paths, per_batch, strict=True):
+        if not resume:
+            finished.append({})
+            continue
         try:
-            return await evaluate_items(backend, items, options)
-        finally:
-            await backend.aclose()
+            finished.append(finished_items(path, items, state))
+        except (ConfigError, DataError) as exc:
+            if say is not None:
+                say(f"{exc.message}; scoring its items again")
+            finished.append({})
 
-    results = asyncio.run(run())
+    async def run() -> list[list[Any]]:
+        left = any(len(done) < len(items) for done, items in zip(finished, per_batch, strict=True))
+        backend = None
+        if left:
+            backend = make_backend(
+                str(model_dir),
+                dtype=config.model.dtype,
+                device=config.model.device,
+                max_batch_size=settings.eval_batch_size,
+            )
+        try:  # the batches at once, so the backend batches their items together
+            files = zip(paths, per_batch, finished, strict=True)
+            return list(
+                await asyncio.gather(
+                    *(evaluate_into(path, items, options, state, done, backend) for path, items, done in files)
+                )
+            )
+        finally:
+            if backend is not None:
+                await backend.aclose()
+
     metrics: dict[str, dict[str, Any]] = {}
-    for batch in batches:
-        mine = [r for r, owner in zip(results, owners, strict=True) if owner == batch.index]
-        write_items(out_dir / f"batch_{batch.index + 1}.items.jsonl", mine)
+    for batch, mine in zip(batches, asyncio.run(run()), strict=True):
         rates = aggregate([r.score for r in mine])
         metrics[batch.label] = {
             "tools": batch.tools,
@@ -955,7 +979,7 @@ def _run_round(
         raise _missing_model(r, round_dir, str(merged), "scoring it needs it")
     seen = inputs.batches[: r + 1]
     say(f"round {r + 1}/{total}: evaluating {', '.join(b.label for b in seen)} on held-out items")
-    metrics = evaluate_rounds_model(merged, seen, config, round_dir / "eval")
+    metrics = evaluate_rounds_model(merged, seen, config, round_dir / "eval", say=say)
     _write_json(round_dir / "eval" / "eval.json", metrics)
     say(f"round {r + 1}/{total}: correct % " + ", ".join(f"{k} {v['correct']:.1f}" for k, v in metrics.items()))
     marker = {
