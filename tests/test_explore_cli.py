@@ -86,13 +86,44 @@ def test_unreachable_endpoint_is_one_clear_line_before_any_work(tmp_path) -> Non
     assert result.exit_code == 2, result.output
     assert "127.0.0.1:9" in result.output
     assert "Traceback" not in result.output
-    assert (out / TRIALS_FILE).read_text() == ""  # no trial was attempted
+    assert not (out / TRIALS_FILE).exists()  # no trial was attempted, and no empty log is left behind
     assert (out / "config.toml").read_text() == "# the earlier exploration's settings\n"  # nor its config replaced
     missing = runner.invoke(
         app, ["explore", "--model", str(tmp_path / "nope"), "--tools", "calculator", "--out", str(out)]
     )
     assert missing.exit_code == 2 and "is not an existing folder" in missing.output
     assert (out / "config.toml").read_text() == "# the earlier exploration's settings\n"
+
+
+def test_an_exploration_failing_before_its_first_trial_leaves_no_folder_and_keeps_a_log_with_trials(
+    tmp_path, monkeypatch
+) -> None:
+    """An unreachable endpoint or a model that does not load left runs/NAME/explore/ holding an empty trials.jsonl."""
+    monkeypatch.chdir(tmp_path)
+    real_factory = stage.default_backend_factory
+    unreachable = ["explore", "--model", "openai:http://127.0.0.1:9/v1#explorer", "--tools", "calculator"]
+    result = runner.invoke(app, [*unreachable, "--run", "demo"])
+    assert result.exit_code == 2 and "127.0.0.1:9/v1 is unreachable" in result.output
+    assert not (tmp_path / "runs").exists(), "neither runs/demo/explore/ nor runs/demo/ is left behind"
+
+    def no_model(config):  # noqa: ANN001, ANN202 - a model that does not load, after the log was opened
+        from toolschool.errors import ModelLoadError
+
+        raise ModelLoadError(f"model '{config.model.name}' is not an existing folder")
+
+    monkeypatch.setattr(stage, "default_backend_factory", no_model)
+    result = runner.invoke(app, ["explore", "--model", "nope", "--tools", "calculator", "--out", "fresh"])
+    assert result.exit_code == 2 and "model 'nope' is not an existing folder" in result.output
+    assert not (tmp_path / "fresh").exists()
+
+    # a log holding trials is kept: the endpoint answered the first run, and is down when it is resumed
+    monkeypatch.setattr(stage, "default_backend_factory", lambda config: ScriptedBackend(calculator_policy))
+    assert runner.invoke(app, [*unreachable, "--episodes", "1", "--stm-slots", "1", "--out", "kept"]).exit_code == 0
+    logged = (tmp_path / "kept" / TRIALS_FILE).read_text()
+    monkeypatch.setattr(stage, "default_backend_factory", real_factory)
+    result = runner.invoke(app, [*unreachable, "--episodes", "1", "--stm-slots", "1", "--out", "kept", "--resume"])
+    assert result.exit_code == 2 and "127.0.0.1:9/v1 is unreachable" in result.output
+    assert (tmp_path / "kept" / TRIALS_FILE).read_text() == logged and logged.count("\n") == 1
 
 
 def test_explore_runs_saves_config_and_summary_and_refuses_to_mix_runs(tmp_path, scripted) -> None:

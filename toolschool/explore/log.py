@@ -102,12 +102,22 @@ class TrialLog:
     All writes happen on the event-loop thread, so lines from concurrent episodes never interleave.
     """
 
-    def __init__(self, directory: Path, handle: TextIO, existing: list[dict[str, Any]], *, fsync: bool) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        handle: TextIO,
+        existing: list[dict[str, Any]],
+        *,
+        fsync: bool,
+        created: tuple[Path, ...] = (),
+    ) -> None:
         self.directory = directory
         self.path = directory / TRIALS_FILE
         self._handle = handle
         self._fsync = fsync
         self.existing = existing
+        self.written = 0  # trials this run logged
+        self._created = created  # the folders opening the log made, innermost first
 
     @classmethod
     def open(cls, directory: str | Path, *, resume: bool, fsync: bool = False) -> TrialLog:
@@ -118,6 +128,7 @@ class TrialLog:
         """
         directory = Path(directory)
         path = directory / TRIALS_FILE
+        created = tuple(folder for folder in (directory, *directory.parents) if not folder.exists())
         try:
             directory.mkdir(parents=True, exist_ok=True)
             handle = path.open("a", encoding="utf-8")
@@ -146,7 +157,7 @@ class TrialLog:
         except BaseException:
             handle.close()
             raise
-        return cls(directory, handle, existing, fsync=fsync)
+        return cls(directory, handle, existing, fsync=fsync, created=created)
 
     def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
         # A lone surrogate cannot be written as UTF-8: the whole line would fail and its episode with it. Outside
@@ -160,6 +171,7 @@ class TrialLog:
     def write(self, record: dict[str, Any]) -> None:
         record.setdefault("v", LOG_VERSION)
         self._append(self._handle, record)
+        self.written += 1
 
     def write_error(self, record: dict[str, Any]) -> None:
         """An episode that stopped on an error (e.g. the backend failed); its finished trials stay logged."""
@@ -168,6 +180,20 @@ class TrialLog:
 
     def close(self) -> None:
         self._handle.close()
+
+    def discard_if_unused(self) -> None:
+        """After a run that failed before its first trial (an unreachable endpoint, a model that does not load):
+        remove the empty log it opened, and the folders opening it made (`runs/NAME/explore/`) where nothing else is
+        in them, so no empty exploration is left behind. A log holding trials, and a folder holding anything (the
+        config.toml of an earlier run), are kept."""
+        self.close()
+        if self.written or not self.path.is_file() or self.path.stat().st_size:
+            return
+        self.path.unlink()
+        for folder in self._created:
+            if any(folder.iterdir()):
+                break
+            folder.rmdir()
 
     def __enter__(self) -> TrialLog:
         return self

@@ -125,6 +125,9 @@ def run_explore_stage(
             # the config is saved only once the model loaded or the endpoint answered: a refused run keeps the old one
             ready = lambda: stage_dir(config, STAGE, directory)  # noqa: E731
             return asyncio.run(_run(ctx, targets, section.concurrency, console, ready))
+        except BaseException:
+            log.discard_if_unused()  # failed before its first trial: no empty trials.jsonl (nor folder) is left
+            raise
         finally:
             log.close()
     finally:
