@@ -335,6 +335,7 @@ def test_paraphrase_with_the_tiny_model_through_make_backend(tmp_path: Path, tin
     opts = DistillOptions(
         trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=2, max_paraphrases=1,
         judge_model=str(tiny_model_dir), paraphrase_model=str(tiny_model_dir), max_tokens=8, concurrency=4,
+        paraphrase_max_tokens=8,
     )  # fmt: skip
     import asyncio
 
@@ -778,3 +779,48 @@ def test_an_unreachable_judge_or_a_missing_model_stops_distill_before_it_writes(
     assert not fresh.exists()
     assert sorted(p.name for p in earlier.iterdir()) == [".lock", "config.toml"]
     assert (earlier / "config.toml").read_text() == "# the earlier distill's settings\n"
+
+
+def test_the_judge_and_the_paraphraser_reply_within_their_own_token_budgets(tmp_path: Path) -> None:
+    """One max_tokens served both: a paraphrase (one request) got the judge's budget for three verdicts."""
+    backend = ScriptedBackend({"What is 1234 * 5678?": ["Multiply 1234 by 5678."]})
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=2, max_paraphrases=1,
+        validation_fraction=0.0, judge_model="scripted", paraphrase_model="scripted", max_tokens=40,
+        paraphrase_max_tokens=24,
+    )  # fmt: skip
+    summary = distill(good_trials()[:1], opts, judge=backend, paraphraser=backend)
+    assert summary["options"]["paraphrase_max_tokens"] == 24 and summary["total"]["paraphrases"] == 1
+    budgets = {r.messages[-1]["content"][:20]: r.params.max_tokens for r in backend.requests}
+    assert budgets == {"Rewrite the user req": 24, "You check one exampl": 40}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("paraphrase_max_tokens", 0, "paraphrase_max_tokens=0 must be a whole number of tokens >= 1"),
+        ("paraphrase_max_tokens", 2.5, "paraphrase_max_tokens=2.5 must be a whole number of tokens >= 1"),
+        ("max_tokens", -1, "max_tokens=-1 must be a whole number of tokens >= 1"),
+    ],
+)
+def test_token_budgets_that_cannot_work_are_refused_before_anything_is_written(
+    tmp_path: Path, key: str, value: object, message: str
+) -> None:
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", **{key: value})
+    with pytest.raises(DataError, match=re.escape(message)):
+        distill(good_trials(), opts)
+    assert not opts.out.exists()
+
+
+def test_paraphrase_max_tokens_in_the_toml_is_checked_with_the_key_and_the_bound(tmp_path: Path) -> None:
+    from toolschool.config import load_config
+    from toolschool.errors import ConfigError
+
+    path = tmp_path / "run.toml"
+    path.write_text("[distill]\nparaphrase_max_tokens = 0\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}: 'distill.paraphrase_max_tokens' = 0 — expected greater than or equal to 1" in str(info.value)
+    path.write_text("[distill]\nparaphrase_max_tokens = 48\nmax_tokens = 200\n")
+    config = load_config(path)
+    assert (config.distill.paraphrase_max_tokens, config.distill.max_tokens) == (48, 200)

@@ -528,7 +528,8 @@ class DistillOptions:
     judge_model: str | None = None
     paraphrase_model: str | None = None
     temperature: float = 0.8
-    max_tokens: int = 160
+    max_tokens: int = 160  # per judge reply
+    paraphrase_max_tokens: int = 128  # per paraphrase: one request
     dtype: str | None = "auto"  # how a local judge/paraphraser loads: the run's [model] dtype and device
     device: str | None = None
 
@@ -547,6 +548,10 @@ def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
         )
     if not 0.0 <= opts.validation_fraction < 1.0:
         raise DataError(f"validation_fraction {opts.validation_fraction} must be in [0, 1)", hint="e.g. 0.1")
+    for key, hint in (("max_tokens", "tokens per judge reply, e.g. 160"), ("paraphrase_max_tokens", "e.g. 128")):
+        value = getattr(opts, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DataError(f"{key}={value!r} must be a whole number of tokens >= 1", hint=hint)
 
 
 async def _generate(
@@ -607,7 +612,8 @@ async def run_paraphrase(
         # The key leaves out how many samples were asked for: the plan changes with the number of originals (more
         # trials, another target), and samples already paid for are reused; only the missing ones are asked for,
         # with a seed moved on by the count already held.
-        key = cache.key("paraphrase", getattr(backend, "name", ""), prompt, opts.temperature, opts.max_tokens, seed)
+        max_tokens = opts.paraphrase_max_tokens
+        key = cache.key("paraphrase", getattr(backend, "name", ""), prompt, opts.temperature, max_tokens, seed)
         texts = list(cache.get(key) or [])
         if len(texts) < n_ask:
             async with semaphore:
@@ -616,7 +622,7 @@ async def run_paraphrase(
                     prompt,
                     n=n_ask - len(texts),
                     temperature=opts.temperature,
-                    max_tokens=opts.max_tokens,
+                    max_tokens=max_tokens,
                     seed=seed + len(texts),
                 )
             cache.put(key, texts)
@@ -850,6 +856,8 @@ async def adistill(
             "seed": opts.seed,
             "judge_model": opts.judge_model if judge is not None else None,
             "paraphrase_model": opts.paraphrase_model if paraphraser is not None else None,
+            "max_tokens": opts.max_tokens,
+            "paraphrase_max_tokens": opts.paraphrase_max_tokens,
         },
         "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts)},
         "total": {step: sum(counts[t][step] for t in counts) for step in STEPS},
@@ -961,6 +969,7 @@ def run_distill_stage(
         paraphrase_model=d.paraphrase_model,
         temperature=d.temperature,
         max_tokens=d.max_tokens,
+        paraphrase_max_tokens=d.paraphrase_max_tokens,
         dtype=config.model.dtype,
         device=config.model.device,
     )
