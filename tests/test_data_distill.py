@@ -226,9 +226,10 @@ class ScriptedBackend(Backend):
 
     name = "scripted"
 
-    def __init__(self, paraphrases: dict[str, list[str]], reject: str = "") -> None:
+    def __init__(self, paraphrases: dict[str, list[str]], reject: str = "", not_same: tuple[str, ...] = ()) -> None:
         self.paraphrases = paraphrases
         self.reject = reject
+        self.not_same = not_same  # paraphrases the judge calls another request
         self.requests: list[GenerationRequest] = []
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
@@ -238,9 +239,13 @@ class ScriptedBackend(Backend):
             verdict = "No - invented a number" if self.reject and self.reject in prompt else "Yes - fine"
             text = f"Addresses: Yes - answers it\nFaithful: {verdict}\nAppropriate: Yes - the right tool"
             return [Completion(text=text)]
+        if prompt.startswith("You check a rewritten user request"):
+            rewritten = prompt.split("Rewritten request:\n", 1)[1].split("\n\nQuestion:", 1)[0]
+            return [Completion(text="Same: No - another task" if rewritten in self.not_same else "Same: Yes - same")]
         query = prompt.rsplit("Request: ", 1)[1]
-        texts = self.paraphrases.get(query, [])
-        return [Completion(text=texts[i] if i < len(texts) else "") for i in range(request.params.n)]
+        texts = self.paraphrases.get(query, [])  # a text, or a Completion (one cut off at max_tokens)
+        replies = [texts[i] if i < len(texts) else "" for i in range(request.params.n)]
+        return [r if isinstance(r, Completion) else Completion(text=r) for r in replies]
 
 
 def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
@@ -781,6 +786,134 @@ def test_an_unreachable_judge_or_a_missing_model_stops_distill_before_it_writes(
     assert (earlier / "config.toml").read_text() == "# the earlier distill's settings\n"
 
 
+# ------------------------------------------------------------------------- paraphrases that change the request
+
+
+def test_a_paraphrase_that_answers_echoes_the_prompt_or_drops_a_quoted_value_or_month_is_rejected() -> None:
+    from toolschool.data.distill import PARAPHRASE_PROMPT
+
+    dated = [{"name": "weekday", "arguments": {"date": "2024-05-01"}}]
+    original = "Which day of the week was 2024-05-01?"
+    # an answer, not a request: it states the tool's result, which the original does not hold
+    answers = ["It was a Wednesday.", "Wednesday"]
+    assert paraphrase_problem("2024-05-01 was a Wednesday.", original, dated, [], 0.9, answers=answers) == (
+        "states the answer instead of asking"
+    )
+    assert paraphrase_problem("What weekday fell on 2024-05-01?", original, dated, [], 0.9, answers=answers) is None
+    # the paraphrasing prompt echoed back (a small model does), with or without the request after it
+    echo = PARAPHRASE_PROMPT.split("\n\n")[0]
+    assert paraphrase_problem(echo, original, dated, [], 0.9) == "repeats the paraphrasing instructions"
+    assert paraphrase_problem(f"Keep every number, date exactly: {original}", original, dated, [], 0.9) == (
+        "repeats the paraphrasing instructions"
+    )
+    # a date the query writes with its month's name: the numbers stay, the month changes
+    named = "What weekday is May 1st 2024?"
+    assert paraphrase_problem("What weekday is June 1st 2024?", named, dated, [], 0.9) == (
+        "loses the month of a date the call needs"
+    )
+    assert paraphrase_problem("Which day of the week is 1 may 2024?", named, dated, [], 0.9) is None
+    assert paraphrase_problem("Which day of the week is 2024-05-01?", named, dated, [], 0.9) is None
+    # a quoted value the call takes, verbatim (five words: more than a name, so the phrase check does not see it)
+    code = [{"name": "python", "arguments": {"code": "print(sum(c in 'aeiou' for c in 'the quick brown fox jumps'))"}}]
+    quoted = 'How many vowels are in "the quick brown fox jumps"?'
+    assert required_atoms(quoted, code) == (set(), set())
+    assert paraphrase_problem('Count the vowels of "the quick brown fox"', quoted, code, [], 0.9) == (
+        "loses a quoted value the call needs"
+    )
+    assert paraphrase_problem("Count the vowels of 'the quick brown fox jumps'.", quoted, code, [], 0.9) is None
+    # an apostrophe is no quote; a quoted name keeps its case, which the call's argument has
+    length = [{"name": "python", "arguments": {"code": "print(len('Hello World'))"}}]
+    asked = "What's the length of 'Hello World'?"
+    assert paraphrase_problem("How long is 'hello world'?", asked, length, [], 0.9) == (
+        "loses a quoted value the call needs"
+    )
+    assert paraphrase_problem("How many characters has “Hello World”?", asked, length, [], 0.9) is None
+
+
+def test_paraphrases_are_judged_when_a_judge_is_configured_and_every_rejection_is_counted(tmp_path: Path) -> None:
+    """Paraphrases went into the training data unjudged while the trials were judged. Now the judge is asked about
+    each paraphrase that passed the checks and could be kept (not about those rejected before it, nor about samples
+    past an original's share), and a No, like each check's rejection, is counted with its reason."""
+    weekday_tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "weekday", "parameters": {
+        "type": "object", "properties": {"date": {"type": "string"}}}}}]  # fmt: skip
+    trials = [
+        calc_trial(0, "What is 1234 * 5678?", "1234*5678", "7006652"),
+        trial(
+            "weekday",
+            0,
+            0,
+            "Which day of the week was 2024-05-01?",
+            [{"calls": [call("weekday", {"date": "2024-05-01"}, "Wednesday")]}],
+            "It was a Wednesday.",
+            tools=weekday_tools,
+        ),  # fmt: skip
+    ]
+    # two paraphrases planned per original, four asked
+    script = {
+        "What is 1234 * 5678?": [
+            "Rewrite the user request below in different words: What is 1234 * 5678?",  # the prompt echoed
+            "Multiply 1234 by 5678.",
+            "1234 times 5678?",
+            "Product of 1234 and 5678?",  # past the original's share: never looked at, never judged
+        ],
+        "Which day of the week was 2024-05-01?": [
+            "2024-05-01 was a Wednesday.",  # the answer
+            Completion(text="Could you tell me which day of the week 2024-05-01", finish_reason="length"),
+            "Which month was 2024-05-01 in?",  # keeps the date; the judge says it is another request
+            "What weekday fell on 2024-05-01?",
+        ],
+    }
+    backend = ScriptedBackend(script, not_same=("Which month was 2024-05-01 in?",))
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=3, max_paraphrases=2,
+        validation_fraction=0.0, judge_model="scripted", paraphrase_model="scripted",
+    )  # fmt: skip
+    summary = distill(trials, opts, judge=backend, paraphraser=backend)
+    assert summary["dropped"]["paraphrase"] == {
+        "calculator": {"repeats the paraphrasing instructions": 1},
+        "weekday": {
+            "states the answer instead of asking": 1,
+            "cut off at paraphrase_max_tokens": 1,
+            "judged not the same request": 1,
+        },
+    }
+    assert summary["per_tool"]["calculator"]["paraphrases"] == 2 and summary["per_tool"]["weekday"]["paraphrases"] == 1
+    train, _ = load_dataset_jsonl(opts.out / "train.jsonl", on_error="stop")
+    assert sorted(e["messages"][0]["content"] for e in train if e["meta"]["paraphrase"]) == [
+        "1234 times 5678?",
+        "Multiply 1234 by 5678.",
+        "What weekday fell on 2024-05-01?",
+    ]
+    judged = [json.loads(line) for line in (opts.out / "paraphrase_judgments.jsonl").read_text().splitlines()]
+    assert sorted((j["paraphrase"], j["keep"]) for j in judged) == [
+        ("1234 times 5678?", True),
+        ("Multiply 1234 by 5678.", True),
+        ("What weekday fell on 2024-05-01?", True),
+        ("Which month was 2024-05-01 in?", False),
+    ]
+    no = next(j for j in judged if not j["keep"])
+    assert no["same"] == {"verdict": False, "reason": "another task"} and no["original_ids"] == ["weekday/e0/s0"]
+    card = (opts.out / "README.md").read_text()
+    assert "judged not the same request: 1" in card and "states the answer instead of asking: 1" in card
+    # a rerun asks nothing again (the verdicts are cached); without a judge, the verdict file goes
+    asked = len(backend.requests)
+    assert distill(trials, opts, judge=backend, paraphraser=backend)["dropped"] == summary["dropped"]
+    assert len(backend.requests) == asked
+    opts.judge_model = None
+    distill(trials, opts, paraphraser=backend)
+    assert not (opts.out / "paraphrase_judgments.jsonl").exists()
+
+
+def test_a_paraphrase_judgment_is_read_as_a_trial_judgment_is() -> None:
+    from toolschool.data.distill import parse_paraphrase_judgment
+
+    assert parse_paraphrase_judgment("Same: No - it adds 1")["same"] == {"verdict": False, "reason": "it adds 1"}
+    assert parse_paraphrase_judgment("**Same:** Yes")["keep"] is True
+    assert parse_paraphrase_judgment("Yes, the same request.")["keep"] is True
+    echo = parse_paraphrase_judgment("Reply with exactly one line:\nSame: Yes|No - reason")
+    assert echo["keep"] is False and echo["error"] == "no verdict for same"
+
+
 def test_the_judge_and_the_paraphraser_reply_within_their_own_token_budgets(tmp_path: Path) -> None:
     """One max_tokens served both: a paraphrase (one request) got the judge's budget for three verdicts."""
     backend = ScriptedBackend({"What is 1234 * 5678?": ["Multiply 1234 by 5678."]})
@@ -792,7 +925,8 @@ def test_the_judge_and_the_paraphraser_reply_within_their_own_token_budgets(tmp_
     summary = distill(good_trials()[:1], opts, judge=backend, paraphraser=backend)
     assert summary["options"]["paraphrase_max_tokens"] == 24 and summary["total"]["paraphrases"] == 1
     budgets = {r.messages[-1]["content"][:20]: r.params.max_tokens for r in backend.requests}
-    assert budgets == {"Rewrite the user req": 24, "You check one exampl": 40}
+    # the judge reads the paraphrase too, within the judge's budget
+    assert budgets == {"Rewrite the user req": 24, "You check one exampl": 40, "You check a rewritte": 40}
 
 
 @pytest.mark.parametrize(

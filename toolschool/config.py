@@ -271,8 +271,10 @@ class DistillSection(Section):
     require_solved: bool = Field(False, description="also require the explorer's reflection to say Yes")
     concurrency: int = Field(16, ge=1, description="judge/paraphrase requests in flight")
     temperature: float = Field(0.8, ge=0.0, description="paraphrase sampling temperature")
-    max_tokens: int = Field(160, ge=1, description="tokens per judge reply")
-    paraphrase_max_tokens: int = Field(128, ge=1, description="tokens per paraphrase (one request)")
+    max_tokens: int = Field(160, ge=1, description="tokens per judge reply (on a trial or a paraphrase)")
+    paraphrase_max_tokens: int = Field(
+        128, ge=1, description="tokens per paraphrase (a reply cut off there is rejected)"
+    )
 
 
 class DatasetSection(Section):

@@ -12,10 +12,14 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    numbers and arithmetic operators; the same key, or token-set Jaccard >= threshold with the same numbers and
    operators in the same order).
 4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
-   original; a paraphrase is rejected when it drops a number, date or unit the call arguments take from the
-   query, adds a number neither the query nor the call has (it would ask for another call), puts a unit or name
-   next to another number than in the query ("5 miles in km" for "5 km in miles"), or repeats a query or
-   paraphrase of the tool (of any original).
+   original; a paraphrase is rejected when it is empty, the original again (`same_request_key`), repeats the
+   paraphrasing prompt's instructions, states the answer (the final answer or the last tool result) instead of
+   asking, drops a number, date, unit, name or quoted value the call arguments take from the query (or the month
+   of a date the query names), adds a number neither the query nor the call has (it would ask for another call),
+   puts a unit or name next to another number than in the query ("5 miles in km" for "5 km in miles"), is cut off
+   at `paraphrase_max_tokens`, or repeats a query or paraphrase of the tool (of any original). With a judge, each
+   paraphrase that passes is judged too (the same request? Yes/No + reason, `paraphrase_judgments.jsonl`) and kept
+   only on Yes. Every rejection is counted with its reason in `summary.json` and the card.
 5. **split** — train / validation by original query, so an original and its paraphrases stay together (and
    originals sharing a query text across tools too: no query is in both splits).
 
@@ -39,7 +43,7 @@ from typing import Any
 from toolschool.chat.types import tool_call
 from toolschool.data.dataset import same_request_key, validate_example, write_jsonl
 from toolschool.errors import DataError
-from toolschool.models.backend import Backend, GenerationRequest, SamplingParams
+from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
 
 STEPS = ("trials", "rules", "judge", "dedupe", "paraphrases", "final", "train", "validation")
 
@@ -469,14 +473,82 @@ def _number_phrase_pairs(text: str, numbers: set[str], phrases: set[str]) -> set
     return pairs
 
 
+# Quoted spans: "…", “…”, ‘…’, `…`, and '…' where the quotes are not apostrophes (what's, Ann's).
+_QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|‘([^’\n]+)’|`([^`\n]+)`|(?<!\w)\'([^\'\n]+)\'(?!\w)')
+
+
+def quoted_values(query: str, calls: list[dict[str, Any]]) -> set[str]:
+    """Quoted spans of the query that a call's string argument holds (a text to count, a word to look up, a file
+    name): kept verbatim, whatever their length (`required_atoms` takes names of up to four words only)."""
+    strings = [v for call in calls for v in _flatten(call.get("arguments") or {}) if isinstance(v, str)]
+    values = set()
+    for match in _QUOTED.finditer(query):
+        value = next(g for g in match.groups() if g is not None).strip()
+        if value and any(value in s for s in strings):
+            values.add(value)
+    return values
+
+
+_MONTH = re.compile(
+    r"(?<!\w)(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|"
+    r"oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?(?!\w)",
+    re.IGNORECASE,
+)
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+
+
+def _months_named(text: str) -> set[int]:
+    return {_MONTHS.index(m.group(1)[:3].lower()) + 1 for m in _MONTH.finditer(text)}
+
+
+def required_months(query: str, calls: list[dict[str, Any]]) -> dict[str, int]:
+    """{ISO date: month} for each date argument the query writes with its month's name ("May 1st 2024" for
+    2024-05-01): the numbers 1 and 2024 are kept by the number check, the month only by its name."""
+    named = _months_named(query)
+    dates = {d for call in calls for v in _flatten(call.get("arguments") or {}) for d in _DATE.findall(str(v))}
+    return {d: int(d[5:7]) for d in dates if d not in query and int(d[5:7]) in named}
+
+
+# The paraphrasing prompt's own instructions, as runs of four request tokens: a reply that repeats one (and the
+# query does not have it) echoes the prompt instead of rewriting the request.
+_ECHO_RUN = 4
+
+
+def _token_runs(text: str) -> set[tuple[str, ...]]:
+    tokens = same_request_key(text).split()
+    return {tuple(tokens[i : i + _ECHO_RUN]) for i in range(len(tokens) - _ECHO_RUN + 1)}
+
+
+_INSTRUCTION_RUNS = _token_runs(PARAPHRASE_PROMPT.replace("{query}", ""))
+
+
+def _states(text: str, answer: str) -> bool:
+    """Whether `text` holds `answer` as whole request tokens (case, spacing and punctuation aside)."""
+    key = same_request_key(answer)
+    return bool(key) and f" {key} " in f" {same_request_key(text)} "
+
+
 def paraphrase_problem(
-    paraphrase: str, original: str, calls: list[dict[str, Any]], others: list[str], threshold: float
+    paraphrase: str,
+    original: str,
+    calls: list[dict[str, Any]],
+    others: list[str],
+    threshold: float,
+    *,
+    answers: list[str] | tuple[str, ...] = (),
 ) -> str | None:
-    """Why a paraphrase is rejected, or None."""
+    """Why a paraphrase is rejected, or None.
+
+    `answers`: what answers the original (its final answer, the last tool result): a paraphrase stating one that the
+    query does not is an answer, not a request ("2024-05-01 is a Wednesday" for "Which day was 2024-05-01?")."""
     if not paraphrase.strip():
         return "empty"
     if same_request_key(paraphrase) == same_request_key(original):
         return "same as the original"
+    if _token_runs(paraphrase) & (_INSTRUCTION_RUNS - _token_runs(original)):
+        return "repeats the paraphrasing instructions"
+    if any(_states(paraphrase, a) and not _states(original, a) for a in answers if a.strip()):
+        return "states the answer instead of asking"
     numbers, phrases = required_atoms(original, calls)
     paraphrase_numbers = _numbers(paraphrase)
     if numbers - paraphrase_numbers:
@@ -490,6 +562,11 @@ def paraphrase_problem(
         return "loses a date, unit or name the call needs"
     if _number_phrase_pairs(original, numbers, phrases) - _number_phrase_pairs(paraphrase, numbers, phrases):
         return "puts a unit or name the call needs next to another number"
+    if any(value not in paraphrase for value in quoted_values(original, calls)):
+        return "loses a quoted value the call needs"
+    named = _months_named(paraphrase)
+    if any(month not in named and date not in paraphrase for date, month in required_months(original, calls).items()):
+        return "loses the month of a date the call needs"
     if near_duplicate(paraphrase, others, threshold):
         return "near-duplicate of another paraphrase"
     return None
@@ -500,6 +577,70 @@ def clean_paraphrase(text: str) -> str:
     text = re.sub(r"^(rewritten request|request|paraphrase)\s*:\s*", "", text, flags=re.IGNORECASE)
     text = text.strip().strip('"“”').strip()
     return text.split("\n\n")[0].strip()
+
+
+@dataclass(frozen=True)
+class ParaphraseReply:
+    """One sampled paraphrase; `cut`: the reply ran out of `paraphrase_max_tokens` (finish reason "length")."""
+
+    text: str
+    cut: bool = False
+
+    def to_cache(self) -> Any:
+        return {"text": self.text, "cut": True} if self.cut else self.text  # a plain string: a reply that finished
+
+    @staticmethod
+    def from_cache(value: Any) -> ParaphraseReply:
+        return (
+            ParaphraseReply(value["text"], bool(value.get("cut")))
+            if isinstance(value, dict)
+            else ParaphraseReply(value)
+        )
+
+    def cut_off(self) -> bool:
+        """Whether the paraphrase kept (the reply's first paragraph, `clean_paraphrase`) is the part cut short."""
+        return self.cut and "\n\n" not in self.text.strip()
+
+
+PARAPHRASE_JUDGE_PROMPT = """You check a rewritten user request against the original one.
+
+Original request:
+{original}
+
+Rewritten request:
+{paraphrase}
+
+Question: Does the rewritten request ask for exactly the same thing as the original (the same task, numbers, dates,
+names and values), written as a request from a user (not an answer, not instructions)?
+
+Reply with exactly one line:
+Same: Yes|No - reason"""
+_SAME_LINE = re.compile(rf"^\W*same\W*\s*(yes|no)\b{_NOT_AN_ALTERNATIVE}\W*(.*)$", re.IGNORECASE)
+_BARE_VERDICT = re.compile(rf"^\W*(yes|no)\b{_NOT_AN_ALTERNATIVE}\W*(.*)$", re.IGNORECASE)
+
+
+def paraphrase_judge_prompt(original: str, paraphrase: str) -> str:
+    return PARAPHRASE_JUDGE_PROMPT.format(original=original, paraphrase=paraphrase)
+
+
+def parse_paraphrase_judgment(text: str) -> dict[str, Any]:
+    """{"same": {"verdict", "reason"}, "raw", "error", "keep"}, read as `parse_judgment` reads a trial's: the
+    `Same: Yes|No - reason` line, or failing that the first line that starts with Yes or No. A reply without a
+    verdict (an echo of `Same: Yes|No`) is not kept; its `error` says so."""
+    lines = [line.strip() for line in text.splitlines()]
+    match = next((m for m in map(_SAME_LINE.match, lines) if m), None) or next(
+        (m for m in map(_BARE_VERDICT.match, lines) if m), None
+    )
+    if match is None:
+        return {"raw": text, "error": "no verdict for same", "keep": False}
+    same = {"verdict": match.group(1).lower() == "yes", "reason": match.group(2).strip(" -:")}
+    return {"same": same, "raw": text, "error": None, "keep": same["verdict"]}
+
+
+def candidate_answers(candidate: Candidate) -> list[str]:
+    """What answers a candidate's query: its final answer and the last tool result (`paraphrase_problem`)."""
+    results = [str(m.get("content") or "") for m in candidate.messages if m.get("role") == "tool"]
+    return [candidate.final_answer, *results[-1:]]
 
 
 def paraphrase_plan(counts: dict[str, int], target: int, max_per_original: int) -> dict[str, int]:
@@ -528,8 +669,8 @@ class DistillOptions:
     judge_model: str | None = None
     paraphrase_model: str | None = None
     temperature: float = 0.8
-    max_tokens: int = 160  # per judge reply
-    paraphrase_max_tokens: int = 128  # per paraphrase: one request
+    max_tokens: int = 160  # per judge reply (a trial's three verdicts, a paraphrase's one)
+    paraphrase_max_tokens: int = 128  # per paraphrase: one request; a reply cut short is rejected, and counted
     dtype: str | None = "auto"  # how a local judge/paraphraser loads: the run's [model] dtype and device
     device: str | None = None
 
@@ -556,36 +697,55 @@ def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
 
 async def _generate(
     backend: Backend, prompt: str, *, n: int, temperature: float, max_tokens: int, seed: int
-) -> list[str]:
+) -> list[Completion]:
     request = GenerationRequest(
         messages=[{"role": "user", "content": prompt}],
         params=SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, seed=seed),
     )
-    return [c.text for c in await backend.generate(request)]
+    return await backend.generate(request)
+
+
+async def _judge_replies(
+    purpose: str, prompts: list[str], backend: Backend, cache: ReplyCache, opts: DistillOptions, advance: Any
+) -> list[str]:
+    """One greedy reply per prompt from the judge (cached under `purpose`), at most `concurrency` in flight."""
+    semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+
+    async def one(prompt: str) -> str:
+        key = cache.key(purpose, getattr(backend, "name", ""), prompt, opts.max_tokens)
+        text = cache.get(key)
+        if text is None:
+            async with semaphore:
+                completions = await _generate(
+                    backend, prompt, n=1, temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed
+                )
+            text = completions[0].text
+            cache.put(key, text)
+        if advance is not None:
+            advance()
+        return text
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
 async def run_judge(
     candidates: list[Candidate], backend: Backend, cache: ReplyCache, opts: DistillOptions, progress: Any = None
 ) -> list[dict[str, Any]]:
     """One judgment per candidate (cached); order follows `candidates`."""
-    semaphore = asyncio.Semaphore(max(1, opts.concurrency))
     advance = progress("judging", len(candidates)) if progress is not None else None
+    prompts = [judge_prompt(c) for c in candidates]
+    return [parse_judgment(text) for text in await _judge_replies("judge", prompts, backend, cache, opts, advance)]
 
-    async def one(candidate: Candidate) -> dict[str, Any]:
-        prompt = judge_prompt(candidate)
-        key = cache.key("judge", getattr(backend, "name", ""), prompt, opts.max_tokens)
-        text = cache.get(key)
-        if text is None:
-            async with semaphore:
-                text = (
-                    await _generate(backend, prompt, n=1, temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
-                )[0]
-            cache.put(key, text)
-        if advance is not None:
-            advance()
-        return parse_judgment(text)
 
-    return list(await asyncio.gather(*(one(c) for c in candidates)))
+async def run_paraphrase_judge(
+    pairs: list[tuple[str, str]], backend: Backend, cache: ReplyCache, opts: DistillOptions, progress: Any = None
+) -> list[dict[str, Any]]:
+    """One verdict per (original, paraphrase) pair from the trials' judge, asked as it asks about trials (greedy,
+    `max_tokens`, cached); order follows `pairs`."""
+    advance = progress("judging paraphrases", len(pairs)) if progress is not None and pairs else None
+    prompts = [paraphrase_judge_prompt(original, paraphrase) for original, paraphrase in pairs]
+    replies = await _judge_replies("paraphrase-judge", prompts, backend, cache, opts, advance)
+    return [parse_paraphrase_judgment(text) for text in replies]
 
 
 async def run_paraphrase(
@@ -595,13 +755,13 @@ async def run_paraphrase(
     cache: ReplyCache,
     opts: DistillOptions,
     progress: Any = None,
-) -> dict[str, list[str]]:
-    """Raw paraphrase texts per candidate id (cached); each candidate asks for its tool's planned count."""
+) -> dict[str, list[ParaphraseReply]]:
+    """Raw paraphrases per candidate id (cached); each candidate asks for its tool's planned count."""
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
     asking = sum(1 for c in candidates if plan.get(c.tool, 0) > 0)
     advance = progress("paraphrasing", asking) if progress is not None and asking else None
 
-    async def one(candidate: Candidate) -> tuple[str, list[str]]:
+    async def one(candidate: Candidate) -> tuple[str, list[ParaphraseReply]]:
         n = plan.get(candidate.tool, 0)
         if n <= 0:
             return candidate.id, []
@@ -614,23 +774,87 @@ async def run_paraphrase(
         # with a seed moved on by the count already held.
         max_tokens = opts.paraphrase_max_tokens
         key = cache.key("paraphrase", getattr(backend, "name", ""), prompt, opts.temperature, max_tokens, seed)
-        texts = list(cache.get(key) or [])
-        if len(texts) < n_ask:
+        replies = [ParaphraseReply.from_cache(value) for value in cache.get(key) or []]
+        if len(replies) < n_ask:
             async with semaphore:
-                texts += await _generate(
+                completions = await _generate(
                     backend,
                     prompt,
-                    n=n_ask - len(texts),
+                    n=n_ask - len(replies),
                     temperature=opts.temperature,
                     max_tokens=max_tokens,
-                    seed=seed + len(texts),
+                    seed=seed + len(replies),
                 )
-            cache.put(key, texts)
+            replies += [ParaphraseReply(c.text, c.finish_reason == "length") for c in completions]
+            cache.put(key, [reply.to_cache() for reply in replies])
         if advance is not None:
             advance()
-        return candidate.id, texts[:n_ask]
+        return candidate.id, replies[:n_ask]
 
     return dict(await asyncio.gather(*(one(c) for c in candidates)))
+
+
+Verdicts = dict[tuple[str, str], dict[str, Any]]  # (original query, paraphrase) -> the judge's verdict
+
+
+def select_paraphrases(
+    originals: list[Candidate],
+    raw: dict[str, list[ParaphraseReply]],
+    plan: dict[str, int],
+    opts: DistillOptions,
+    verdicts: Verdicts | None = None,
+) -> tuple[list[tuple[Candidate, str, int]], dict[str, Counter[str]], list[tuple[str, str]]]:
+    """(accepted (original, text, index), rejection reasons per tool, pairs awaiting the judge).
+
+    The originals are taken in order, each until it has its share: a paraphrase is checked (`paraphrase_problem`;
+    cut short by `paraphrase_max_tokens`), then, with a judge (`verdicts` not None), must be judged the same request.
+    A pair not judged yet is taken as accepted and returned as awaiting: judge those and select again, until none
+    awaits. The result is what asking the judge about each paraphrase in turn would give, with the judge's replies
+    asked for concurrently; it is asked only about paraphrases that passed the checks when their turn came, not
+    about the samples past an original's share (a few more are asked for than planned, as some fail).
+    """
+    accepted: list[tuple[Candidate, str, int]] = []
+    rejected: dict[str, Counter[str]] = defaultdict(Counter)
+    awaiting: list[tuple[str, str]] = []
+    originals_per_tool = Counter(c.tool for c in originals)
+    made: Counter[str] = Counter()
+    # every query of a tool so far, originals and accepted paraphrases of any original: two originals whose
+    # paraphrases coincide must not yield the same line twice (possibly one in each split)
+    tool_queries: dict[str, list[str]] = defaultdict(list)
+    for candidate in originals:
+        tool_queries[candidate.tool].append(candidate.query)
+    for candidate in originals:
+        need = opts.target_per_tool - originals_per_tool[candidate.tool] - made[candidate.tool]
+        share = min(opts.max_paraphrases, plan.get(candidate.tool, 0), max(0, need))
+        others = tool_queries[candidate.tool]
+        kept: list[str] = []
+        for reply in raw.get(candidate.id, []):
+            if len(kept) >= share:
+                break
+            text = clean_paraphrase(reply.text)
+            if reply.cut_off():
+                problem: str | None = "cut off at paraphrase_max_tokens"
+            else:
+                problem = paraphrase_problem(
+                    text, candidate.query, candidate.calls, others, opts.dedupe_threshold,
+                    answers=candidate_answers(candidate),
+                )  # fmt: skip
+            if problem is None and verdicts is not None:
+                verdict = verdicts.get((candidate.query, text))
+                if verdict is None:
+                    awaiting.append((candidate.query, text))
+                elif verdict["error"] is not None:
+                    problem = "the judge gave no Yes/No"
+                elif not verdict["keep"]:
+                    problem = "judged not the same request"
+            if problem is not None:
+                rejected[candidate.tool][problem] += 1
+                continue
+            kept.append(text)
+            others.append(text)
+        accepted += [(candidate, text, index) for index, text in enumerate(kept, start=1)]
+        made[candidate.tool] += len(kept)
+    return accepted, rejected, list(dict.fromkeys(awaiting))
 
 
 def split_by_original(
@@ -795,33 +1019,33 @@ async def adistill(
         drops["dedupe"][candidate.tool]["near-duplicate of an earlier query of the tool"] += 1
 
     paraphrases: list[tuple[Candidate, str, int]] = []
+    verdicts: Verdicts = {}
     if paraphraser is not None and opts.target_per_tool > 0 and opts.max_paraphrases > 0:
         plan = paraphrase_plan(Counter(c.tool for c in originals), opts.target_per_tool, opts.max_paraphrases)
         raw = await run_paraphrase(originals, plan, paraphraser, cache, opts, progress)
-        per_tool_made: Counter[str] = Counter()
-        # every query of a tool so far, originals and accepted paraphrases of any original: two originals whose
-        # paraphrases coincide must not yield the same line twice (possibly one in each split)
-        tool_queries: dict[str, list[str]] = defaultdict(list)
+        while True:  # with a judge: judge the paraphrases the selection would keep, until it keeps only judged ones
+            paraphrases, rejected, awaiting = select_paraphrases(
+                originals, raw, plan, opts, verdicts if judge is not None else None
+            )
+            if judge is None or not awaiting:
+                break
+            verdicts.update(
+                zip(awaiting, await run_paraphrase_judge(awaiting, judge, cache, opts, progress), strict=True)
+            )
+        for tool, reasons in rejected.items():
+            drops["paraphrase"][tool].update(reasons)
+        for candidate, _text, _index in paraphrases:
+            counts[candidate.tool]["paraphrases"] += 1
+    if verdicts:  # every paraphrase verdict, kept or not, beside the trials' in judgments.jsonl
+        ids: dict[str, list[str]] = defaultdict(list)  # one query may be an original of two tools
         for candidate in originals:
-            tool_queries[candidate.tool].append(candidate.query)
-        for candidate in originals:
-            need = opts.target_per_tool - counts[candidate.tool]["dedupe"] - per_tool_made[candidate.tool]
-            accepted: list[str] = []
-            others = tool_queries[candidate.tool]
-            for text in raw.get(candidate.id, []):
-                if len(accepted) >= min(opts.max_paraphrases, plan.get(candidate.tool, 0), max(0, need)):
-                    break
-                text = clean_paraphrase(text)
-                problem = paraphrase_problem(text, candidate.query, candidate.calls, others, opts.dedupe_threshold)
-                if problem is not None:
-                    drops["paraphrase"][candidate.tool][problem] += 1
-                    continue
-                accepted.append(text)
-                others.append(text)
-            for index, text in enumerate(accepted, start=1):
-                paraphrases.append((candidate, text, index))
-            per_tool_made[candidate.tool] += len(accepted)
-            counts[candidate.tool]["paraphrases"] += len(accepted)
+            ids[candidate.query].append(candidate.id)
+        write_jsonl(
+            opts.out / "paraphrase_judgments.jsonl",
+            ({"original_ids": ids[q], "query": q, "paraphrase": t, **v} for (q, t), v in verdicts.items()),
+        )
+    else:  # an earlier run's verdicts are not this data's
+        (opts.out / "paraphrase_judgments.jsonl").unlink(missing_ok=True)
 
     texts: dict[str, list[str]] = defaultdict(list)
     for candidate, text, _index in paraphrases:
@@ -933,8 +1157,10 @@ def distill_card(summary: dict[str, Any]) -> str:
         "",
         "Steps: rules (final answer after a call that executed without error, explored tool called) → judge "
         "(three Yes/No criteria, reasons in `judgments.jsonl` and `meta.judge`) → near-duplicate removal → "
-        "paraphrasing (paraphrases that drop a number, date or unit the call takes from the query are rejected) → "
-        "split by original query.",
+        "paraphrasing (a paraphrase is rejected when it is empty or the original again, repeats the paraphrasing "
+        "instructions, states the answer, drops or changes a number, date, unit, name or quoted value the call "
+        "takes from the query, or is cut off at paraphrase_max_tokens; with a judge, also when the judge does not "
+        "call it the same request: verdicts in `paraphrase_judgments.jsonl`) → split by original query.",
         "",
     ]
     return "\n".join(lines)
