@@ -1,8 +1,13 @@
 """Benchmark: RL (GRPO with tool-use rewards) on top of SFT — time per step on this machine, and correct % on a
 held-out split after SFT and after SFT+RL, measured in the same run with the same greedy evaluation.
 
-The evaluation is the SFT validation path (`toolschool.train.sft.validate`): greedy replies to the first user turn,
-scored by `toolschool.evaluate.metrics` (`correct`: well-formed, right tool, semantically right arguments).
+The evaluation is `toolschool eval`'s own: the held-out split is written to WORK/heldout.jsonl and scored by the
+functions `toolschool eval --model M --data WORK/heldout.jsonl --format F --max-tokens N` runs (its config defaults,
+`session.make_options`, `resolve_benchmarks`, `run_evaluation` on the local backend, greedy), so `after_sft` and
+`after_sft_rl` are that command's `overall` figures (`correct`: well-formed, right tool, exactly right arguments —
+`[eval] arguments = "exact"`), plus `eval_seconds` and `eval_dir` (WORK/eval/<label>/: its items files and
+summary). Until 2026-11-24 the bench scored with SFT's in-training validation instead (`train.validation.validate`:
+HF generate, fp32, prompts cut at 1,024 tokens); bench/results/rl.json was measured that way.
 
 Data: `--data` (a conversations JSONL, split into train/held-out by `--heldout`), or by default a generated
 calculator / no-tool set (multiplications that need the calculator, capital-city questions answered directly).
@@ -120,17 +125,41 @@ def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def held_out_correct(model_path: str, heldout: list[dict[str, Any]], fmt_name: str, max_tokens: int) -> dict:
-    from toolschool.chat.formats import get_format
-    from toolschool.models.loading import load_model
-    from toolschool.train.sft import build_validation_items, validate
+def held_out_correct(model_path: str, heldout_path: Path, args: argparse.Namespace, out_dir: Path) -> dict:
+    """The `overall` rates `toolschool eval` reports for the model on the held-out file, and the seconds it took."""
+    from toolschool.config import load_config
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
+    from toolschool.models.backends import make_backend
 
-    loaded = load_model(model_path, device="cpu", dtype="fp32", merge_adapter=True)
-    fmt = get_format(fmt_name)
-    items = build_validation_items(heldout, fmt, loaded.tokenizer, len(heldout), 1024)
+    overrides = {
+        "model.name": model_path,
+        "model.device": "cpu",
+        "eval.data": str(heldout_path),
+        "eval.format": args.format,
+        "eval.max_tokens": args.max_tokens,
+        "run.seed": args.seed,
+    }
+    config = load_config(None, overrides)
+    settings = config.eval.model_dump()
+    settings["seed"] = config.run.seed
+    benchmarks = resolve_benchmarks(config.eval.benchmarks, config.eval.data, config.eval.limit)
+
+    def backend_for(model: str) -> Any:
+        return backend_for_model(make_backend(model, dtype=config.model.dtype, device=config.model.device), model)
+
     started = time.perf_counter()
-    metrics = validate(loaded.model, loaded.tokenizer, fmt, items, max_new_tokens=max_tokens)
-    return {**metrics, "eval_seconds": round(time.perf_counter() - started, 1)}
+    summary = run_evaluation(
+        [model_path],
+        benchmarks,
+        make_options(settings),
+        out_dir,
+        make_backend=backend_for,
+        settings=settings,
+        benchmarks_for=benchmarks_for_model,
+    )
+    overall = summary["models"][model_path]["data"]["overall"]
+    return {**overall, "eval_seconds": round(time.perf_counter() - started, 1), "eval_dir": str(out_dir)}
 
 
 def _round(value: Any) -> Any:
@@ -185,6 +214,7 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-rl-"))
     work.mkdir(parents=True, exist_ok=True)
     train_path = write_jsonl(work / "train.jsonl", train)
+    heldout_path = write_jsonl(work / "heldout.jsonl", heldout)
     result: dict[str, Any] = {
         "machine": f"{machine.describe()}, no GPU",
         "model": args.model,
@@ -220,7 +250,7 @@ def main() -> None:
         start_model = str(sft.merged_dir)
 
     if args.rl_steps:  # measured in the same run as the RL it is compared with
-        result["after_sft"] = held_out_correct(start_model, heldout, args.format, args.max_tokens)
+        result["after_sft"] = held_out_correct(start_model, heldout_path, args, work / "eval" / "after_sft")
         print(json.dumps({"after_sft": result["after_sft"]}), flush=True)
 
     def rl_run(out: Path, steps: int, share: bool) -> tuple[Any, list[dict[str, Any]], float]:
@@ -297,7 +327,7 @@ def main() -> None:
         ],
         "train_log": str(work / "rl" / "train_log.jsonl"),
     }
-    result["after_sft_rl"] = held_out_correct(str(rl.merged_dir), heldout, args.format, args.max_tokens)
+    result["after_sft_rl"] = held_out_correct(str(rl.merged_dir), heldout_path, args, work / "eval" / "after_sft_rl")
     result["correct_pct"] = {
         "after_sft": round(100 * result["after_sft"]["correct"], 1),
         "after_sft_rl": round(100 * result["after_sft_rl"]["correct"], 1),
