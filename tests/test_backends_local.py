@@ -386,8 +386,8 @@ async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend)
 def test_prefix_cache_keeps_one_entry_per_conversation_within_its_budget() -> None:
     from toolschool.models.backends.local import PrefixCache
 
-    def kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))]
+    def kv(n: int):  # noqa: ANN202 - the copy callback `store` takes: positions `start` onward of n
+        return lambda start: [(torch.zeros(1, 1, n - start, 2), torch.zeros(1, 1, n - start, 2))]
 
     cache = PrefixCache(entries=3, max_tokens=100)
     system = list(range(20))
@@ -408,6 +408,57 @@ def test_prefix_cache_keeps_one_entry_per_conversation_within_its_budget() -> No
     assert len(cache) == 1
     cache.clear()
     assert len(cache) == 0
+
+
+def test_prefix_cache_entries_share_the_positions_they_start_with_and_copy_only_the_rest() -> None:
+    from toolschool.models.backends.local import PrefixCache
+
+    layers = 2
+    truth = torch.arange(200, dtype=torch.float32)  # position p holds p (layer 0 keys), p + 1000 (values), ...
+
+    def value_at(layer: int, which: int, start: int, end: int) -> torch.Tensor:
+        return (truth[start:end] + 1000 * which + 10_000 * layer).reshape(1, 1, -1, 1)
+
+    copied: list[tuple[int, int]] = []
+
+    def copier(n: int):  # noqa: ANN202
+        def copy(start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            copied.append((start, n))
+            return [(value_at(li, 0, start, n), value_at(li, 1, start, n)) for li in range(layers)]
+
+        return copy
+
+    def assert_holds(prompt: list[int], length: int) -> None:
+        hit = cache.lookup(prompt)
+        assert hit.length == length
+        for li in range(layers):
+            pieces = hit.pieces(li)
+            keys = torch.cat([k for k, _ in pieces], dim=2)
+            values = torch.cat([v for _, v in pieces], dim=2)
+            assert torch.equal(keys, value_at(li, 0, 0, length)) and torch.equal(values, value_at(li, 1, 0, length))
+
+    cache = PrefixCache(entries=8, max_tokens=10_000)
+    cache.max_segments = 3
+    prompt = list(range(100))
+    cache.store(prompt[:40], copier(40))
+    cache.store(prompt[:55], copier(55))  # extends it: only positions 40..54 are copied
+    cache.store(prompt[:30], copier(30))  # held whole by the 55-token entry: nothing copied
+    assert copied == [(0, 40), (40, 55)] and len(cache) == 1
+    assert_holds(prompt[:55] + [999], 55)
+    assert_holds(prompt[:20] + [999], 20)  # a lookup inside the first segment
+    branch = prompt[:45] + [500, 501, 502]  # shares 45 positions with the entry, across its two segments
+    cache.store(branch, copier(48))
+    assert copied[-1] == (45, 48) and len(cache) == 2
+    assert cache.lookup(branch + [7]).length == 48
+    cache.store(prompt[:70], copier(70))  # a third and a fourth segment: over max_segments, joined into one
+    cache.store(prompt[:80], copier(80))
+    assert copied[-2:] == [(55, 70), (70, 80)]
+    assert_holds(prompt[:80] + [999], 80)
+    assert len(cache.lookup(prompt[:80] + [999]).segments) == 1
+    few = PrefixCache(entries=8, max_tokens=10_000)
+    few.store(list(range(5)), copier(5))
+    few.store(list(range(6)), copier(6))  # shares fewer than min_reuse positions: copied whole
+    assert copied[-1] == (0, 6)
 
 
 async def test_cold_cache_burst_prefills_the_shared_prompt_once(tiny_model_dir: Path) -> None:

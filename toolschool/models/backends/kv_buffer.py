@@ -64,23 +64,27 @@ class BufferedLayer(DynamicLayer):
         self._view(rows, end + new)
         return self.keys, self.values  # type: ignore[return-value]
 
-    def preload(self, prefixes: list[tuple[torch.Tensor, torch.Tensor]], length: int, extra: int) -> None:
-        """Start from one row per (keys, values) prefix ([1, H, r, D] each), right-aligned and left-padded with
-        zeros to `length` positions, in a buffer with room for `extra` more positions plus headroom: the prefill
-        that follows writes its suffix in place (assigning concatenated tensors instead would be copied again
-        into a fresh buffer by the first `update`)."""
-        first_keys, first_values = prefixes[0]
+    def preload(self, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]]], length: int, extra: int) -> None:
+        """Start from one row per prefix, given as consecutive (keys, values) pieces ([1, H, r, D] each),
+        right-aligned and left-padded with zeros to `length` positions, in a buffer with room for `extra` more
+        positions plus headroom: the prefill that follows writes its suffix in place (assigning concatenated
+        tensors instead would be copied again into a fresh buffer by the first `update`)."""
+        first_keys, first_values = prefixes[0][0]
         self.lazy_initialization(first_keys, first_values)
         rows, heads, dim = len(prefixes), first_keys.shape[1], first_keys.shape[3]
         shape = (rows, heads, length + extra + self.headroom, dim)
         self._key_buf = torch.empty(shape, dtype=first_keys.dtype, device=first_keys.device)
         self._value_buf = torch.empty(shape, dtype=first_values.dtype, device=first_values.device)
         self._start = 0
-        for row, (keys, values) in enumerate(prefixes):
-            pad = length - keys.shape[2]
-            for buf, new in ((self._key_buf, keys), (self._value_buf, values)):
-                buf[row, :, :pad] = 0
-                buf[row, :, pad:length] = new[0]
+        for row, pieces in enumerate(prefixes):
+            at = length - sum(keys.shape[2] for keys, _ in pieces)
+            self._key_buf[row, :, :at] = 0
+            self._value_buf[row, :, :at] = 0
+            for keys, values in pieces:
+                size = keys.shape[2]
+                self._key_buf[row, :, at : at + size] = keys[0]
+                self._value_buf[row, :, at : at + size] = values[0]
+                at += size
         self._view(rows, length)
 
     def join(self, keys: torch.Tensor, values: torch.Tensor, max_rows: int | None = None) -> None:
