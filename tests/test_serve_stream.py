@@ -26,6 +26,7 @@ from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off 
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
 from toolschool.models.backends import make_backend
 from toolschool.models.backends.local import LocalBackend
+from toolschool.serve.partial_calls import PartialCall, calls_so_far, encode_prefix
 from toolschool.serve.server import running_server
 from toolschool.serve.stream import partial_suffix, sendable
 
@@ -63,7 +64,9 @@ def _assemble(events: list[dict[str, Any] | str]) -> tuple[dict[int, dict[str, A
             continue
         assert usage is None  # the usage chunk is the last one
         for choice in event["choices"]:
-            state = choices.setdefault(choice["index"], {"deltas": [], "calls": {}, "finish_reason": None})
+            state = choices.setdefault(
+                choice["index"], {"deltas": [], "calls": {}, "argument_deltas": 0, "finish_reason": None}
+            )
             assert state["finish_reason"] is None  # nothing comes after a choice's finish reason
             delta = choice["delta"]
             if "role" in delta:
@@ -72,8 +75,15 @@ def _assemble(events: list[dict[str, Any] | str]) -> tuple[dict[int, dict[str, A
             elif "content" in delta:
                 state["deltas"].append(delta["content"])
             for call in delta.get("tool_calls") or []:
-                assert call["id"].startswith("call_") and call["type"] == "function"
-                state["calls"][call["index"]] = call["function"]
+                calls = state["calls"]
+                if "id" in call:  # a call's first delta: index, id, type, name and all or none of its arguments
+                    assert call["id"].startswith("call_") and call["type"] == "function"
+                    assert call["index"] == len(calls)
+                    calls[call["index"]] = dict(call["function"])
+                else:  # more of its arguments (OpenAI: index and arguments only)
+                    assert set(call) == {"index", "function"} and set(call["function"]) == {"arguments"}
+                    calls[call["index"]]["arguments"] += call["function"]["arguments"]
+                    state["argument_deltas"] += 1
             if choice["finish_reason"]:
                 state["finish_reason"] = choice["finish_reason"]
                 state["logprobs"] = choice["logprobs"]
@@ -430,11 +440,134 @@ def test_forced_calls_stream_as_tool_calls_for_every_choice() -> None:
     for choice in plain.json()["choices"]:
         _same_reply(choices[choice["index"]], choice)
         assert choices[choice["index"]]["deltas"] == []  # nothing of a forced call is content
+        assert choices[choice["index"]]["argument_deltas"] > 3  # its arguments came as they were written
     named = {"type": "function", "function": {"name": "weather"}}
     plain, events = _scripted_both([(' {"city": "Oslo"}}\n', "stop")], {"tools": [CALC, WEATHER], "tool_choice": named})
     (streamed,) = _assemble(events)[0].values()
     _same_reply(streamed, plain.json()["choices"][0])
     assert streamed["finish_reason"] == "stop" and streamed["tool_calls"][0]["name"] == "weather"
+
+
+class HeldScript(StreamingScript):
+    """One scripted reply streamed in the given pieces, each only once the test lets it through (a semaphore): the
+    test reads what the server sent while the generation is still unfinished, without timing."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        super().__init__([("".join(pieces), "stop")])
+        self.pieces = pieces
+        self.permits = threading.Semaphore(0)
+        self.finished = threading.Event()
+
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[StreamEvent, None]:
+        (completion,) = self._completions(request)
+        text = ""
+        for piece in self.pieces:
+            assert await asyncio.to_thread(self.permits.acquire, timeout=60), "the test never let the piece through"
+            text += piece
+            yield StreamEvent(index=0, text=text)
+        self.finished.set()
+        yield StreamEvent(index=0, text=completion.text, completion=completion)
+
+
+class _Events:
+    """The events of a stream being read, one at a time, as the test asks for them."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.iter_lines()
+        self.read: list[dict[str, Any] | str] = []
+
+    def next_call_delta(self) -> dict[str, Any]:
+        """The next `tool_calls` entry the server sends (the events before it hold no content)."""
+        for line in self.lines:
+            if not line:
+                continue
+            data = line.removeprefix("data: ")
+            self.read.append(data if data == "[DONE]" else json.loads(data))
+            for choice in self.read[-1]["choices"] if data != "[DONE]" else []:
+                assert choice["delta"].get("content") in (None, "")
+                if choice["delta"].get("tool_calls"):
+                    (call,) = choice["delta"]["tool_calls"]
+                    return call
+        raise AssertionError("the stream ended without another tool call delta")
+
+    def rest(self) -> list[dict[str, Any] | str]:
+        for line in self.lines:
+            if line:
+                data = line.removeprefix("data: ")
+                self.read.append(data if data == "[DONE]" else json.loads(data))
+        return self.read
+
+
+def test_a_forced_call_streams_its_name_then_its_arguments_before_the_generation_ends() -> None:
+    """As OpenAI streams a call: a delta with its id, type and name once the name is written, then argument deltas
+    as the model writes them, not the whole call once the generation is over. The arguments add up to the
+    non-streamed reply's, json.dumps of what the model wrote (its spacing and numbers rewritten)."""
+    pieces = ["calcul", 'ator", "arguments"', ': {"expr', 'ession":"12', "*7", '", "digits": 2.50', "}}\n</tool_call>"]
+    backend = HeldScript(pieces)
+    body = {"messages": HI, "tools": [CALC, WEATHER], "tool_choice": "required"}
+    with running_server(backend, "held") as url:
+        plain = httpx.post(f"{url}/chat/completions", json=body, timeout=30).json()["choices"][0]
+        backend.permits.release(2)  # the name is written (the server answers once the first piece is out)
+        with httpx.stream("POST", f"{url}/chat/completions", json={**body, "stream": True}, timeout=30) as response:
+            events = _Events(response)
+            opening = events.next_call_delta()
+            assert opening["function"] == {"name": "calculator", "arguments": ""} and opening["type"] == "function"
+            assert opening["id"].startswith("call_") and opening["index"] == 0
+            backend.permits.release()
+            assert events.next_call_delta() == {"index": 0, "function": {"arguments": '{"expr'}}
+            backend.permits.release()
+            assert events.next_call_delta() == {"index": 0, "function": {"arguments": 'ession": "12'}}
+            assert not backend.finished.is_set()  # all of these came while the model was still writing
+            backend.permits.release(len(pieces))
+            (streamed,) = _assemble(events.rest())[0].values()
+    _same_reply(streamed, plain)
+    assert streamed["tool_calls"] == [{"name": "calculator", "arguments": '{"expression": "12*7", "digits": 2.5}'}]
+    assert streamed["finish_reason"] == "tool_calls" and streamed["argument_deltas"] == 5
+
+
+@pytest.mark.parametrize(
+    ("arguments", "streamed"),
+    [
+        ('{"expression": "1+1"}', '{"expression": "1+1"}'),
+        ('{ "expression" : "1+1" ,\n "x" : [ 1 , -0 , 1E2 , true , null , {} ] }', None),
+        ('{"expression": "caf\\u00e9 \\ud83d\\ude00 \\/ \\"q\\""}', None),
+        # a key written twice: what was sent cannot be taken back, so the arguments stay as written (same parse)
+        ('{"expression": "1", "x": 2, "expression": "3"}', '{"expression": "1", "x": 2, "expression": "3"}'),
+    ],
+    ids=["as-trained", "spacing-and-numbers", "escapes", "repeated-key"],
+)
+@pytest.mark.parametrize("step", [1, 4])
+def test_streamed_forced_arguments_add_up_to_the_non_streamed_ones(
+    arguments: str, streamed: str | None, step: int
+) -> None:
+    rest = 'calculator", "arguments": ' + arguments + "}\n</tool_call>"
+    plain, events = _scripted_both([(rest, "stop")], {"tools": [CALC], "tool_choice": "required"}, step)
+    (got,) = _assemble(events)[0].values()
+    want = plain.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    if streamed is None:  # the same string
+        _same_reply(got, plain.json()["choices"][0])
+    else:
+        assert got["tool_calls"] == [{"name": "calculator", "arguments": streamed}]
+        assert json.loads(streamed) == json.loads(want["arguments"])
+    assert got["argument_deltas"] > 2
+
+
+def test_the_openai_client_reassembles_a_streamed_forced_call() -> None:
+    rest = ' {"city": "Oslo", "days": 3}}\n</tool_call>'
+    named = {"type": "function", "function": {"name": "weather"}}
+    body: dict[str, Any] = {"model": "scripted", "messages": HI, "tools": [CALC, WEATHER], "tool_choice": named}
+    with running_server(StreamingScript([(rest, "stop")], step=2), "scripted") as url:
+        client = openai.OpenAI(base_url=url, api_key="x")
+        plain = client.chat.completions.create(**body)
+        with client.chat.completions.stream(**body) as stream:
+            argument_events = [e for e in stream if e.type == "tool_calls.function.arguments.delta"]
+            final = stream.get_final_completion()
+    got, want = final.choices[0], plain.choices[0]
+    assert got.finish_reason == want.finish_reason == "stop"
+    assert [(c.function.name, c.function.arguments) for c in got.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in want.message.tool_calls
+    ]
+    assert len(argument_events) > 3 and argument_events[-1].arguments == '{"city": "Oslo", "days": 3}'
 
 
 def test_a_forced_call_that_fails_after_the_stream_began_is_an_error_event() -> None:
@@ -447,6 +580,10 @@ def test_a_forced_call_that_fails_after_the_stream_began_is_an_error_event() -> 
             for _ in client.chat.completions.create(model="scripted", stream=True, **body):
                 pass
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # the call's start had streamed as it was written; the error says what became of it
+    calls = [e["choices"][0]["delta"]["tool_calls"][0] for e in events[1:-2]]
+    assert calls[0]["function"] == {"name": "calculator", "arguments": ""}
+    assert "".join(c["function"]["arguments"] for c in calls[1:]) == '{"exp'  # then the refused completion
     assert events[-2] == {
         "error": {
             "message": "tool_choice 'required': the model's tool call was cut off by max_tokens (20); raise max_tokens",
@@ -544,3 +681,59 @@ def test_partial_suffix() -> None:
     assert partial_suffix("abc <tool_call>", ["<tool_call>"]) == 0  # the whole word is not a partial one
     assert partial_suffix("abc", ["", "x"]) == 0
     assert partial_suffix("xS", ["ST", "xSTOP"]) == 2
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        '{"expression": "12*7"}',
+        '{ "a" :\n [1 , -0.50, 2E3, -0, true, false, null, {}, [], {"b": []}] , "c" : "x" }',
+        '{"s": "caf\\u00e9 \\ud83d\\ude00 \\ud83d x \\/ \\"q\\" \\\\ \\n\\t end"}',
+        json.dumps({"code": "print('é😀')\nx = {'a': [1, 2]}", "n": 1e-7, "big": 12345678901234567890}, indent=2),
+    ],
+    ids=["as-trained", "spacing-and-numbers", "escapes", "indented"],
+)
+def test_arguments_are_streamed_as_the_start_of_what_json_dumps_writes(written: str) -> None:
+    """Whatever the model writes next, what was sent of a call's arguments stays the start of the finished ones."""
+    final = json.dumps(json.loads(written), ensure_ascii=False)
+    sent = [encode_prefix(written[:cut], 0) for cut in range(len(written) + 1)]
+    assert all(final.startswith(encoded) for encoded, _ in sent)
+    assert all(end is None for _, end in sent[:-1]) and sent[-1] == (final, len(written))
+    assert len({encoded for encoded, _ in sent}) > len(written) // 3  # it grows as the text does
+
+
+@pytest.mark.parametrize(
+    ("written", "sent"),
+    [
+        ('{"a": 01}', '{"a": '),
+        ('{"a": 1e400}', '{"a": '),  # out of float range: the parser refuses it
+        ('{"a": NaN}', '{"a": '),
+        ('{"a": 1,}', '{"a": 1, '),
+        ('{"a": "x\ny"}', '{"a": '),  # a raw newline inside a string
+        ('{"a": tru}', '{"a": '),
+        ('{"a" 1}', '{"a"'),
+    ],
+)
+def test_arguments_stop_streaming_where_they_stop_being_json(written: str, sent: str) -> None:
+    """Nothing from the first token that is not JSON on is sent (the finished reply is refused as no valid call)."""
+    assert encode_prefix(written, 0) == (sent, None)
+
+
+def test_the_calls_so_far_are_those_whose_tool_is_known() -> None:
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
+    tools = {"calculator", "weather"}
+    assert calls_so_far('<tool_call>\n{"name": "calcu', tools) == []
+    assert calls_so_far('<tool_call>\n{"name": " calculator ",', tools) == [PartialCall("calculator", "", False)]
+    assert calls_so_far(call[: call.index('1"}')], tools) == [PartialCall("calculator", '{"expression": "1+', False)]
+    two = call + "\n" + call.replace("calculator", "weather")
+    assert calls_so_far(two, tools) == [
+        PartialCall("calculator", '{"expression": "1+1"}', True),
+        PartialCall("weather", '{"expression": "1+1"}', True),
+    ]
+    assert calls_so_far(two, tools, limit=1) == [PartialCall("calculator", '{"expression": "1+1"}', True)]
+    # written otherwise: sent whole when finished, or refused then
+    assert calls_so_far(call.replace("calculator", "python"), tools) == []  # a tool not offered
+    assert calls_so_far(call.replace('"arguments"', '"parameters"'), tools) == [PartialCall("calculator", "", False)]
+    assert calls_so_far(call.replace('{"expression": "1+1"}', '"{}"'), tools) == [PartialCall("calculator", "", False)]
+    assert calls_so_far('<tool_call>\n[{"name": "calculator", "arguments": {}}]', tools) == []
+    assert calls_so_far('<tool_call>\n{"arguments": {}, "name": "calculator"}', tools) == []

@@ -25,10 +25,11 @@ Request handling, on purpose:
   prompt leaves in the context. A `max_tokens` the client sends that does not fit after the prompt is a 400
   with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
 - `stream: true` answers with server-sent events as the OpenAI API and vLLM send them (`serve.stream`): the
-  local backend's text as it decodes, tool calls as `delta.tool_calls` (never as content), the same reply as
-  without streaming; `stream_options.include_usage` adds a usage chunk. Errors found before the first token
-  (the request, the prompt's length) are the same HTTP errors as without streaming; one after the stream began
-  (a forced call the model did not complete) is an error event. `stream_options` without `stream` is a 400, as
+  local backend's text as it decodes, tool calls as `delta.tool_calls` (never as content; a forced call's name
+  and arguments as they are written), the same reply as without streaming; `stream_options.include_usage` adds
+  a usage chunk. Errors found before the first token (the request, the prompt's length) are the same HTTP
+  errors as without streaming; one after the stream began (a forced call the model did not complete) is an
+  error event. `stream_options` without `stream` is a 400, as
   in the OpenAI API, and so is vLLM's `continuous_usage_stats`.
 - Options that would change the output but are not implemented (`top_logprobs`, penalties, `logit_bias`, a
   JSON `response_format`, and vLLM's extensions such as `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
@@ -69,7 +70,7 @@ from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
-from toolschool.serve.stream import DONE, ChunkWriter, error_event
+from toolschool.serve.stream import DONE, ChunkWriter, ForcedCalls, error_event, new_call_id
 
 T = TypeVar("T")
 
@@ -243,7 +244,7 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
             generation.params.n,
             generation.params.stop,
             calls_possible=offer_tools,
-            hold_all=bool(forced_call_prefill(body)),
+            forced=_forced_calls_streamed(body),
             include_usage=bool((body.stream_options or {}).get("include_usage")),
         )
         chunks = _stream_chunks(body, events, first, writer, offer_tools, getattr(backend, "tokenizer", None))
@@ -281,7 +282,7 @@ async def _stream_chunks(
                 else:
                     completions[event.index] = event.completion
                     choice = _choice(event.index, event.completion, offer_tools, body, tokenizer, forced)
-                    chunks = writer.finish(event.index, choice)
+                    chunks = writer.finish(event.index, choice, event.completion.text)
                 for chunk in chunks:
                     yield chunk
                 event = await anext(events, None)
@@ -381,6 +382,16 @@ def forced_call_prefill(body: ChatCompletionRequest) -> str:
         opener = hermes.call_prefix(any_name)
         return opener[: opener.index(json.dumps(any_name)) + 1]  # up to the name's opening quote
     return ""
+
+
+def _forced_calls_streamed(body: ChatCompletionRequest) -> ForcedCalls | None:
+    """What a streamed forced reply's calls may be (None when `tool_choice` forces none), as `_choice` reads them:
+    its opener, the tools offered, one call with `parallel_tool_calls` false."""
+    opener = forced_call_prefill(body)
+    if not opener:
+        return None
+    limit = 1 if body.parallel_tool_calls is False else None
+    return ForcedCalls(opener, frozenset(_tool_names(body.tools or [])), limit)
 
 
 def _forced_name(choice: str | dict[str, Any] | None) -> str:
@@ -653,7 +664,7 @@ def _wire_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Canonical calls (dict arguments) -> OpenAI `tool_calls` (JSON-string arguments, fresh `call_...` ids)."""
     return [
         {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
+            "id": new_call_id(),
             "type": "function",
             "function": {
                 "name": call["function"]["name"],

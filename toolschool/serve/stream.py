@@ -12,7 +12,14 @@ choice add up to that response's message. To keep that true, a content delta is 
 reply's content must start with: text from a hermes `<tool_call>` opener on (or a part of one at the end) is held
 back, since it may be a call; so is text that may be the start of a stop string, and trailing whitespace (a
 reply that turns out to hold calls has its content stripped). A reply that starts with whitespace while tools are
-offered, or a forced call, is sent when it is finished.
+offered is sent when it is finished.
+
+A forced call (`tool_choice` "required" or a named function) is a call whatever the model writes next, so it
+streams as the OpenAI API streams calls: a `tool_calls` delta with the call's index, id, type, name and empty
+arguments once its name is known, then `function.arguments` deltas (index only) as they are written
+(`partial_calls`), and at the end the rest of its arguments, if any. A call the model chooses is only known to be
+one when the reply ends (cut off by `max_tokens`, it is text), so it comes whole then. A forced reply's text
+beside its calls comes when it is finished.
 """
 
 from __future__ import annotations
@@ -20,9 +27,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolschool.chat.formats.hermes import OPEN as HERMES_OPEN
+from toolschool.serve.partial_calls import calls_so_far
 
 DONE = "data: [DONE]\n\n"
 
@@ -43,11 +52,16 @@ def partial_suffix(text: str, words: list[str]) -> int:
     return longest
 
 
-def sendable(text: str, stop: list[str], *, calls_possible: bool) -> str:
-    """The part of a reply's text so far that its finished content will start with, whatever comes next."""
+def before_stop(text: str, stop: list[str]) -> str:
+    """A reply's text so far as the finished reply will start: cut at a stop string, without what may begin one."""
     cut = min((i for s in stop if (i := text.find(s)) != -1), default=len(text))
     text = text[:cut]
-    text = text[: len(text) - partial_suffix(text, stop)]
+    return text[: len(text) - partial_suffix(text, stop)]
+
+
+def sendable(text: str, stop: list[str], *, calls_possible: bool) -> str:
+    """The part of a reply's text so far that its finished content will start with, whatever comes next."""
+    text = before_stop(text, stop)
     if calls_possible:
         if text[:1].isspace():  # stripped if the reply holds a call, kept if not: not known until it ends
             return ""
@@ -58,15 +72,51 @@ def sendable(text: str, stop: list[str], *, calls_possible: bool) -> str:
     return text.rstrip()
 
 
+def new_call_id() -> str:
+    """A tool call's id in a response, as OpenAI writes them."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class ForcedCalls:
+    """What `tool_choice` forces: the reply starts with `opener` (the backend's text continues it) and holds calls
+    to `tools` only, at most `limit` of them (`parallel_tool_calls` false: 1)."""
+
+    opener: str
+    tools: frozenset[str]
+    limit: int | None
+
+
+@dataclass
+class _SentCall:
+    id: str
+    name: str
+    arguments: str = ""  # sent so far
+
+
+@dataclass
+class _Choice:
+    content: str = ""  # sent so far
+    calls: list[_SentCall] = field(default_factory=list)
+
+
 class ChunkWriter:
     """The SSE chunks of one streamed chat completion, built from the backend's text reports and finished choices.
 
-    `calls_possible`: tools are offered and the model chooses (text may turn into calls); `hold_all`: nothing is
-    sent before a choice is finished (a forced call); `stop`: the stop strings the backend ends text at.
+    `calls_possible`: tools are offered and the model chooses (text may turn into calls); `forced`: the reply is a
+    forced call (its calls stream as written, its other text comes when it is finished); `stop`: the stop strings
+    the backend ends text at.
     """
 
     def __init__(
-        self, model: str, n: int, stop: list[str], *, calls_possible: bool, hold_all: bool, include_usage: bool
+        self,
+        model: str,
+        n: int,
+        stop: list[str],
+        *,
+        calls_possible: bool,
+        forced: ForcedCalls | None,
+        include_usage: bool,
     ) -> None:
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -74,9 +124,9 @@ class ChunkWriter:
         self.n = n
         self.stop = stop
         self.calls_possible = calls_possible
-        self.hold_all = hold_all
+        self.forced = forced
         self.include_usage = include_usage
-        self.sent = [""] * n  # content sent so far, per choice
+        self.choices = [_Choice() for _ in range(n)]  # what was sent, per choice
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
         return sse(
@@ -97,35 +147,84 @@ class ChunkWriter:
         return [self._delta(i, {"role": "assistant", "content": ""}) for i in range(self.n)]
 
     def text(self, index: int, text: str) -> list[str]:
-        """A content delta for what of choice `index`'s text so far can be sent now (none if nothing new)."""
-        if self.hold_all:
-            return []
+        """The deltas of what of choice `index`'s text so far can be sent now (none if nothing new): content, or
+        the forced calls' starts and arguments."""
+        if self.forced is not None:
+            return self._call_deltas(index, before_stop(text, self.stop))
         ready = sendable(text, self.stop, calls_possible=self.calls_possible)
-        sent = self.sent[index]
+        sent = self.choices[index].content
         if len(ready) <= len(sent) or not ready.startswith(sent):
             return []
-        self.sent[index] = ready
+        self.choices[index].content = ready
         return [self._delta(index, {"content": ready[len(sent) :]})]
 
-    def finish(self, index: int, choice: dict[str, Any]) -> list[str]:
-        """The last chunks of a finished choice (`choice` as in the non-streamed response): the content not sent
-        yet, its tool calls, and its finish reason."""
+    def _call_deltas(self, index: int, text: str) -> list[str]:
+        """A forced reply's calls so far: a delta opening each call once its name is known (id, type, name, empty
+        arguments, as OpenAI sends it), then one with each call's new arguments (index and arguments only)."""
+        assert self.forced is not None
+        sent = self.choices[index].calls
+        chunks = []
+        for k, call in enumerate(calls_so_far(self.forced.opener + text, self.forced.tools, self.forced.limit)):
+            if k == len(sent):
+                sent.append(_SentCall(new_call_id(), call.name))
+                function = {"name": call.name, "arguments": ""}
+                opening = {"index": k, "id": sent[k].id, "type": "function", "function": function}
+                chunks.append(self._delta(index, {"tool_calls": [opening]}))
+            if call.name != sent[k].name or not call.arguments.startswith(sent[k].arguments):
+                break  # the text changed under us (cannot happen): the finished reply decides
+            if len(call.arguments) > len(sent[k].arguments):
+                new = call.arguments[len(sent[k].arguments) :]
+                chunks.append(self._delta(index, {"tool_calls": [{"index": k, "function": {"arguments": new}}]}))
+                sent[k].arguments = call.arguments
+        return chunks
+
+    def finish(self, index: int, choice: dict[str, Any], text: str = "") -> list[str]:
+        """The last chunks of a finished choice (`choice` as in the non-streamed response, `text` its finished
+        text): the content not sent yet, its tool calls (the rest of those already started), and its finish
+        reason."""
         message = choice["message"]
         content = message.get("content") or ""
-        sent = self.sent[index]
-        if not content.startswith(sent):  # cannot happen (see `sendable`); never send a reply that adds up wrong
+        sent = self.choices[index]
+        if not content.startswith(sent.content):  # cannot happen (see `sendable`); never add up to a wrong reply
             raise RuntimeError(f"choice {index}: the text streamed so far is not the start of the finished reply")
-        chunks = []
-        if len(content) > len(sent):
-            chunks.append(self._delta(index, {"content": content[len(sent) :]}))
-        self.sent[index] = content
-        for k, call in enumerate(message.get("tool_calls") or []):
-            chunks.append(self._delta(index, {"tool_calls": [{"index": k, **call}]}))
+        chunks = self._call_deltas(index, text) if self.forced is not None else []
+        if len(content) > len(sent.content):
+            chunks.append(self._delta(index, {"content": content[len(sent.content) :]}))
+        sent.content = content
+        calls = message.get("tool_calls") or []
+        if len(sent.calls) > len(calls):
+            raise RuntimeError(f"choice {index}: a call was streamed that the finished reply does not hold")
+        for k, call in enumerate(calls):
+            if k >= len(sent.calls):
+                chunks.append(self._delta(index, {"tool_calls": [{"index": k, **call}]}))
+                continue
+            rest = _rest_of_arguments(sent.calls[k], call["function"])
+            if rest is None:
+                raise RuntimeError(f"choice {index}: call {k} as streamed is not the finished reply's call")
+            if rest:
+                chunks.append(self._delta(index, {"tool_calls": [{"index": k, "function": {"arguments": rest}}]}))
         chunks.append(self._delta(index, {}, choice["finish_reason"], choice.get("logprobs")))
         return chunks
 
     def usage(self, usage: dict[str, int]) -> list[str]:
         return [self._chunk([], usage=usage)] if self.include_usage else []
+
+
+def _rest_of_arguments(sent: _SentCall, function: dict[str, Any]) -> str | None:
+    """What a started call's arguments still need so that they add up to the finished call's (None if they cannot).
+
+    The arguments sent are the start of the finished ones, except after a key the model wrote twice (see
+    `partial_calls`): then all of them were sent as written, and they parse to the same arguments."""
+    if function["name"] != sent.name:
+        return None
+    arguments = function["arguments"]
+    if arguments.startswith(sent.arguments):
+        return arguments[len(sent.arguments) :]
+    try:
+        same = json.loads(sent.arguments) == json.loads(arguments)
+    except ValueError:
+        return None
+    return "" if same else None
 
 
 def error_event(error: dict[str, Any]) -> str:
