@@ -12,6 +12,9 @@ the first `--serial-episodes` (default 2) episodes of each tool, enough for a ra
 emptied before each phase, so the second phase does not reuse the first's prompts; the JSON is written after
 each phase. `prompt_token_share` is the share of processed tokens that are prompt (prefill) tokens: every
 turn re-reads the whole conversation, so exploration is prefill-bound unless the backend caches prefixes.
+`seconds_per_trial` splits each phase's wall time per trial into the worker's prefill and decode passes and the
+rest; `speedup_bound_by_prefill` is the one-at-a-time seconds per trial over the concurrent phase's prefill
+seconds per trial: the speed-up 16 at once could not pass even if its decode and everything else were free.
 Target: concurrency 16 >= 6x concurrency 1.
 
     .venv/bin/python bench/explore.py            # writes bench/results/explore.json
@@ -98,6 +101,21 @@ def explore_once(backend: Any, registry: Any, *, concurrency: int, episodes: int
         "cpu_seconds_used_by_other_processes": round(max(others, 0.0), 1),
         "quiet": others < 0.05 * seconds * (os.cpu_count() or 1),
         "backend": stats,  # where the generation worker's time went (prefill vs decode, prompt tokens reused)
+        # the same per finished trial: the worker's prefill and decode passes, and the rest of the wall time
+        "seconds_per_trial": per_trial(seconds, stats, result.trials_run),
+    }
+
+
+def per_trial(seconds: float, stats: dict[str, Any], trials: int) -> dict[str, float] | None:
+    if not trials:
+        return None
+    prefill, decode = stats["prefill_seconds"] / trials, stats["decode_seconds"] / trials
+    total = seconds / trials
+    return {
+        "total": round(total, 3),
+        "prefill": round(prefill, 3),
+        "decode": round(decode, 3),
+        "other": round(total - prefill - decode, 3),
     }
 
 
@@ -158,6 +176,12 @@ def main() -> None:
         speedup = batched["trials_per_minute"] / serial["trials_per_minute"] if serial and batched else None
         report["speedup_16_vs_1"] = round(speedup, 2) if speedup else None
         report["meets_target"] = bool(speedup and speedup >= 6.0)
+        # What 16 at once could reach if its decode and everything else cost nothing: prefill alone bounds it.
+        report["speedup_bound_by_prefill"] = (
+            round(serial["seconds_per_trial"]["total"] / batched["seconds_per_trial"]["prefill"], 2)
+            if serial and batched and serial["seconds_per_trial"] and batched["seconds_per_trial"]
+            else None
+        )
         out.write_text(json.dumps(report, indent=2) + "\n")
 
     backend = make_backend(args.model, max_batch_size=16)
