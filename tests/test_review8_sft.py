@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -62,10 +61,10 @@ def _validation_metrics(
     questions = [next(m["content"] for m in e["messages"] if m["role"] == "user") for e in examples]
     answers = iter([replies[q] for q in questions])
 
-    def canned_generation(model, tokenizer, prompts, max_new_tokens, stop):  # noqa: ANN001, ANN202
-        return [next(answers) for _ in prompts]
+    def canned_generation(model, tokenizer, requests, max_batch_size):  # noqa: ANN001, ANN202
+        return [next(answers) for _ in requests]
 
-    monkeypatch.setattr(validation, "generate_batch", canned_generation)
+    monkeypatch.setattr(validation, "generate_replies", canned_generation)
     return validate(torch.nn.Linear(1, 1), tokenizer, fmt, items, max_new_tokens=8)
 
 
@@ -313,22 +312,21 @@ def test_resume_may_train_longer_with_another_rate_or_interval(two_step_run, tin
     assert run_sft(config, copy_dir, resume=True, progress=False).steps == 3
 
 
-class _Scripted(torch.nn.Module):
-    """Stands in for a model whose greedy reply is `script`; `generate` stops as Hugging Face's does: after the
-    first token that is one of `eos_token_id` (an id or a list), padding the rest of the batch."""
+def _scripted(model: Any, script: list[int], prompt_length: int) -> Any:
+    """`model`, made to reply `script` greedily to a prompt of `prompt_length` tokens: its logits are replaced by
+    ones that pick the script's next token, read from the position ids the local backend passes."""
+    cls = type(model)
 
-    def __init__(self, script: list[int]) -> None:
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.script = script
-        self.generation_config = SimpleNamespace(eos_token_id=None)
+    def forward(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        out = cls.forward(self, *args, **kwargs)
+        logits = torch.full_like(out.logits[:, -1:, :], -1e9)
+        for row, step in enumerate((kwargs["position_ids"][:, -1] + 1 - prompt_length).tolist()):
+            logits[row, 0, script[min(step, len(script) - 1)]] = 0.0
+        out.logits = logits
+        return out
 
-    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, eos_token_id, **kwargs):  # noqa: ANN001, ANN003, ANN201
-        stops = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-        reply = self.script[:max_new_tokens]
-        end = next((i + 1 for i, t in enumerate(reply) if t in stops), len(reply))
-        reply = reply[:end] + [pad_token_id] * (len(reply) - end)
-        return torch.cat([input_ids, torch.tensor([reply] * input_ids.shape[0])], dim=1)
+    model.__class__ = type("Scripted", (cls,), {"forward": forward})
+    return model
 
 
 def test_validation_stops_at_the_end_of_turn_like_the_backend_when_eos_is_another_token(
@@ -338,7 +336,7 @@ def test_validation_stops_at_the_end_of_turn_like_the_backend_when_eos_is_anothe
     template: eos <|endoftext|>, turns end with <|im_end|>). Evaluation's local backend stops at <|im_end|>;
     validation passed only the eos, generated past the end of the turn and parsed the next turn's text as part
     of the reply (<|im_end|> itself removed by skip_special_tokens)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.eos_token = "<|endoftext|>"
@@ -349,7 +347,10 @@ def test_validation_stops_at_the_end_of_turn_like_the_backend_when_eos_is_anothe
     script += tok.encode("\n<tool_call>\n{not json", add_special_tokens=False)
     fmt = get_format("hermes")
     items = build_validation_items([example], fmt, tok, 1, 512)
-    metrics = validate(_Scripted(script), tok, fmt, items, max_new_tokens=len(script))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.generation_config.eos_token_id = None  # only the chat template's <|im_end|> ends the turn
+    model = _scripted(model, script, len(items[0].prompt_ids))
+    metrics = validate(model, tok, fmt, items, max_new_tokens=len(script))
     assert (metrics["well_formed"], metrics["correct"]) == (1.0, 1.0)
 
 

@@ -48,7 +48,7 @@ def test_rl_validates_before_the_first_step_every_interval_and_at_the_end_and_re
     assert rates["n"] == 2 and all(isinstance(v, int | float) for v in rates.values())
     assert result.final_validation == records[-1]["validation"]
     start = next(r for r in read_log(out) if r.get("event") == "start")
-    assert start["validation_items"] == 2 and start["validation_prompts_truncated"] == 0
+    assert start["validation_items"] == 2 and start["validation_prompts_over_max_length"] == 0
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(out / "tensorboard")).Reload()
@@ -194,6 +194,7 @@ def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
     import toolschool.train.validation as validation
     from toolschool.chat.formats import get_format
     from toolschool.data.records import example_to_format
+    from toolschool.models.backends.local import render_prompt
     from toolschool.train.rl import run_rl
 
     fmt = get_format(fmt_name)
@@ -204,11 +205,11 @@ def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
         reply = next(m["content"] for m in written["messages"] if m["role"] == "assistant")
     prompts: list[str] = []
 
-    def gold_reply(model, tokenizer, batch, max_new_tokens, stop):  # noqa: ANN001, ANN202
-        prompts.extend(tokenizer.decode(ids) for ids in batch)
-        return [reply.removeprefix(fmt.prefill) for _ in batch]
+    def gold_reply(model, tokenizer, requests, max_batch_size):  # noqa: ANN001, ANN202
+        prompts.extend(tokenizer.decode(render_prompt(tokenizer, r, "tiny")) for r in requests)
+        return [reply.removeprefix(fmt.prefill) for _ in requests]
 
-    monkeypatch.setattr(validation, "generate_batch", gold_reply)
+    monkeypatch.setattr(validation, "generate_replies", gold_reply)
     train, held_out = files
     config = rl_config(
         tiny_model_dir,

@@ -102,15 +102,16 @@ def test_truncation_is_counted(tokenizer) -> None:
     assert prepared.max_seen_length > limit
 
 
-def test_validation_prompts_cut_from_the_left_are_counted(tokenizer) -> None:
+def test_validation_prompts_longer_than_max_length_are_counted_and_kept_whole(tokenizer) -> None:
     from toolschool.chat.formats import get_format
 
     fmt = get_format("hermes")
     long_example = _example(1, 2)
     long_example["messages"][0]["content"] = "word " * 400
     items = build_validation_items([_example(3, 4), long_example], fmt, tokenizer, limit=2, max_length=300)
-    assert [item.truncated for item in items] == [False, True]
-    assert len(items[1].prompt_ids) == 300  # the end of the prompt (where the reply starts) is kept
+    assert [item.over_max_length for item in items] == [False, True]
+    assert len(items[1].prompt_ids) > 300  # sent whole, as `toolschool eval` sends it (training cuts it)
+    assert items[1].messages[0]["content"].startswith("word word")
 
 
 def test_no_assistant_turn_is_refused_with_file_and_line() -> None:
@@ -222,7 +223,7 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
 
     tmp_path, train, validation, out, first = first_run
     assert first.steps == 2
-    assert first.stats["validation_prompts_truncated"] == 0
+    assert first.stats["validation_prompts_over_max_length"] == 0
     assert latest_checkpoint(out).name == "checkpoint-2"
     # A run killed after its last checkpoint (step 2) had already logged step 3; the resumed run redoes step 3.
     with (out / "train_log.jsonl").open("a") as handle:

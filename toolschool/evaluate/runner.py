@@ -97,11 +97,12 @@ def written_in(item: EvalItem) -> str | None:
     return None if value in (None, "hermes") else str(value)
 
 
-def _to_messages(
+def sent_messages(
     fmt: Any, item: EvalItem, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
-    """The conversation as the format sends it. A line already written in the format keeps its own system
-    message, which holds the format's instructions and tools already (converting it again would repeat them);
+    """The conversation as the format sends it (validation during training sends the same prompts). A line
+    already written in the format keeps its own system message, which holds the format's instructions and tools
+    already (converting it again would repeat them);
     the turns after it (demonstrations, --execute's calls and results) are converted as for any line."""
     if written_in(item) is None:
         return fmt.to_messages(messages, tools)
@@ -115,7 +116,7 @@ async def _generate(
     backend: Backend, fmt: Any, item: EvalItem, messages: list[dict[str, Any]], options: EvalOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
     # a toolken model's item offers <tool_NAME>: demonstrations and executed calls are named so too
-    sent, sent_tools = _to_messages(fmt, item, calls_named_as_offered(messages, item.tools), item.tools)
+    sent, sent_tools = sent_messages(fmt, item, calls_named_as_offered(messages, item.tools), item.tools)
     params = SamplingParams(
         max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
     )

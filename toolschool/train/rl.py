@@ -648,7 +648,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         "rewards": rewards,
         "tools": [t.__name__ for t in tools],
         "validation_items": len(validation_items),
-        "validation_prompts_truncated": sum(item.truncated for item in validation_items),
+        "validation_prompts_over_max_length": sum(item.over_max_length for item in validation_items),
     }
     write_text_atomic(
         out_dir / META_FILE,

@@ -3,10 +3,10 @@
 What this module adds on top of TRL:
 - examples are rendered by our chat format (`fmt.render`), so the loss weights (assistant tokens only,
   including each assistant turn's end-of-turn token) are defined in one place for training and inference;
-- sequences longer than `max_length` are truncated and counted (validation prompts too), examples without an
-  assistant turn are refused with the file and line;
-- validation during training generates on validation samples and logs the evaluation module's metrics
-  (`toolschool.train.validation`, shared with RL);
+- sequences longer than `max_length` are truncated and counted (validation prompts are counted and sent whole,
+  as `toolschool eval` sends them), examples without an assistant turn are refused with the file and line;
+- validation during training generates on validation samples through evaluation's local backend and logs the
+  evaluation module's metrics (`toolschool.train.validation`, shared with RL);
 - logs as JSONL (`train_log.jsonl`) and TensorBoard events; checkpoints every `checkpoint_interval` steps;
   `resume` continues at the same step with the same data order (the HF Trainer restores optimizer, scheduler,
   RNG and skips the batches already seen; we drop the log records written after that checkpoint, restore the
@@ -358,8 +358,8 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     items = build_validation_items(
         validation_examples, fmt, tokenizer, settings.validation_samples, settings.max_length
     )
-    # Cut from the left, such a prompt loses the system prompt with the tool schemas: counted, as training is.
-    stats["validation_prompts_truncated"] = sum(item.truncated for item in items)
+    # Such a prompt would be cut in training; validation sends it whole, as `toolschool eval` does: counted.
+    stats["validation_prompts_over_max_length"] = sum(item.over_max_length for item in items)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically

@@ -17,6 +17,7 @@ from typing import Any
 from toolschool.chat.toolkens import plain_name, with_renamed_calls
 from toolschool.errors import ConfigError, DataError
 from toolschool.files import read_lines
+from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.train.common import JsonlLogger
 
 
@@ -30,10 +31,14 @@ def split_at_first_assistant(messages: Sequence[dict[str, Any]]) -> tuple[list[d
 
 @dataclass
 class ValidationItem:
-    prompt_ids: list[int]
+    messages: list[dict[str, Any]]  # the prompt as `toolschool eval` sends it (`evaluate.runner.sent_messages`)
+    prompt_tools: list[dict[str, Any]] | None  # the tools it sends beside it (None: the format's text holds them)
+    prompt_ids: list[int]  # the prompt the local backend renders from those, with the format's prefill
     gold: dict[str, Any]
     tools: list[dict[str, Any]] | None
-    truncated: bool = False  # the prompt was longer than max_length and lost its start (system prompt, tools)
+    # The prompt is longer than max_length: training cuts such a sequence (from the left, losing the system prompt
+    # with the tools); validation sends it whole, as `toolschool eval` does (counted in the stage's summary).
+    over_max_length: bool = False
     # What evaluation scores the reply against (evaluate.items.item_from_example): the gold turn's calls and, when
     # it makes none, the expected answer (meta.expected_answer, else the conversation's last answer text).
     gold_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -43,29 +48,30 @@ class ValidationItem:
 def build_validation_items(
     examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: Any, limit: int, max_length: int
 ) -> list[ValidationItem]:
-    """Prompts of the first `limit` examples (their first assistant turn is what is scored), with the gold read
-    as evaluation reads it, so validation rates and `toolschool eval` rates on the same lines agree."""
+    """Prompts of the first `limit` examples (their first assistant turn is what is scored), built and with the
+    gold read as evaluation builds and reads them, so validation rates and `toolschool eval` rates on the same
+    lines agree."""
     from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.runner import sent_messages
+    from toolschool.models.backends.local import render_prompt
 
     items = []
     for index, example in enumerate(examples[:limit]):
-        prompt, gold = split_at_first_assistant(example["messages"])
+        _, gold = split_at_first_assistant(example["messages"])
         scored = item_from_example(example, index)
         assert scored is not None  # split_at_first_assistant found the assistant turn
         answer = scored.expected_answer if scored.expected_answer is not None else scored.gold_final
-        pre = (example.get("meta") or {}).get("format")
-        if pre and pre != "hermes":  # already converted to a text format (see render_example)
-            messages, tools = prompt, None
-        else:
-            messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
-        text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text + fmt.prefill, add_special_tokens=False)["input_ids"]
+        messages, tools = sent_messages(fmt, scored, scored.messages, scored.tools)
+        request = GenerationRequest(messages, tools, prefill=fmt.prefill)
+        ids = render_prompt(tokenizer, request, "the model")
         items.append(
             ValidationItem(
-                prompt_ids=ids[-max_length:],
+                messages=messages,
+                prompt_tools=tools,
+                prompt_ids=ids,
                 gold=gold,
                 tools=example.get("tools"),
-                truncated=len(ids) > max_length,
+                over_max_length=len(ids) > max_length,
                 gold_calls=list(scored.gold_calls),
                 gold_answer=None if scored.gold_calls else answer,
             )
@@ -73,48 +79,52 @@ def build_validation_items(
     return items
 
 
-def generate_batch(
-    model: Any, tokenizer: Any, prompts: list[list[int]], max_new_tokens: int, stop: list[str]
-) -> list[str]:
-    """Greedy generation for a batch of token prompts (left padded); stops at end of turn and stop strings.
+def generate_replies(
+    model: Any, tokenizer: Any, requests: Sequence[GenerationRequest], *, max_batch_size: int = 16
+) -> list[str | ContextLengthError]:
+    """Replies of the local backend `toolschool eval` generates with (`LocalBackend`: continuous batching, the
+    shared system prompt and tool list prefilled once, prepacked weights), built around the model being trained;
+    a prompt the model's context cannot hold gives its ContextLengthError, scored as evaluation scores it.
 
-    It ends a reply where evaluation's local backend does (any end-of-turn token: <|im_end|>, the tokenizer's and
-    the model's eos) and decodes it the same way, so validation scores the replies `toolschool eval` would see.
+    The backend forwards through a view of the model that shares its parameters (`packed.packed_view`, LoRA
+    folded in, re-packed whenever a weight changed) and leaves the model, its modules' modes and its config as
+    they are. It is built for one validation and closed after it (its worker thread ends, its KV caches and packed
+    weights are freed before training goes on); an error in generation ends the validation with that error.
     """
-    import torch
+    import asyncio
 
-    from toolschool.models.backends.local import end_of_turn_ids
+    from toolschool.models.backends.local import LocalBackend
+    from toolschool.models.loading import LoadedModel
+    from toolschool.models.spec import ModelSpec
 
-    ends = sorted(end_of_turn_ids(tokenizer, model))
-    pad = tokenizer.pad_token_id
-    width = max(len(p) for p in prompts)
-    input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attention = torch.zeros((len(prompts), width), dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-        attention[row, width - len(prompt) :] = 1
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=ends,
-            stop_strings=stop or None,
-            tokenizer=tokenizer if stop else None,
-        )
-    texts = []
-    for row in range(len(prompts)):
-        new = out[row, width:].tolist()
-        end = next((i for i, token in enumerate(new) if token in ends), len(new))
-        text = tokenizer.decode(new[:end], skip_special_tokens=False)
-        for s in stop:
-            if s in text:
-                text = text[: text.index(s)]
-        texts.append(text)
-    return texts
+    param = next(model.parameters())
+    loaded = LoadedModel(
+        spec=ModelSpec(kind="local", name="validation", path_or_id=""),
+        model=model,
+        tokenizer=tokenizer,
+        source="the model being trained",
+        device=str(param.device),
+        dtype=param.dtype,
+        load_seconds=0.0,
+    )
+
+    async def run() -> list[str | ContextLengthError]:
+        backend = LocalBackend(loaded, max_batch_size=max_batch_size)
+        try:
+            results = await asyncio.gather(*(backend.generate(r) for r in requests), return_exceptions=True)
+        finally:
+            await backend.aclose()
+        replies: list[str | ContextLengthError] = []
+        for result in results:
+            if isinstance(result, ContextLengthError):
+                replies.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                replies.append(result[0].text)
+        return replies
+
+    return asyncio.run(run())
 
 
 def validate(
@@ -124,29 +134,39 @@ def validate(
     items: Sequence[ValidationItem],
     *,
     max_new_tokens: int,
-    batch_size: int = 8,
+    batch_size: int = 16,
     toolkens: bool = False,
 ) -> dict[str, float]:
-    """Generate on validation prompts and score with the evaluation module's metrics."""
-    from toolschool.evaluate.metrics import aggregate, score_item
+    """Greedy replies to the validation prompts, from the local backend as `toolschool eval` generates them (at
+    most `batch_size` decoded together), scored with the evaluation module's metrics."""
+    from torch.nn.parallel import DistributedDataParallel
 
-    was_training = model.training
-    model.eval()
-    scores = []
+    from toolschool.chat.types import ParsedReply
+    from toolschool.evaluate.metrics import aggregate, score_item
+    from toolschool.evaluate.runner import CONTEXT_FULL
+
+    if isinstance(model, DistributedDataParallel):  # the Trainer hands callbacks its unwrapped model; in case not
+        model = model.module
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, stop=list(fmt.stop))
+    requests = [GenerationRequest(i.messages, i.prompt_tools, params, prefill=fmt.prefill) for i in items]
+    modes = {module: module.training for module in model.modules()}
+    model.eval()  # the backend's view is in eval mode anyway; this covers a model it runs unwrapped (GPU)
     try:
-        for start in range(0, len(items), batch_size):
-            chunk = items[start : start + batch_size]
-            texts = generate_batch(model, tokenizer, [i.prompt_ids for i in chunk], max_new_tokens, fmt.stop)
-            for item, text in zip(chunk, texts, strict=True):
-                parsed = fmt.parse(fmt.prefill + text if fmt.prefill else text)
-                gold_calls = item.gold_calls
-                if toolkens:
-                    parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)
-                    gold_calls = with_renamed_calls(gold_calls, plain_name)
-                scores.append(score_item(parsed, gold_calls, item.gold_answer, format_name=fmt.name))
+        replies = generate_replies(model, tokenizer, requests, max_batch_size=batch_size)
     finally:
-        if was_training:
-            model.train()
+        for module, training in modes.items():
+            module.training = training
+    scores = []
+    for item, reply in zip(items, replies, strict=True):
+        if isinstance(reply, ContextLengthError):  # as `toolschool eval` scores it: a failed reply
+            parsed = ParsedReply(text="", error=f"{CONTEXT_FULL}: {reply}")
+        else:
+            parsed = fmt.parse(fmt.prefill + reply if fmt.prefill else reply)
+        gold_calls = item.gold_calls
+        if toolkens:
+            parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)
+            gold_calls = with_renamed_calls(gold_calls, plain_name)
+        scores.append(score_item(parsed, gold_calls, item.gold_answer, format_name=fmt.name))
     return aggregate(scores)
 
 
@@ -264,7 +284,7 @@ def validation_callback(
 __all__ = [
     "ValidationItem",
     "build_validation_items",
-    "generate_batch",
+    "generate_replies",
     "last_validation",
     "load_validation_examples",
     "resolve_validation_path",

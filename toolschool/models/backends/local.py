@@ -334,19 +334,7 @@ class LocalBackend(Backend):
         return pending
 
     def render_prompt(self, request: GenerationRequest) -> list[int]:
-        """Prompt token ids: the chat template with a generation prompt, then the request's prefill text."""
-        try:
-            text = self.tokenizer.apply_chat_template(
-                request.messages, tools=request.tools or None, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as exc:
-            raise ToolschoolError(
-                f"the conversation could not be rendered with the chat template of '{self.name}' "
-                f"({type(exc).__name__}: {exc})",
-                hint="check the messages: roles system/user/assistant/tool, string content, tool_calls with "
-                "function name and arguments",
-            ) from exc
-        return self.tokenizer(text + request.prefill, add_special_tokens=False)["input_ids"]
+        return render_prompt(self.tokenizer, request, self.name)
 
     async def aclose(self) -> None:
         with self._cond:
@@ -781,6 +769,22 @@ def _check_plain_layers(cache: Any) -> None:
             f"the local backend batches full-attention KV caches only; this model uses {', '.join(sorted(odd))}",
             hint="serve it with vLLM and use --model openai:http://HOST:PORT/v1#NAME",
         )
+
+
+def render_prompt(tokenizer: Any, request: GenerationRequest, name: str) -> list[int]:
+    """Prompt token ids: the chat template with a generation prompt, then the request's prefill text (`name`: the
+    model's, for the error)."""
+    try:
+        text = tokenizer.apply_chat_template(
+            request.messages, tools=request.tools or None, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as exc:
+        raise ToolschoolError(
+            f"the conversation could not be rendered with the chat template of '{name}' ({type(exc).__name__}: {exc})",
+            hint="check the messages: roles system/user/assistant/tool, string content, tool_calls with "
+            "function name and arguments",
+        ) from exc
+    return tokenizer(text + request.prefill, add_special_tokens=False)["input_ids"]
 
 
 def end_of_turn_ids(tokenizer: Any, model: Any) -> set[int]:
