@@ -125,33 +125,30 @@ def test_validation_leaves_the_model_as_it_was_and_training_goes_on(method: str,
     frozen = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding))
     frozen.eval()
     config = model.config
-    before = (
-        {name: m.training for name, m in model.named_modules()},
-        {name: p.requires_grad for name, p in model.named_parameters()},
-        config._attn_implementation,
-        config.use_cache,
-        model.is_gradient_checkpointing,
-        {name: p.detach().clone() for name, p in model.named_parameters()},
-    )
+
+    def settings() -> tuple:
+        return (
+            {name: m.training for name, m in model.named_modules()},
+            {name: p.requires_grad for name, p in model.named_parameters()},
+            config._attn_implementation,
+            config.use_cache,
+            model.is_gradient_checkpointing,
+        )
+
+    before = settings()
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
     fmt = get_format("hermes")
     tok = loaded.tokenizer
     items = build_validation_items(_examples(), fmt, tok, 4, 512)
     first = validate(model, tok, fmt, items, max_new_tokens=6)
-    after = (
-        {name: m.training for name, m in model.named_modules()},
-        {name: p.requires_grad for name, p in model.named_parameters()},
-        config._attn_implementation,
-        config.use_cache,
-        model.is_gradient_checkpointing,
-    )
-    assert after == before[:5]
-    assert all(torch.equal(p, before[5][name]) for name, p in model.named_parameters())
+    assert settings() == before
+    assert all(torch.equal(p, weights[name]) for name, p in model.named_parameters())
 
     batch = torch.tensor([items[0].prompt_ids])
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     model(input_ids=batch, labels=batch).loss.backward()
     optimizer.step()
-    changed = [name for name, p in model.named_parameters() if not torch.equal(p, before[5][name])]
+    changed = [name for name, p in model.named_parameters() if not torch.equal(p, weights[name])]
     assert changed and all(model.get_parameter(n).requires_grad for n in changed)
     second = validate(model, tok, fmt, items, max_new_tokens=6)
     assert set(second) == set(first)
