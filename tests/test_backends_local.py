@@ -461,6 +461,32 @@ def test_prefix_cache_entries_share_the_positions_they_start_with_and_copy_only_
     assert copied[-1] == (0, 6)
 
 
+def test_prefix_cache_entry_sharing_part_of_a_segment_holds_only_its_own_positions() -> None:
+    """An entry that shares the start of another's segment copies that part: a slice would keep the whole segment
+    in memory after the other entry is evicted, beyond what `max_tokens` counts."""
+    from toolschool.models.backends.local import PrefixCache
+
+    def copy_of(n: int):  # noqa: ANN202
+        def copy(start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            block = torch.arange(start, n, dtype=torch.float32).reshape(1, 1, -1, 1)
+            return [(block.clone(), block.clone())]
+
+        return copy
+
+    cache = PrefixCache(entries=8, max_tokens=1_700)
+    long = list(range(1_600))
+    cache.store(long, copy_of(1_600))
+    short = long[:100] + [-1, -2, -3]  # a new episode sharing the first 100 positions of the long conversation
+    cache.store(short, copy_of(len(short)))
+    assert len(cache) == 1  # the long entry went: 1,600 + 103 positions are over max_tokens
+    hit = cache.lookup(short + [-4])
+    assert hit.length == len(short)
+    held = sum(t.untyped_storage().nbytes() for segment in hit.segments for kv in segment for t in kv)
+    assert held == 2 * len(short) * 4  # keys and values of 103 fp32 positions, nothing of the evicted 1,600
+    keys = torch.cat([k for k, _ in hit.pieces(0)], dim=2).flatten().tolist()
+    assert keys == [float(p) for p in range(len(short))]
+
+
 async def test_cold_cache_burst_prefills_the_shared_prompt_once(tiny_model_dir: Path) -> None:
     b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
     try:
