@@ -269,7 +269,7 @@ async def _stream_chunks(
 ) -> AsyncIterator[str]:
     """The SSE lines of a streamed completion; a client that leaves cancels `events` (so its rows leave the
     batch): Starlette cancels this generator when the client disconnects."""
-    forced = forced_call_prefill(body)
+    forced = writer.forced.opener if writer.forced is not None else ""
     completions: dict[int, Completion] = {}
     try:
         async with aclosing(events):  # closing it cancels what is left of the generation
@@ -390,8 +390,13 @@ def _forced_calls_streamed(body: ChatCompletionRequest) -> ForcedCalls | None:
     opener = forced_call_prefill(body)
     if not opener:
         return None
-    limit = 1 if body.parallel_tool_calls is False else None
-    return ForcedCalls(opener, frozenset(_tool_names(body.tools or [])), limit)
+    return ForcedCalls(opener, frozenset(_tool_names(body.tools or [])), _call_limit(body))
+
+
+def _call_limit(body: ChatCompletionRequest) -> int | None:
+    """How many of a reply's calls are returned: the first only with `parallel_tool_calls` false (as vLLM answers;
+    generation is not cut short), else all."""
+    return 1 if body.parallel_tool_calls is False else None
 
 
 def _forced_name(choice: str | dict[str, Any] | None) -> str:
@@ -609,7 +614,7 @@ def _choice(
     if forced:
         calls, content = _forced_calls(body, forced, completion)
         message["content"] = content or None
-        message["tool_calls"] = _wire_calls(calls[:1] if body.parallel_tool_calls is False else calls)
+        message["tool_calls"] = _wire_calls(calls[: _call_limit(body)])
         # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function.
         finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
     # A reply cut off by max_tokens is returned as text: its calls may be incomplete.
@@ -617,8 +622,7 @@ def _choice(
         parsed = get_format("hermes").parse(completion.text)
         if parsed.calls:
             message["content"] = parsed.content or None
-            # parallel_tool_calls false: only the first call, as vLLM answers (generation is not cut short).
-            message["tool_calls"] = _wire_calls(parsed.calls[:1] if body.parallel_tool_calls is False else parsed.calls)
+            message["tool_calls"] = _wire_calls(parsed.calls[: _call_limit(body)])
             finish_reason = "tool_calls"
     choice: dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason, "logprobs": None}
     if body.logprobs and completion.logprobs is not None and tokenizer is not None:
