@@ -135,7 +135,7 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
         parsed = fmt.parse(raw)
     except ContextLengthError as exc:  # scored as a failed reply: the other items go on, and a resume does not stop
         sent, sent_tools, raw = messages, item.tools, ""
-        parsed = ParsedReply(text="", error=f"{CONTEXT_FULL}: {exc}")
+        parsed = context_full_reply(exc)
     score = score_item(
         parsed,
         item.gold_calls,
@@ -239,6 +239,11 @@ async def evaluate_items(
 
 # The parse error of an item whose prompt the backend refused as longer than the model's context.
 CONTEXT_FULL = "the prompt does not fit the model's context"
+
+
+def context_full_reply(exc: ContextLengthError) -> ParsedReply:
+    """How a prompt that does not fit the model's context is scored: a failed reply (`is_context_full`)."""
+    return ParsedReply(text="", error=f"{CONTEXT_FULL}: {exc}")
 
 
 def is_context_full(parsed: ParsedReply) -> bool:

@@ -141,9 +141,8 @@ def validate(
     most `batch_size` decoded together), scored with the evaluation module's metrics."""
     from torch.nn.parallel import DistributedDataParallel
 
-    from toolschool.chat.types import ParsedReply
     from toolschool.evaluate.metrics import aggregate, score_item
-    from toolschool.evaluate.runner import CONTEXT_FULL
+    from toolschool.evaluate.runner import context_full_reply
 
     if isinstance(model, DistributedDataParallel):  # the Trainer hands callbacks its unwrapped model; in case not
         model = model.module
@@ -159,7 +158,7 @@ def validate(
     scores = []
     for item, reply in zip(items, replies, strict=True):
         if isinstance(reply, ContextLengthError):  # as `toolschool eval` scores it: a failed reply
-            parsed = ParsedReply(text="", error=f"{CONTEXT_FULL}: {reply}")
+            parsed = context_full_reply(reply)
         else:
             parsed = fmt.parse(fmt.prefill + reply if fmt.prefill else reply)
         gold_calls = item.gold_calls
