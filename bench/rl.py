@@ -129,8 +129,7 @@ def held_out_correct(model_path: str, heldout_path: Path, args: argparse.Namespa
     """The `overall` rates `toolschool eval` reports for the model on the held-out file, and the seconds it took."""
     from toolschool.config import load_config
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
-    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
-    from toolschool.models.backends import make_backend
+    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
 
     overrides = {
         "model.name": model_path,
@@ -146,7 +145,7 @@ def held_out_correct(model_path: str, heldout_path: Path, args: argparse.Namespa
     benchmarks = resolve_benchmarks(config.eval.benchmarks, config.eval.data, config.eval.limit)
 
     def backend_for(model: str) -> Any:
-        return backend_for_model(make_backend(model, dtype=config.model.dtype, device=config.model.device), model)
+        return open_model_backend(model, dtype=config.model.dtype, device=config.model.device)
 
     started = time.perf_counter()
     summary = run_evaluation(

@@ -410,8 +410,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
 
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
-    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
-    from toolschool.models.backends import make_backend
+    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
     from toolschool.tools.registry import registry_for
 
     out_dir = stage_dir(config, "eval")
@@ -446,9 +445,7 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
                 benchmarks,
                 options,
                 out_dir,
-                make_backend=lambda m: backend_for_model(
-                    make_backend(m, dtype=config.model.dtype, device=config.model.device), m
-                ),
+                make_backend=lambda m: open_model_backend(m, dtype=config.model.dtype, device=config.model.device),
                 settings=eval_settings,
                 progress=progress,
                 resume=True,

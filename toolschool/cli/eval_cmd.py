@@ -33,8 +33,7 @@ def _run(
         resolve_benchmarks,
         run_evaluation,
     )
-    from toolschool.evaluate.toolkens import backend_for_model, benchmarks_for_model
-    from toolschool.models.backends import make_backend
+    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
     from toolschool.pipeline import refuse_finished_stage
 
     config = load_config(config_path, overrides)
@@ -73,7 +72,7 @@ def _run(
             return lambda _result: bar.advance(task)
 
         def backend_for(model: str):
-            return backend_for_model(make_backend(model, dtype=config.model.dtype, device=config.model.device), model)
+            return open_model_backend(model, dtype=config.model.dtype, device=config.model.device)
 
         try:
             summary = run_evaluation(

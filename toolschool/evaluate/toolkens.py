@@ -101,6 +101,14 @@ def backend_for_model(backend: Backend, model: str) -> Backend:
     return ToolkenBackend(backend, names) if names else backend
 
 
+def open_model_backend(model: str, *, dtype: str | None, device: str | None) -> Backend:
+    """A backend for an evaluated model as `toolschool eval`, the eval stage of `toolschool run` and the benches open
+    it: `make_backend` with the run's [model] dtype and device, spoken to as the model is (`backend_for_model`)."""
+    from toolschool.models.backends import make_backend
+
+    return backend_for_model(make_backend(model, dtype=dtype, device=device), model)
+
+
 def benchmarks_for_model(model: str, benchmarks: list[Any]) -> list[Any]:
     """The benchmarks (`evaluate.session.Benchmark`) as `model` sees them: a toolken model sees the items with its
     toolken names, the others as they are (`toolschool eval` and the eval stage of `toolschool run` alike)."""
