@@ -116,7 +116,6 @@ class TrialLog:
         self._handle = handle
         self._fsync = fsync
         self.existing = existing
-        self.written = 0  # trials this run logged
         self._created = created  # the folders opening the log made, innermost first
 
     @classmethod
@@ -171,7 +170,6 @@ class TrialLog:
     def write(self, record: dict[str, Any]) -> None:
         record.setdefault("v", LOG_VERSION)
         self._append(self._handle, record)
-        self.written += 1
 
     def write_error(self, record: dict[str, Any]) -> None:
         """An episode that stopped on an error (e.g. the backend failed); its finished trials stay logged."""
@@ -187,7 +185,7 @@ class TrialLog:
         in them, so no empty exploration is left behind. A log holding trials, and a folder holding anything (the
         config.toml of an earlier run), are kept."""
         self.close()
-        if self.written or not self.path.is_file() or self.path.stat().st_size:
+        if not self.path.is_file() or self.path.stat().st_size:  # each trial written made it non-empty
             return
         self.path.unlink()
         for folder in self._created:
