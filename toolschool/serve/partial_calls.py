@@ -73,10 +73,14 @@ def _string(text: str, pos: int) -> tuple[str | None, int, bool]:
     return value, i, False
 
 
-def _encoded(value: str, closed: bool) -> str:
-    """`json.dumps(value)` as far as it is known: without the closing quote while the string is open."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if closed else text[:-1]
+def _string_piece(text: str, pos: int) -> tuple[str, int | None]:
+    """The JSON string that opens at `text[pos]` as json.dumps writes it, as far as it is known (without the closing
+    quote while it is open; "" where it is invalid), and where it ends (None while open or invalid)."""
+    value, end, closed = _string(text, pos)
+    if value is None:
+        return "", None
+    encoded = json.dumps(value, ensure_ascii=False)
+    return (encoded, end) if closed else (encoded[:-1], None)
 
 
 def _number(raw: str) -> str | None:
@@ -125,11 +129,9 @@ def encode_prefix(text: str, pos: int) -> tuple[str, int | None]:
                 stack.pop()
                 i += 1
             elif char == '"':
-                key, end, closed = _string(text, i)
-                if key is None:
-                    return "".join(out), None
-                out.append(_encoded(key, closed))
-                if not closed:
+                piece, end = _string_piece(text, i)
+                out.append(piece)
+                if end is None:
                     return "".join(out), None
                 expect, i = "colon", end
                 continue
@@ -145,11 +147,9 @@ def encode_prefix(text: str, pos: int) -> tuple[str, int | None]:
             expect, i = ("first_key" if char == "{" else "first_value"), i + 1
             continue
         elif char == '"':
-            value, end, closed = _string(text, i)
-            if value is None:
-                return "".join(out), None
-            out.append(_encoded(value, closed))
-            if not closed:
+            piece, end = _string_piece(text, i)
+            out.append(piece)
+            if end is None:
                 return "".join(out), None
             i = end
         elif char in "-0123456789":
