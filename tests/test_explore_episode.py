@@ -56,7 +56,7 @@ class FakeFormat:
     def to_messages(self, messages, tools):
         return [dict(m) for m in messages], tools
 
-    def parse(self, text: str) -> ParsedReply:
+    def parse(self, text: str, tools=None) -> ParsedReply:
         text = text.strip()
         if text.startswith("BAD"):
             return ParsedReply(text=text, error="could not read the call: missing JSON arguments")

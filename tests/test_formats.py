@@ -113,6 +113,68 @@ def test_hermes_parallel_calls_and_content() -> None:
     assert reply.as_message()["tool_calls"] == reply.calls
 
 
+WEEKDAY = {
+    "type": "function",
+    "function": {
+        "name": "weekday",
+        "description": "Day of the week of a date",
+        "parameters": {"type": "object", "properties": {"date": {"type": "string"}}, "required": ["date"]},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "weekday", "arguments": {"date": "2021-03-04"}}',
+        '{"name": "weekday", "arguments": {"date": "2021-03-04"}}<|im_end|>',
+        '```json\n{"name": "weekday", "arguments": {"date": "2021-03-04"}}\n```',
+        '```\n{"name": "weekday", "arguments": "{\\"date\\": \\"2021-03-04\\"}"}\n```',
+        '  [{"name": "weekday", "parameters": {"date": "2021-03-04"}}]  ',
+        '{"type": "function", "function": {"name": "weekday", "arguments": {"date": "2021-03-04"}}}',
+    ],
+)
+def test_hermes_reads_a_bare_or_fenced_call_to_an_offered_tool(text: str) -> None:
+    """Qwen2.5 models often write the call object without <tool_call> tags: read it when it names an offered tool."""
+    fmt = get_format("hermes")
+    parsed = fmt.parse(text, [WEEKDAY, CALC])
+    assert parsed.error is None and parsed.final is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.calls] == [
+        ("weekday", {"date": "2021-03-04"})
+    ]
+    assert fmt.parse(text, ["weekday"]).calls == parsed.calls  # tools given by name read the same
+    # without the tool offered (or with no tools at all) the same text is an answer, not a call
+    assert fmt.parse(text, [CALC]).final is not None
+    assert fmt.parse(text).final is not None
+
+
+def test_hermes_bare_calls_in_sequence_and_what_stays_prose() -> None:
+    fmt = get_format("hermes")
+    two = (
+        '{"name": "weekday", "arguments": {"date": "2021-03-04"}}\n'
+        '{"name": "calculator", "arguments": {"expression": "2+2"}}'
+    )
+    assert [c["function"]["name"] for c in fmt.parse(two, [WEEKDAY, CALC]).calls] == ["weekday", "calculator"]
+    prose = [
+        'Call it like this: {"name": "weekday", "arguments": {"date": "2021-03-04"}}',  # prose around the JSON
+        '{"name": "weekday", "arguments": {"date": "2021-03-04"}} is what I would send',
+        '{"name": "greeting", "arguments": {}}',  # an invented tool (chit-chat)
+        '{"name": "weekday", "arguments": {}, "date": "2021-03-04"}',  # not only a call's keys: data
+        '{"name": "Ada Lovelace", "born": 1815}',
+        '[{"name": "weekday", "arguments": {}}, {"name": "poem", "arguments": {}}]',  # one call names no tool
+        "```python\nprint(1)\n```",
+        "[1, 2, 3]",
+    ]
+    for text in prose:
+        parsed = fmt.parse(text, [WEEKDAY, CALC])
+        assert not parsed.calls and parsed.final == text.strip(), text
+
+
+def test_hermes_bare_call_with_bad_arguments_says_why() -> None:
+    parsed = get_format("hermes").parse('{"name": "weekday", "arguments": "2021-03-04"}', [WEEKDAY])
+    assert parsed.error == "tool call 'weekday': \"arguments\" must be a JSON object, got the string \"2021-03-04\""
+
+
 def test_hermes_no_tool_call_is_final_answer() -> None:
     reply = get_format("hermes").parse("The answer is 4.<|im_end|>")
     assert reply.final == "The answer is 4." and not reply.calls and reply.error is None

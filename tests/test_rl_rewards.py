@@ -42,6 +42,20 @@ def test_right_call_gets_every_component() -> None:
     assert got == {"format": 1.0, "tool": 0.5, "arguments": 1.0, "length": 0.0}
 
 
+def test_a_bare_json_call_to_an_offered_tool_is_rewarded_as_evaluation_reads_it() -> None:
+    """Qwen-style bare call objects: read when the row's `offered` column names the tool, prose otherwise."""
+    suite = RewardSuite(get_format("hermes"), ["format", "tool", "arguments"])
+    bare = '{"name": "calculator", "arguments": {"expression": "1234*5678"}}'
+    gold = [json.dumps(CALC_GOLD)] * 2
+    completions = [bare, bare]
+    offered = [json.dumps(["calculator"]), json.dumps(["python"])]
+    got = {
+        f.__name__: f(prompts=["p", "p"], completions=completions, gold=gold, offered=offered)
+        for f in suite.functions()
+    }
+    assert got == {"format": [1.0, 1.0], "tool": [0.5, -0.5], "arguments": [1.0, 0.0]}
+
+
 def test_semantic_arguments_count_as_correct() -> None:
     # Same value, different expression: the evaluation module's calculator check compares values.
     got = rewards_for(call_text("calculator", {"expression": "5678 * 1234"}), CALC_GOLD)

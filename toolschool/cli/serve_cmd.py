@@ -99,7 +99,7 @@ def generate(
     fmt = get_format("hermes")
     rows = []
     for c in completions:
-        parsed = fmt.parse(c.text)
+        parsed = fmt.parse(c.text, request.tools)
         rows.append(
             {
                 "text": c.text,

@@ -132,7 +132,7 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
         messages = with_demonstrations(messages, options.demos.demonstrations(item.query, options.icl_k))
     try:
         sent, sent_tools, raw = await _generate(backend, fmt, item, messages, options)
-        parsed = fmt.parse(raw)
+        parsed = fmt.parse(raw, item.tools)
     except ContextLengthError as exc:  # scored as a failed reply: the other items go on, and a resume does not stop
         sent, sent_tools, raw = messages, item.tools, ""
         parsed = context_full_reply(exc)
@@ -202,7 +202,7 @@ async def _execute(
             _, _, raw = await _generate(backend, fmt, item, conversation, options)
         except ContextLengthError:  # the conversation outgrew the context: no final answer
             break
-        reply = fmt.parse(raw)
+        reply = fmt.parse(raw, item.tools)
     result.transcript = conversation
     expected = item.expected_answer
     result.score.answer_correct = None if expected is None else answer_matches(result.final_answer, expected)

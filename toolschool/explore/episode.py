@@ -54,7 +54,7 @@ class ChatFormat(Protocol):
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]: ...
 
-    def parse(self, text: str) -> ParsedReply: ...
+    def parse(self, text: str, tools: list[Any] | None = None) -> ParsedReply: ...
 
     def call_prefix(self, name: str) -> str: ...
 
@@ -461,7 +461,7 @@ async def _attempt(
                 [*conversation, *trial.messages], stop=fmt.stop, prefill=prefill, max_tokens=settings.max_tokens
             )
             raw = prefill + completion.text
-            parsed = fmt.parse(raw)
+            parsed = fmt.parse(raw, ctx.tool_schemas)
             last = turn == settings.max_turns or calls_left <= 0
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))

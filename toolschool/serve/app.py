@@ -619,7 +619,7 @@ def _choice(
         finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
     # A reply cut off by max_tokens is returned as text: its calls may be incomplete.
     elif offer_tools and completion.finish_reason == "stop":
-        parsed = get_format("hermes").parse(completion.text)
+        parsed = get_format("hermes").parse(completion.text, body.tools)
         if parsed.calls:
             message["content"] = parsed.content or None
             message["tool_calls"] = _wire_calls(parsed.calls[: _call_limit(body)])
@@ -649,7 +649,7 @@ def _forced_calls(
             f"tool_choice {what}: the model's tool call was cut off by max_tokens ({limit}); raise max_tokens",
             "max_tokens",
         )
-    parsed = get_format("hermes").parse(prefill + completion.text)
+    parsed = get_format("hermes").parse(prefill + completion.text, body.tools)
     if not parsed.calls:
         reason = parsed.error or "no call"
         raise BadRequest(f"tool_choice {what}: the model's reply is not a valid tool call ({reason})", "tool_choice")

@@ -50,7 +50,7 @@ class FormatBackend(Backend):
         as_written = dataclasses.replace(completion, text=("" if server_prefill else sent_prefill) + completion.text)
         if completion.finish_reason == "length":
             return as_written  # cut off: returned as the text it is (the server does the same with hermes)
-        parsed = self.fmt.parse(sent_prefill + completion.text)
+        parsed = self.fmt.parse(sent_prefill + completion.text, request.tools)
         if parsed.calls:
             if server_prefill:  # a forced call: its thought is not part of the call the server reads
                 parsed = dataclasses.replace(parsed, content="")

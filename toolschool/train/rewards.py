@@ -193,6 +193,16 @@ def _outside(fmt_name: str, parsed: ParsedReply, text: str, tail: str) -> bool:
     return False
 
 
+def _offered(value: Any) -> list[str]:
+    """A row's `offered` column (the JSON list of tool names its prompt offered) as names; none when absent."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value else []
+        except ValueError:
+            value = []
+    return [str(name) for name in value] if isinstance(value, list | tuple) else []
+
+
 class RewardSuite:
     """Scores completions once per batch and exposes the chosen components as named TRL reward functions."""
 
@@ -208,16 +218,20 @@ class RewardSuite:
         self._last: tuple[Any, list[Scored]] | None = None
 
     # -- parsing ----------------------------------------------------------------------------------------------
-    def parse_text(self, completion: str) -> tuple[ParsedReply, bool]:
-        """A single-turn completion (text after the prompt and the format's prefill) -> (parsed, outside text)."""
+    def parse_text(self, completion: str, offered: Sequence[str] = ()) -> tuple[ParsedReply, bool]:
+        """A single-turn completion (text after the prompt and the format's prefill) -> (parsed, outside text).
+
+        `offered`: the names of the tools the prompt offered (a bare JSON call is read only when it names one)."""
         text = (self.fmt.prefill or "") + completion
         if self.toolkens:
             text = plain_names_in_text(text, self.toolkens)
         head, tail = _cut_at_stop(text, self.fmt.stop)
-        parsed = self.fmt.parse(head)
+        parsed = self.fmt.parse(head, list(offered))
         return parsed, _outside(self.fmt.name, parsed, head, tail)
 
-    def parse_messages(self, messages: Sequence[dict[str, Any]]) -> tuple[list[ParsedReply], bool]:
+    def parse_messages(
+        self, messages: Sequence[dict[str, Any]], offered: Sequence[str] = ()
+    ) -> tuple[list[ParsedReply], bool]:
         """A multi-turn completion (TRL's assistant/tool messages) -> parsed assistant turns, any outside text.
 
         TRL parsed the tool calls with the chat template's response parser; a turn without parsed calls is read
@@ -235,7 +249,7 @@ class RewardSuite:
                 parsed = _parsed_tool_calls(message["tool_calls"], content)
                 outside = outside or bool(content.strip())
             else:
-                parsed, extra = self.parse_text(content)
+                parsed, extra = self.parse_text(content, offered)
                 outside = outside or extra
             turns.append(parsed)
         if not turns:
@@ -243,14 +257,20 @@ class RewardSuite:
         return turns, outside
 
     # -- judging ----------------------------------------------------------------------------------------------
-    def judge(self, completion: str | Sequence[dict[str, Any]], gold: dict[str, Any], expected: str | None) -> Scored:
+    def judge(
+        self,
+        completion: str | Sequence[dict[str, Any]],
+        gold: dict[str, Any],
+        expected: str | None,
+        offered: Sequence[str] = (),
+    ) -> Scored:
         from toolschool.evaluate.metrics import answer_matches, score_item
 
         if isinstance(completion, str):
-            first, outside = self.parse_text(completion)
+            first, outside = self.parse_text(completion, offered)
             turns = [first]
         else:
-            turns, outside = self.parse_messages(completion)
+            turns, outside = self.parse_messages(completion, offered)
             first = turns[0]
         gold_calls = _gold_calls(gold)
         if self.toolkens:
@@ -278,14 +298,18 @@ class RewardSuite:
         gold: Sequence[str],
         expected_answer: Sequence[str] | None = None,
         log_metric: Callable[[str, float], None] | None = None,
+        offered: Sequence[str] | None = None,
     ) -> list[Scored]:
-        """Judge a batch (cached: TRL calls every component with the same `completions` list)."""
+        """Judge a batch (cached: TRL calls every component with the same `completions` list).
+
+        `offered`: per completion, the JSON list of the names of the tools its prompt offered (the rows' column)."""
         if self._last is not None and self._last[0] is completions:
             return self._last[1]
         expected = list(expected_answer) if expected_answer is not None else [""] * len(completions)
+        names = [_offered(o) for o in (offered if offered is not None else [None] * len(completions))]
         scored = [
-            self.judge(c, json.loads(g) if isinstance(g, str) else dict(g or {}), e or None)
-            for c, g, e in zip(completions, gold, expected, strict=True)
+            self.judge(c, json.loads(g) if isinstance(g, str) else dict(g or {}), e or None, n)
+            for c, g, e, n in zip(completions, gold, expected, names, strict=True)
         ]
         self._last = (completions, scored)
         if log_metric is not None:
@@ -307,9 +331,10 @@ class RewardSuite:
             gold: list[str],
             expected_answer: list[str] | None = None,
             log_metric: Callable[[str, float], None] | None = None,
+            offered: list[str] | None = None,
             **_: Any,
         ) -> list[float | None]:
-            return [value(s) for s in self.score(completions, gold, expected_answer, log_metric)]
+            return [value(s) for s in self.score(completions, gold, expected_answer, log_metric, offered)]
 
         reward.__name__ = reward.__qualname__ = name
         reward.__doc__ = f"The '{name}' tool-use reward (see toolschool.train.rewards)."

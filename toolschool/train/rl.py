@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolschool.chat.formats.base import offered_names
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
 from toolschool.evaluate.toolkens import model_toolkens
@@ -292,7 +293,14 @@ def build_single_turn_rows(
         if length > max_prompt_tokens:
             too_long.append(f"{source}:{_line(lines, line)} ({length} tokens)")
             continue
-        rows.append({"prompt": text, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example) or ""})
+        rows.append(
+            {
+                "prompt": text,
+                "gold": json.dumps(gold),
+                "expected_answer": expected_answer_of(example) or "",
+                "offered": json.dumps(sorted(offered_names(example.get("tools")))),
+            }
+        )
     _refuse_too_long(too_long, max_prompt_tokens)
     return rows
 
@@ -317,7 +325,14 @@ def build_multi_turn_rows(
         if len(ids) > max_prompt_tokens:
             too_long.append(f"{source}:{_line(lines, line)} ({len(ids)} tokens)")
             continue
-        rows.append({"prompt": messages, "gold": json.dumps(gold), "expected_answer": expected_answer_of(example)})
+        rows.append(
+            {
+                "prompt": messages,
+                "gold": json.dumps(gold),
+                "expected_answer": expected_answer_of(example),
+                "offered": json.dumps(sorted(offered_names(example.get("tools")))),
+            }
+        )
     _refuse_too_long(too_long, max_prompt_tokens)
     return rows
 

@@ -160,7 +160,7 @@ def validate(
         if isinstance(reply, ContextLengthError):  # as `toolschool eval` scores it: a failed reply
             parsed = context_full_reply(reply)
         else:
-            parsed = fmt.parse(fmt.prefill + reply if fmt.prefill else reply)
+            parsed = fmt.parse(fmt.prefill + reply if fmt.prefill else reply, item.prompt_tools)
         gold_calls = item.gold_calls
         if toolkens:
             parsed.calls[:] = with_renamed_calls(parsed.calls, plain_name)

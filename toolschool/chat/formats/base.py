@@ -65,18 +65,22 @@ class ChatFormat(ABC):
         """An assistant message (or a parsed reply) -> the exact text the model should write."""
 
     # -- parsing -----------------------------------------------------------------------------------------------
-    def parse(self, text: str) -> ParsedReply:
-        """Model text -> calls | final answer | precise error. Never raises, whatever the text."""
+    def parse(self, text: str, tools: list[Any] | None = None) -> ParsedReply:
+        """Model text -> calls | final answer | precise error. Never raises, whatever the text.
+
+        `tools` are the tools offered with the prompt (schemas, or names): a format may read a call written in
+        another family's syntax only when it names one of them (hermes reads a bare JSON call object that way).
+        """
         if not isinstance(text, str):
             text = "" if text is None else str(text)
         try:
-            return self._parse(text)
+            return self._parse(text, offered_names(tools))
         except Exception as exc:  # a safety net: e.g. RecursionError from absurdly nested JSON
             return ParsedReply(text=text, error=f"could not parse the reply: {type(exc).__name__}: {exc}")
 
     @abstractmethod
-    def _parse(self, text: str) -> ParsedReply:
-        """The format's parser; may assume `text` is a str."""
+    def _parse(self, text: str, offered: frozenset[str] = frozenset()) -> ParsedReply:
+        """The format's parser; may assume `text` is a str. `offered`: the names of the offered tools."""
 
     # -- rendering ---------------------------------------------------------------------------------------------
     def render(
@@ -234,6 +238,23 @@ def tool_descriptions(tools: list[ToolSchemaDict] | None) -> str:
 
 def tool_names(tools: list[ToolSchemaDict] | None) -> list[str]:
     return [str(t.get("function", t).get("name")) for t in tools or []]
+
+
+def offered_names(tools: list[Any] | None) -> frozenset[str]:
+    """The names of offered tools given as OpenAI schemas (dicts or pydantic models) or as plain names."""
+    names = set()
+    for tool in tools or []:
+        if isinstance(tool, str):
+            names.add(tool)
+            continue
+        if isinstance(tool, BaseModel):
+            tool = tool.model_dump(exclude_none=True)
+        if isinstance(tool, dict):
+            function = tool.get("function", tool)
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str) and name:
+                names.add(name)
+    return frozenset(names)
 
 
 class TextToolFormat(ChatFormat):

@@ -66,7 +66,7 @@ class JsonFormat(TextToolFormat):
             return dumps({"tool": name, "args": arguments})
         return dumps({"final": content})
 
-    def _parse(self, text: str) -> ParsedReply:
+    def _parse(self, text: str, offered: frozenset[str] = frozenset()) -> ParsedReply:
         body = reply_body(text)
         if not body:
             return ParsedReply(text=text, error="the reply is empty")

@@ -89,7 +89,7 @@ class ReactFormat(TextToolFormat):
             return f"Thought: {thought}\nAction: {name}\nAction Input: {dumps(arguments)}"
         return f"Thought: {DEFAULT_FINAL_THOUGHT}\nFinal Answer: {content.strip()}"
 
-    def _parse(self, text: str) -> ParsedReply:
+    def _parse(self, text: str, offered: frozenset[str] = frozenset()) -> ParsedReply:
         body = strip_end_tokens(text)
         observation = _OBSERVATION.search(body)
         if observation:  # the stop string was not applied: what follows is the model imagining the result
