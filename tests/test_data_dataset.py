@@ -67,6 +67,22 @@ def call_example(name: str, args: dict, result: str, answer: str, tools: list | 
     }
 
 
+def test_wire_form_arguments_are_read_as_objects(tmp_path: Path) -> None:
+    """OpenAI's wire form (arguments as JSON text, as most public tool datasets hold them) loads as the object."""
+    example = call_example("calculator", {"expression": "2+2"}, "4", "4")
+    example["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"expression": "2+2"}'
+    assert validate_example(example) is None
+    path = tmp_path / "wire.jsonl"
+    path.write_text(json.dumps(example) + "\n")
+    examples, report = load_dataset_jsonl(path, on_error="stop")
+    assert report.kept == 1
+    assert examples[0]["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"expression": "2+2"}
+    assert example["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"expression": "2+2"}'  # not changed
+    # arguments that do not fit the tool are named as for an object
+    example["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"expression": 4}'
+    assert "is not of type 'string'" in (validate_example(example) or "")
+
+
 def test_valid_examples_pass() -> None:
     assert validate_example(call_example("calculator", {"expression": "2+2"}, "4", "4")) is None
     no_tool = {
@@ -83,8 +99,13 @@ def test_valid_examples_pass() -> None:
         (lambda e: e.pop("messages"), "'messages' must be a non-empty list"),
         (lambda e: e.update(extra=1), "unknown key(s) extra"),
         (
-            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments='{"expression": "2"}'),
-            "arguments must be a JSON object, not a string",
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments='{"expression": 2'),
+            "tool-call arguments must be a JSON object or its JSON text, got the string '{\"expression\": 2' "
+            "(Expecting ',' delimiter",
+        ),
+        (
+            lambda e: e["messages"][1]["tool_calls"][0]["function"].update(arguments='["2+2"]'),
+            "got the string '[\"2+2\"]' (tool-call arguments must be a JSON object, got list)",
         ),
         (
             lambda e: e["messages"][1]["tool_calls"][0]["function"].update(name="weather"),

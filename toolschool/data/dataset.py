@@ -25,7 +25,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from toolschool.chat.formats import FORMAT_NAMES
-from toolschool.chat.types import Message, ToolSchema
+from toolschool.chat.types import Message, ToolSchema, arguments_from_wire
 from toolschool.errors import DataError
 from toolschool.tools.validation import validation_error
 
@@ -103,6 +103,7 @@ def validate_example(example: Any) -> str | None:
     """
     if not isinstance(example, dict):
         return f"a line must be a JSON object with keys {', '.join(EXAMPLE_KEYS)}, got {type(example).__name__}"
+    example = with_decoded_arguments(example)
     unknown = sorted(set(example) - set(EXAMPLE_KEYS))
     if unknown:
         return f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(EXAMPLE_KEYS)}; put extras in meta)"
@@ -157,11 +158,15 @@ def validate_example(example: Any) -> str | None:
             for call in calls if isinstance(calls, list) else []:  # another type: the model check below names it
                 function = call.get("function") if isinstance(call, dict) else None
                 args = function.get("arguments") if isinstance(function, dict) else None
-                if isinstance(args, str):
+                if isinstance(args, str):  # with_decoded_arguments left it: not the JSON text of an object
+                    try:
+                        arguments_from_wire(args)
+                        reason = "not a JSON object"
+                    except ValueError as exc:
+                        reason = str(exc)
                     return (
-                        f"messages[{i}]: tool-call arguments must be a JSON object, not a string ({args[:60]!r}): "
-                        "write the decoded object (OpenAI's API sends it as a JSON string; chat templates and TRL "
-                        "want the object)"
+                        f"messages[{i}]: tool-call arguments must be a JSON object or its JSON text, got the string "
+                        f"{args[:60]!r} ({reason})"
                     )
         try:
             message = Message.model_validate(raw)
@@ -223,8 +228,38 @@ def _call_problem(name: str, arguments: dict[str, Any], declared: dict[str, dict
     return validation_error(name, declared[name], arguments)
 
 
+def with_decoded_arguments(example: dict[str, Any]) -> dict[str, Any]:
+    """The line with each call's `arguments` given as JSON text (OpenAI's wire form, what most public tool datasets
+    hold) decoded to the object chat templates and TRL want; other values, and text that is no JSON object, are
+    left as they are for the validation to name. The line itself is not changed."""
+    messages = example.get("messages")
+    if not isinstance(messages, list) or not any(
+        isinstance(m, dict) and isinstance(m.get("tool_calls"), list) for m in messages
+    ):
+        return example
+    decoded = []
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(calls, list):
+            message = {**message, "tool_calls": [_decoded_call(call) for call in calls]}
+        decoded.append(message)
+    return {**example, "messages": decoded}
+
+
+def _decoded_call(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    try:
+        arguments = arguments_from_wire(function["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**function, "arguments": arguments}}
+
+
 def normalize_example(example: dict[str, Any]) -> dict[str, Any]:
-    """Fill the optional keys so every line has the same top-level shape."""
+    """Fill the optional keys so every line has the same top-level shape (call arguments as objects)."""
+    example = with_decoded_arguments(example)
     return {"messages": example["messages"], "tools": example.get("tools") or [], "meta": example.get("meta") or {}}
 
 
