@@ -80,7 +80,8 @@ def test_builtin_results(registry: ToolRegistry, name: str, args: dict, text: st
         ("date_add", {"date": "2024-01-01", "days": "three"}, "invalid_arguments", "argument 'days'"),
         ("date_diff", {"start_date": "01/02/2024", "end_date": "2024-01-01"}, "execution", "write YYYY-MM-DD"),
         ("weekday", {"date": "tomorrow"}, "execution", "invalid date 'tomorrow'"),
-        ("python", {"code": "import socket\nsocket.socket()"}, "network", "network access is disabled"),
+        # the program's own error (its audit hook's refusal), not a limit the parent saw: an execution error
+        ("python", {"code": "import socket\nsocket.socket()"}, "execution", "network access is disabled"),
         ("python", {"code": "while True: pass"}, "timeout", "wall time limit of 3 s"),
         ("nope", {}, "unknown_tool", "known tools: calculator, python"),
     ],
@@ -308,3 +309,18 @@ def test_the_tools_call_timeout_setting_cuts_off_calls_in_every_caller(tmp_path)
         assert tool_callable(registry.get("slow"), registry.call_timeout)(text="x") == expected
     with pytest.raises(ToolschoolError, match="call_timeout"):
         load_config(None, {"tools.call_timeout": 0})
+
+
+def test_python_tool_without_bubblewrap_stops_the_build_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from toolschool.tools import sandbox
+
+    monkeypatch.setattr(sandbox._bwrap, "bwrap_path", lambda: None)
+    monkeypatch.setattr(sandbox, "_bwrap_problem", sandbox._bwrap_problem.__wrapped__)
+    monkeypatch.delenv(sandbox.MODE_VARIABLE, raising=False)
+    with pytest.raises(sandbox.SandboxUnavailable, match="bwrap is not installed.*apt-get install bubblewrap"):
+        build_registry()
+    with build_registry(only=["calculator"]) as reg:  # no python tool, nothing to contain
+        assert reg.names() == ["calculator"]
+    monkeypatch.setenv(sandbox.MODE_VARIABLE, "weak")
+    with build_registry() as reg:
+        assert reg.call("python", {"code": "print(6 * 7)"}).text == "42"

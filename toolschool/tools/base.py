@@ -39,7 +39,7 @@ class Observation:
     text: str  # what the model sees
     value: Any = None  # structured result when there is one (number, dict, ...)
     is_error: bool = False
-    error_kind: str | None = None  # e.g. "invalid_arguments", "timeout", "memory", "execution", "unknown_tool"
+    error_kind: str | None = None  # e.g. "invalid_arguments", "timeout", "cpu_time", "execution", "unknown_tool"
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "value": self.value, "is_error": self.is_error, "error_kind": self.error_kind}

@@ -241,6 +241,12 @@ def build_registry(
                 keep.add(registry.get(name), registry.source(name))
             keep._closers = registry._closers
             registry = keep
+        if "python" in registry:
+            from toolschool.tools.builtin import PythonTool
+            from toolschool.tools.sandbox import sandbox_mode
+
+            if isinstance(registry.get("python"), PythonTool):
+                sandbox_mode()  # no bubblewrap and no opt-in: one line now, not a failed call per trial later
     except BaseException:
         registry.close()
         raise
