@@ -85,12 +85,15 @@ def _string_piece(text: str, pos: int) -> tuple[str, int | None]:
 
 def _number(raw: str) -> str | None:
     """A JSON number as json.dumps writes its parsed value (`1.50` -> `1.5`, `1e2` -> `100.0`); None where the
-    parser refuses it (out of float range)."""
+    parser refuses it (out of float range, or an integer of more digits than Python converts)."""
     match = _NUMBER.fullmatch(raw)
     if match is None:
         return None
     if not (match.group(1) or match.group(2)):
-        return str(int(raw))
+        try:
+            return str(int(raw))
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits()): json.loads refuses it too
+            return None
     value = float(raw)
     return None if math.isinf(value) else repr(value)
 
