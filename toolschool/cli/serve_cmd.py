@@ -30,6 +30,7 @@ def serve(
         "--format",
         help="hermes | json | react: how the model writes calls (default: as its SFT/RL run trained it, else hermes)",
     ),
+    max_body_mb: float = typer.Option(1.0, help="Largest request body accepted, in MiB (larger: HTTP 413)."),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
     from toolschool.evaluate.toolkens import backend_for_model
@@ -43,6 +44,8 @@ def serve(
     fmt, where = served_format(model, format)  # an unknown --format fails here, before the model loads
     if max_batch_size < 1:
         raise ToolschoolError(f"--max-batch-size must be at least 1, got {max_batch_size}")
+    if not max_body_mb > 0:
+        raise ToolschoolError(f"--max-body-mb must be above 0, got {max_body_mb}")
     if parse_model_spec(model).kind == "openai":
         raise ToolschoolError(f"model '{model}' is already an endpoint", hint="serve local weights or a folder")
     sock = bind_socket(host, port)  # fail on a bad or busy port before spending time loading the model
@@ -55,7 +58,16 @@ def serve(
     backend = backend_for_model(backend, model)
     name = served_name or model
     err_console.print(f"serving [bold]{name}[/bold] at {base_url(host, port)} (stop with Ctrl+C or SIGTERM)")
-    run_server(backend, name, host=host, port=port, log_level=log_level, api_key=api_key, sock=sock)
+    run_server(
+        backend,
+        name,
+        host=host,
+        port=port,
+        log_level=log_level,
+        api_key=api_key,
+        sock=sock,
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+    )
 
 
 def generate(

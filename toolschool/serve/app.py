@@ -46,6 +46,10 @@ Request handling, on purpose:
   endpoint.
 - With an API key set, /v1 requests without `Authorization: Bearer KEY` get 401.
 - Errors, unknown routes included, have the OpenAI form `{"error": {"message", "type", "param", "code"}}`.
+- Limits (`serve.limits`): a body over `max_body_bytes` (default 1 MiB, `--max-body-mb`) is a 413, refused from
+  its Content-Length before any of it is read; JSON nested deeper than 64 levels, a string that is not Unicode
+  text (a lone surrogate) and a tool whose `parameters` is not a JSON Schema object are 400s. The body is
+  parsed and the request validated in a worker thread, so a large one does not hold up the event loop.
 """
 
 from __future__ import annotations
@@ -70,6 +74,14 @@ from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
+from toolschool.serve.limits import (
+    DEFAULT_MAX_BODY_BYTES,
+    MAX_DEPTH,
+    RequestTooLarge,
+    json_values_problem,
+    parameters_problem,
+    read_body,
+)
 from toolschool.serve.stream import DONE, ChunkWriter, ForcedCalls, error_event, new_call_id
 
 T = TypeVar("T")
@@ -164,10 +176,18 @@ class _RequireKey:
         await self.app(scope, receive, send)
 
 
-def create_app(backend: Backend, model_name: str, *, api_key: str | None = None, close_backend: bool = True) -> FastAPI:
+def create_app(
+    backend: Backend,
+    model_name: str,
+    *,
+    api_key: str | None = None,
+    close_backend: bool = True,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     """The FastAPI app serving `backend` as model `model_name`; closes the backend on shutdown if asked.
 
-    With `api_key`, every /v1 request must send `Authorization: Bearer API_KEY` (else HTTP 401).
+    With `api_key`, every /v1 request must send `Authorization: Bearer API_KEY` (else HTTP 401). A request body
+    larger than `max_body_bytes` is answered 413 without being read.
     """
 
     @asynccontextmanager
@@ -211,7 +231,11 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> dict[str, Any] | Response:
-        body = parse_body(await request.body())
+        try:
+            raw = await read_body(request, max_body_bytes)
+        except RequestTooLarge as exc:
+            return _error(413, str(exc))
+        body = await asyncio.to_thread(parse_body, raw)  # off the event loop: other requests go on meanwhile
         if body.model and body.model != model_name:
             raise BadRequest(
                 f"model '{body.model}' is not served here; this server serves '{model_name}'",
@@ -219,7 +243,7 @@ def create_app(backend: Backend, model_name: str, *, api_key: str | None = None,
                 status=404,
                 code="model_not_found",
             )
-        generation, offer_tools = to_generation_request(body)
+        generation, offer_tools = await asyncio.to_thread(to_generation_request, body)
         if body.stream:
             return await stream_response(request, body, generation, offer_tools)
         try:
@@ -303,9 +327,14 @@ def parse_body(raw: bytes) -> ChatCompletionRequest:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest(f"request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(data, dict):
         kind = {list: "a list", str: "a string", type(None): "null"}.get(type(data), type(data).__name__)
         raise BadRequest(f"request body must be a JSON object, got {kind}")
+    problem = json_values_problem(data)
+    if problem is not None:
+        raise BadRequest(problem)
     try:
         return ChatCompletionRequest.model_validate(data)
     except ValidationError as exc:
@@ -490,7 +519,13 @@ def _tool_names(tools: list[dict[str, Any]]) -> list[str]:
         function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, dict) or not function.get("name"):
             raise BadRequest(f'tools[{i}] must be {{"type": "function", "function": {{"name": ...}}}}', "tools")
-        names.append(str(function["name"]))
+        if not isinstance(function["name"], str):
+            raise BadRequest(f"tools[{i}].function.name must be a string", "tools")
+        if function.get("parameters") is not None:
+            problem = parameters_problem(function["parameters"])
+            if problem is not None:
+                raise BadRequest(f"tools[{i}].function.parameters {problem}", "tools")
+        names.append(function["name"])
     return names
 
 

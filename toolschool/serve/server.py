@@ -23,6 +23,7 @@ import uvicorn
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import Backend
 from toolschool.serve.app import create_app
+from toolschool.serve.limits import DEFAULT_MAX_BODY_BYTES
 
 
 class _Server(uvicorn.Server):
@@ -82,11 +83,12 @@ def run_server(
     api_key: str | None = None,
     graceful_timeout: float = 30.0,
     sock: socket.socket | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> None:
     """Serve until SIGINT/SIGTERM; returns after a graceful shutdown (the backend is closed)."""
     sock = sock or bind_socket(host, port)
     config = uvicorn.Config(
-        create_app(backend, model_name, api_key=api_key),
+        create_app(backend, model_name, api_key=api_key, max_body_bytes=max_body_bytes),
         log_level=log_level,
         timeout_graceful_shutdown=graceful_timeout,
         access_log=log_level == "debug",
