@@ -116,3 +116,17 @@ def test_long_flat_chains_are_not_nesting() -> None:
         evaluate_expression(" + ".join(["1"] * 100) + " ^ 2")
     with pytest.raises(CalculatorError, match="division by zero in 2 / 0"):
         evaluate_expression(" + ".join(["1"] * 100) + " + 2 / 0")
+
+
+@pytest.mark.parametrize(
+    ("expression", "text"),
+    [("2**-1000000", "0"), ("10**-400", "0"), ("0.5**2000", "0"), ("(-2)**-1000001", "0"), ("2**-10", "0.0009765625")],
+)
+def test_a_negative_power_too_small_for_a_float_is_zero_not_too_large(expression: str, text: str) -> None:
+    # 2**-1000000 is about 1e-301030: it underflows to 0 as in any float arithmetic; only growth is refused
+    assert format_number(evaluate_expression(expression)) == text
+
+
+def test_a_large_power_of_a_small_base_is_still_too_large() -> None:
+    with pytest.raises(CalculatorError, match=r"0.5\*\*\(-2000\) is too large"):
+        evaluate_expression("0.5**-2000")

@@ -272,7 +272,8 @@ def _power(base: Number, exponent: Number) -> Number:
     if base == 0 and exponent < 0:
         raise CalculatorError("division by zero: 0 cannot be raised to a negative power")
     try:
-        magnitude = abs(exponent) * math.log2(abs(base)) if base != 0 else 0.0
+        # log2 of the result's size: large positive overflows, large negative only underflows towards 0
+        magnitude = exponent * math.log2(abs(base)) if base != 0 else 0.0
         if magnitude > 1100:
             raise CalculatorError(_too_large(f"{_operand(base)}**{_operand(exponent)}"))
         result = float(base) ** float(exponent)
