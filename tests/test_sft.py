@@ -128,6 +128,43 @@ def test_missing_training_file_is_clear(tmp_path: Path, tiny_model_dir: Path, da
         run_sft(config, tmp_path / "out", progress=False)
 
 
+def test_a_missing_training_file_is_named_before_the_model_or_trainer_loads(tmp_path: Path) -> None:
+    """`sft --train missing.jsonl` answered after loading the model (7-9 s); now before any slow import."""
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom toolschool.config import load_config\n"
+        "from toolschool.errors import ToolschoolError\nfrom toolschool.train.sft import run_sft\n"
+        f"config = load_config(None, {{'sft.train': {str(tmp_path / 'missing.jsonl')!r}, 'model.name': '/no/model'}})\n"
+        f"try:\n    run_sft(config, Path({str(tmp_path / 'out')!r}), progress=False)\n"
+        "except ToolschoolError as exc:\n    print(exc)\n"
+        "print(sorted(m for m in ('trl', 'datasets', 'torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    message, loaded = done.stdout.strip().splitlines()
+    assert "missing.jsonl' does not exist" in message and loaded == "[]"
+
+
+def test_a_resumed_run_reports_the_seconds_and_loss_of_the_whole_run(
+    tmp_path: Path, tiny_model_dir: Path, data_files
+) -> None:
+    from toolschool.train.whole_run import RUN_SECONDS_FILE
+
+    train, validation = data_files
+    out = tmp_path / "out"
+    first = run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
+    clock_at_2 = json.loads((out / "checkpoints" / "checkpoint-2" / RUN_SECONDS_FILE).read_text())["seconds"]
+    assert 0 < clock_at_2 <= first.seconds
+    second = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = {r["step"]: r["loss"] for r in log if "loss" in r}
+    assert sorted(losses) == [1, 2, 3, 4]
+    final = [r for r in log if "train_loss" in r][-1]
+    # the Trainer alone reports the loss of steps 3-4 divided by 4 steps and the seconds since the resume
+    assert final["train_loss"] == pytest.approx(sum(losses.values()) / 4)
+    assert clock_at_2 < final["train_runtime"] <= second.seconds
+    clock_at_4 = json.loads((out / "checkpoints" / "checkpoint-4" / RUN_SECONDS_FILE).read_text())["seconds"]
+    assert clock_at_2 < clock_at_4 <= second.seconds
+
+
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
     """One 2-step LoRA run shared by the tests below (training is the slow part)."""

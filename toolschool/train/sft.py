@@ -282,6 +282,7 @@ def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, pr
 
 
 def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack) -> SFTResult:
+    train_path, validation_path = _resolve_data_paths(config)  # a missing file: before the slow imports and model
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -294,6 +295,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         shared_prefix_trainer,
         with_resumable_token_counts,
     )
+    from toolschool.train.whole_run import WholeRunTotals, checkpoint_seconds
 
     settings = config.sft
     if settings.method not in ("lora", "full"):
@@ -303,7 +305,6 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     check_scheduler(settings.lr_scheduler, "sft")
     batching = resolve_batching(settings)
     fmt = get_format(settings.format)
-    train_path, validation_path = _resolve_data_paths(config)
 
     train_examples, train_report = load_dataset_jsonl(train_path, on_error="stop")
     if not train_examples:
@@ -381,6 +382,8 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         ),
     )
     logger = JsonlLogger(out_dir / "train_log.jsonl")
+    # the run's seconds and loss across resumes, not only this session's
+    totals = WholeRunTotals(out_dir / "train_log.jsonl", checkpoint_seconds(checkpoint), started)
     peft_config = None
     if settings.method == "lora":
         peft_config = lora_config(settings, modules_to_save=["embed_tokens", "lm_head"] if toolkens else None)
@@ -433,6 +436,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[
+            totals,  # first: it rewrites the final figures before the log callback writes them
             *_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
             *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
         ],
@@ -456,7 +460,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
     )
     final_validation = last_validation(out_dir / "train_log.jsonl")
-    seconds = time.perf_counter() - started
+    seconds = totals.seconds()
     if trainer.is_world_process_zero():  # every process of an `accelerate launch` run gets here
         logger.write({"event": "end", "step": trainer.state.global_step, "seconds": round(seconds, 1)})
     return SFTResult(
