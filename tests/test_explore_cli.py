@@ -358,3 +358,12 @@ def test_resume_after_a_user_tool_changed_its_schema_is_refused_naming_the_tool(
     assert "cannot resume: the schema of shout changed since the trial log was written" in result.output
     assert "--out" in result.output
     assert len(read_trials(out / TRIALS_FILE)) == before  # nothing lost
+
+
+def test_resume_into_a_folder_without_trials_says_it_starts_anew(tmp_path, scripted) -> None:
+    args = ["explore", "--tools", "calculator", "--episodes", "1", "--stm-slots", "1", "--resume"]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "typo")])
+    assert result.exit_code == 0, result.output
+    assert f"no trials in {tmp_path / 'typo' / TRIALS_FILE}: --resume starts a new exploration" in result.output
+    again = runner.invoke(app, [*args, "--out", str(tmp_path / "typo")])  # now it holds trials: a real resume
+    assert again.exit_code == 0 and "no trials in" not in again.output

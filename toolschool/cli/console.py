@@ -25,3 +25,13 @@ def say_if_resume_starts_over(out_dir: Path) -> None:
     if latest_checkpoint(out_dir) is None:
         where = escape(str(out_dir / "checkpoints"))
         err_console.print(f"[yellow]no checkpoint in {where}: starting at step 0[/yellow]")
+
+
+def say_if_resume_finds_no_trials(directory: Path) -> None:
+    """`explore --resume` into a folder holding no trials (a typo in --out, say) explores from the start: say so
+    first, as `say_if_resume_starts_over` does for training."""
+    from toolschool.explore.log import TRIALS_FILE
+
+    path = directory / TRIALS_FILE
+    if not path.is_file() or path.stat().st_size == 0:
+        err_console.print(f"[yellow]no trials in {escape(str(path))}: --resume starts a new exploration[/yellow]")

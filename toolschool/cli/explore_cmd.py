@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from toolschool.cli.console import console, err_console
+from toolschool.cli.console import console, err_console, say_if_resume_finds_no_trials
 
 
 def _split_names(text: str | None) -> list[str] | None:
@@ -55,14 +55,18 @@ def explore(
     no_reflection: bool = typer.Option(None, "--no-reflection", help="Ablation: no Yes/No self-reflection."),
     run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/explore)."),
     out: Path = typer.Option(None, "--out", help="Output folder (default: runs/NAME/explore)."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted exploration in the output folder."),
+    resume: bool = typer.Option(
+        False,
+        "--resume",
+        help="Continue an interrupted exploration in the output folder (one without trials: starts anew, saying so).",
+    ),
     fsync: bool = typer.Option(False, "--fsync", help="fsync the log after every trial (slower, survives power loss)."),
     seed: int = typer.Option(None, help="Sampling seed."),
 ) -> None:
     """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
     from toolschool.config import load_config
     from toolschool.errors import ConfigError
-    from toolschool.explore.stage import run_explore_stage
+    from toolschool.explore.stage import explore_dir, run_explore_stage
     from toolschool.explore.summary import summary_table
 
     overrides = {
@@ -89,6 +93,8 @@ def explore(
         raise ConfigError(f"two config files given: {config_arg} and --config {config_path}", hint="pass one of them")
     config = load_config(config_arg or config_path, overrides)
     err_console.print(f"[dim]explore: {config.model.name} ({config.explore.format})[/dim]", highlight=False)
+    if resume:
+        say_if_resume_finds_no_trials(explore_dir(config, out))
     result = run_explore_stage(config, out=out, resume=resume, console=err_console, fsync=fsync)
     console.print(summary_table(result.summary))
     run = result.summary["run"]
