@@ -185,7 +185,9 @@ def _python_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bo
     return pred_tree is not None and pred_tree == gold_tree
 
 
-def _same_unit(a: Any, b: Any) -> bool:
+def same_unit(a: Any, b: Any) -> bool:
+    """Whether two unit names are one unit (`km` = `kilometer`, `degC` = `celsius`), read as the unit_convert tool
+    reads them: how arguments match semantically, and how distill finds a call's unit stated in the request."""
     if values_equal(a, b):
         return True
     try:
@@ -210,7 +212,7 @@ def _unit_semantic(pred_args: dict[str, Any], gold_args: dict[str, Any]) -> bool
             if not _number_close(pred, gold):
                 return False
         elif key in ("from_unit", "to_unit"):
-            if not _same_unit(pred, gold):
+            if not same_unit(pred, gold):
                 return False
         elif not values_equal(pred, gold):
             return False
