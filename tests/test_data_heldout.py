@@ -97,3 +97,21 @@ def test_the_held_out_check_and_distill_dedupe_agree_on_what_is_one_request() ->
     kept, removed = dedupe([candidate(0, item), candidate(1, same), candidate(2, other)], 0.9)
     assert [c.query for c in removed] == [same] and [c.query for c in kept] == [item, other]
     assert paraphrase_problem(same, item, [], [], 0.9) == "same as the original"
+
+
+def test_dataset_heldout_command_writes_the_builtin_set(tmp_path) -> None:
+    """`toolschool dataset heldout` writes what the main job scores with eval_data = "builtin", loadable as data."""
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+    from toolschool.data.dataset import load_dataset_jsonl
+
+    out = tmp_path / "heldout.jsonl"
+    result = CliRunner().invoke(app, ["dataset", "heldout", "--out", str(out), "--per-tool", "2", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "wrote 12 held-out items (2 per built-in tool, seed 3)" in result.output
+    examples, report = load_dataset_jsonl(out, on_error="stop")
+    assert report.kept == 12
+    assert examples == builtin_heldout(build_registry(("builtin",)), per_tool=2, seed=3)
+    refused = CliRunner().invoke(app, ["dataset", "heldout", "--out", str(out), "--per-tool", "0"])
+    assert refused.exit_code == 2 and "Invalid value for '--per-tool'" in refused.output

@@ -161,6 +161,26 @@ def validate_cmd(
         raise typer.Exit(code=1)
 
 
+@app.command("heldout")
+def heldout_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write."),
+    per_tool: int = typer.Option(6, "--per-tool", min=1, help="Requests per built-in tool."),
+    seed: int = typer.Option(0, help="Seed of the request templates (a run's [run] seed)."),
+) -> None:
+    """Write the built-in held-out test set: templated requests for each built-in tool, gold calls, real results.
+
+    The same items the main job scores with [pipeline] eval_data = "builtin" (for the same seed and per-tool count,
+    before it leaves out the run's training requests); for measuring only, never for training."""
+    from toolschool.data.dataset import write_jsonl
+    from toolschool.data.heldout import builtin_heldout
+    from toolschool.tools.registry import build_registry
+
+    lines = builtin_heldout(build_registry(("builtin",)), per_tool=per_tool, seed=seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(out, lines)
+    console.print(f"wrote {len(lines)} held-out items ({per_tool} per built-in tool, seed {seed}) to {out}")
+
+
 @app.command("stats")
 def stats_cmd(
     path: str = typer.Argument(..., help="Dataset JSONL file (or a Hugging Face dataset id)."),
