@@ -44,13 +44,15 @@ class FormatBackend(Backend):
             return _ANY_CALL_OPENER.get(self.fmt.name, self.fmt.prefill)
         return prefill  # continue_final_message: the client's partial reply, written in the model's format
 
-    def _as_hermes(self, completion: Completion, sent_prefill: str, server_prefill: str) -> Completion:
+    def _as_hermes(
+        self, completion: Completion, sent_prefill: str, server_prefill: str, tools: list | None = None
+    ) -> Completion:
         # a reply returned as text is the whole reply the model wrote: the format's prefill ("Thought:") included
         # (a forced call's opener is not: the server reads its reply after its own hermes opener)
         as_written = dataclasses.replace(completion, text=("" if server_prefill else sent_prefill) + completion.text)
         if completion.finish_reason == "length":
             return as_written  # cut off: returned as the text it is (the server does the same with hermes)
-        parsed = self.fmt.parse(sent_prefill + completion.text, request.tools)
+        parsed = self.fmt.parse(sent_prefill + completion.text, tools)
         if parsed.calls:
             if server_prefill:  # a forced call: its thought is not part of the call the server reads
                 parsed = dataclasses.replace(parsed, content="")
@@ -76,7 +78,7 @@ class FormatBackend(Backend):
             params=dataclasses.replace(request.params, stop=stop),
         )
         completions = await self.inner.generate(sent)
-        return [self._as_hermes(c, prefill, request.prefill) for c in completions]
+        return [self._as_hermes(c, prefill, request.prefill, request.tools) for c in completions]
 
     async def aclose(self) -> None:
         await self.inner.aclose()
