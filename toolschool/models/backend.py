@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from toolschool.chat.constraints import Constraint
 from toolschool.errors import ToolschoolError
 
 FinishReason = Literal["stop", "length", "error"]
@@ -102,6 +103,8 @@ class GenerationRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     # Text the assistant turn starts with (e.g. "Thought:" for ReAct); included in neither prompt nor output.
     prefill: str = ""
+    # What the reply (after the prefill) may be, enforced token by token by a backend that `constrains`; None: free.
+    constraint: Constraint | None = None
 
 
 @dataclass
@@ -121,6 +124,8 @@ class Backend(ABC):
     """Generate completions for chat conversations; safe to call from many coroutines at once."""
 
     name: str
+    # Whether a request's `constraint` is enforced (grammar-constrained decoding); a backend that cannot ignores it.
+    constrains: bool = False
 
     @abstractmethod
     async def generate(self, request: GenerationRequest) -> list[Completion]:

@@ -47,6 +47,7 @@ from toolschool.models.backends.cascade import CascadePlan, Group, plan_groups, 
 from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
 from toolschool.models.backends.packed import packed_view, packing_available
 from toolschool.models.backends.sampling import sample_next
+from toolschool.models.grammar import GrammarCompiler, RowMasks
 from toolschool.models.openmp import release_thread_pool
 
 
@@ -68,6 +69,7 @@ class _Pending:
     # A streamed request's listener, called on the caller's loop with each step's (sample index, new token id
     # or the sample's completion) pairs.
     listener: Callable[[list[tuple[int, int | Completion]]], None] | None = None
+    grammar: Any = None  # the request's compiled constraint (`models.grammar`); each of its rows gets a matcher
 
 
 @dataclass
@@ -81,6 +83,7 @@ class _Row:
     prompt: list[int] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    matcher: Any = None  # the row's grammar state when its request is constrained
 
 
 @dataclass
@@ -249,6 +252,8 @@ def _common_prefix(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
 class LocalBackend(Backend):
     """Generate with a local Hugging Face model; concurrent callers share batched forward passes."""
 
+    constrains = True  # a request's constraint masks its rows' logits (`models.grammar`)
+
     def __init__(
         self, loaded: Any, *, max_batch_size: int = 16, prefix_cache_entries: int = 64, pack_weights: bool = True
     ) -> None:
@@ -289,6 +294,9 @@ class LocalBackend(Backend):
         self.max_rows_seen = 0  # largest batch run so far
         self.stats = GenerationStats()
         self.prefix_cache = PrefixCache(entries=prefix_cache_entries)
+        self._grammar: GrammarCompiler | None = None  # built on the first constrained request
+        self._grammar_lock = threading.Lock()
+        self._masks: RowMasks | None = None
         self._queue: collections.deque[_Pending] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -341,9 +349,11 @@ class LocalBackend(Backend):
 
     def _submit(self, request: GenerationRequest, listener: Callable[..., None] | None = None) -> _Pending:
         request.params.check()
+        # a constraint that cannot be compiled fails here, before anything is generated
+        grammar = None if request.constraint is None else self.grammar_compiler().compile(request.constraint)
         release_thread_pool()  # torch work this thread did (training, a retriever) must not throttle the worker's
         loop = asyncio.get_running_loop()
-        pending = _Pending(request=request, loop=loop, future=loop.create_future(), listener=listener)
+        pending = _Pending(request=request, loop=loop, future=loop.create_future(), listener=listener, grammar=grammar)
         pending.future.add_done_callback(lambda fut: _mark_cancelled(pending, fut))
         with self._cond:
             if self._closed:
@@ -354,6 +364,15 @@ class LocalBackend(Backend):
 
     def render_prompt(self, request: GenerationRequest) -> list[int]:
         return render_prompt(self.tokenizer, request, self.name)
+
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The compiler of this model's constraints (its tokenizer, its logits' width, its end-of-turn tokens)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
+                self._grammar = GrammarCompiler(self.tokenizer, vocab_size, sorted(self.stop_token_ids))
+                self._masks = RowMasks(vocab_size)
+            return self._grammar
 
     async def aclose(self) -> None:
         with self._cond:
@@ -521,7 +540,17 @@ class LocalBackend(Backend):
             seed = params.seed if params.seed is not None else secrets.randbits(62)
             for i in range(params.n):
                 generator = torch.Generator().manual_seed((seed + i) % 2**64) if params.temperature > 0 else None
-                rows.append(_Row(pending=pending, index=i, generator=generator, max_tokens=max_tokens, prompt=prompt))
+                matcher = None if pending.grammar is None else self.grammar_compiler().matcher(pending.grammar)
+                rows.append(
+                    _Row(
+                        pending=pending,
+                        index=i,
+                        generator=generator,
+                        max_tokens=max_tokens,
+                        prompt=prompt,
+                        matcher=matcher,
+                    )
+                )
                 positions_n.append(len(prompt))
             pending.completions = [None] * params.n
             pending.remaining = params.n
@@ -554,12 +583,17 @@ class LocalBackend(Backend):
         assert self._logits_BV is not None and self._mask_BL is not None and self._positions_B is not None
         rows = self._rows
         self.max_rows_seen = max(self.max_rows_seen, len(rows))
+        matchers = [r.matcher for r in rows]
+        constrained = self._masks is not None and any(m is not None for m in matchers)
         tokens, logprobs = sample_next(
             self._logits_BV,
             [r.pending.request.params.temperature for r in rows],
             [r.pending.request.params.top_p for r in rows],
             [r.generator for r in rows],
+            self._masks.masked(self._logits_BV, matchers) if constrained else None,  # type: ignore[union-attr]
         )
+        if constrained:
+            RowMasks.advance(matchers, tokens)
         keep: list[int] = []
         streamed: dict[int, tuple[_Pending, list[tuple[int, int | Completion]]]] = {}
         for i, row in enumerate(rows):

@@ -20,15 +20,20 @@ def sample_next(
     temperature_B: list[float],
     top_p_B: list[float],
     generators_B: list[torch.Generator | None],
+    masked_BV: torch.Tensor | None = None,
 ) -> tuple[list[int], list[float]]:
-    """Return (token id, raw log-prob) per row. Sampling draws on the CPU with each row's generator."""
+    """Return (token id, raw log-prob) per row. Sampling draws on the CPU with each row's generator.
+
+    `masked_BV`: the logits with the tokens a row's grammar forbids at -inf (`models.grammar`); the token is chosen
+    from them, its log-prob is still the raw one (what the model itself gives it)."""
     logits_BV = logits_BV.float()
-    tokens_B = torch.argmax(logits_BV, dim=-1)
+    choose_BV = logits_BV if masked_BV is None else masked_BV.float()
+    tokens_B = torch.argmax(choose_BV, dim=-1)
     sampled_rows = [i for i, t in enumerate(temperature_B) if t >= GREEDY_BELOW]
     if sampled_rows:
         rows = torch.tensor(sampled_rows, device=logits_BV.device)
         temps = torch.tensor([temperature_B[i] for i in sampled_rows], device=logits_BV.device)
-        probs_SV = torch.softmax(logits_BV.index_select(0, rows) / temps[:, None], dim=-1)
+        probs_SV = torch.softmax(choose_BV.index_select(0, rows) / temps[:, None], dim=-1)
         top_ps = torch.tensor([top_p_B[i] for i in sampled_rows], device=logits_BV.device)
         if bool((top_ps < 1.0).any()):
             probs_SV = _top_p_filter(probs_SV, top_ps)

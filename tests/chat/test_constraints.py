@@ -1,0 +1,104 @@
+"""Constraint structures: each format's call syntax, read back by the format's own parser, and nothing else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import CALC, WEATHER
+
+from toolschool.chat.constraints import Constraint, json_reply_schema
+from toolschool.chat.formats import get_format
+from toolschool.errors import ConfigError
+
+xgr = pytest.importorskip("xgrammar")
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer):
+    from toolschool.models.grammar import GrammarCompiler
+
+    return GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.convert_tokens_to_ids("<|im_end|>")])
+
+
+def accepts(compiler, constraint: Constraint, text: str) -> bool:
+    matcher = compiler.matcher(compiler.compile(constraint))
+    return matcher.accept_string(text) and matcher.is_completed()
+
+
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "2+2"}}}],
+}
+FINAL = {"role": "assistant", "content": "It is 4."}
+
+
+@pytest.mark.parametrize("fmt_name", ["hermes", "json", "react"])
+def test_what_a_format_writes_is_what_its_constraint_allows(compiler, fmt_name: str) -> None:
+    fmt = get_format(fmt_name)
+    auto = Constraint.for_tools(fmt_name, [CALC, WEATHER], "auto")
+    call_text = fmt.format_reply(CALL)[len(fmt.prefill) :]
+    final_text = fmt.format_reply(FINAL)[len(fmt.prefill) :]
+    assert accepts(compiler, auto, call_text)
+    assert accepts(compiler, auto, final_text)
+    assert fmt.parse(fmt.prefill + call_text).calls[0]["function"]["arguments"] == {"expression": "2+2"}
+    assert accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "required"), call_text)
+    assert not accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "required"), final_text)
+    assert accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "calculator"), call_text)
+    assert not accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "weather"), call_text)
+    assert not accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "none"), call_text)
+    assert accepts(compiler, Constraint.for_tools(fmt_name, [CALC, WEATHER], "none"), final_text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<tool_call>\n{"name": "search", "arguments": {"q": "x"}}\n</tool_call>',  # a tool not offered
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": 4}}\n</tool_call>',  # a number for a string
+        '<tool_call>\n{"name": "calculator", "arguments": {}}\n</tool_call>',  # a required argument missing
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "4", "x": 1}}\n</tool_call>',  # an extra key
+        '<tool_call>\n{"name": "calculator", "arguments": { "expression" : "4"}}\n</tool_call>',  # not the layout
+        '{"name": "calculator", "arguments": {"expression": "4"}}',  # bare JSON is text, not a hermes call
+    ],
+)
+def test_hermes_required_refuses_calls_that_are_not_valid(compiler, text: str) -> None:
+    closed_calc = json.loads(json.dumps(CALC))
+    closed_calc["function"]["parameters"]["additionalProperties"] = False
+    assert not accepts(compiler, Constraint.for_tools("hermes", [closed_calc, WEATHER], "required"), text)
+
+
+def test_hermes_parallel_calls_and_their_limit(compiler) -> None:
+    hermes = get_format("hermes")
+    two = hermes.format_reply({**CALL, "tool_calls": CALL["tool_calls"] * 2})
+    assert accepts(compiler, Constraint.for_tools("hermes", [CALC], "required"), two)
+    single = Constraint.for_tools("hermes", [CALC], "required", parallel_tool_calls=False)
+    assert not accepts(compiler, single, two)
+    assert accepts(compiler, single, hermes.format_reply(CALL))
+
+
+def test_response_format_schema_is_the_whole_reply(compiler) -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    constraint = Constraint.for_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert accepts(compiler, constraint, '{"n": 3}')
+    assert not accepts(compiler, constraint, '{"n": "3"}')
+    assert not accepts(compiler, constraint, 'Sure! {"n": 3}')
+    assert accepts(compiler, Constraint.for_response_format({"type": "json_object"}), '{"a": [1, 2]}')
+
+
+def test_bad_tool_choice_and_response_format_are_one_line_errors() -> None:
+    with pytest.raises(ConfigError, match=r"tool_choice 'search' is neither .* nor an offered tool \(calculator\)"):
+        Constraint.for_tools("hermes", [CALC], "search")
+    with pytest.raises(ConfigError, match='tool_choice "required" needs at least one tool'):
+        Constraint.for_tools("hermes", [], "required")
+    with pytest.raises(ConfigError, match="unknown chat format 'xml'"):
+        Constraint.for_tools("xml", [CALC], "auto")
+    with pytest.raises(ConfigError, match="response_format type 'text' cannot be constrained"):
+        json_reply_schema({"type": "text"})
+    with pytest.raises(ConfigError, match="needs json_schema.schema"):
+        json_reply_schema({"type": "json_schema", "json_schema": {"name": "x", "schema": "no"}})
+
+
+def test_describe_names_the_mode() -> None:
+    assert Constraint.for_tools("react", [CALC], "calculator").describe() == "react, tool_choice=calculator"
+    assert Constraint.for_response_format({"type": "json_object"}).describe() == "response_format=json_object"

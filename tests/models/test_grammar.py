@@ -1,0 +1,150 @@
+"""Grammar-constrained decoding in the local backend: per-request constraints in one batch, errors before generation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import jsonschema
+import pytest
+import torch
+from helpers import CALC
+
+from toolschool.chat.constraints import Constraint
+from toolschool.chat.formats import get_format
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.backends import make_backend
+from toolschool.models.backends.sampling import sample_next
+from toolschool.models.grammar import ConstraintError
+
+pytest.importorskip("xgrammar")
+
+# Arguments a random model can finish: every value is one of a few words, a boolean or a small integer.
+PICK = {
+    "type": "function",
+    "function": {
+        "name": "pick",
+        "description": "Pick a colour.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "colour": {"enum": ["red", "green", "blue"]},
+                "bright": {"type": "boolean"},
+                "size": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["colour", "bright", "size"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_model_dir: Path):
+    b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)
+    yield b
+    asyncio.run(b.aclose())
+
+
+def _request(fmt_name: str, constraint: Constraint | None, seed: int = 0, **params) -> GenerationRequest:
+    fmt = get_format(fmt_name)
+    messages, tools = fmt.to_messages([{"role": "user", "content": "pick a colour"}], [PICK, CALC])
+    params.setdefault("max_tokens", 80)
+    params.setdefault("temperature", 1.0)
+    return GenerationRequest(
+        messages=messages,
+        tools=tools,
+        params=SamplingParams(seed=seed, stop=list(fmt.stop), **params),
+        prefill=fmt.prefill,
+        constraint=constraint,
+    )
+
+
+@pytest.mark.parametrize("fmt_name", ["hermes", "json", "react"])
+def test_a_random_model_writes_only_valid_calls_when_constrained(backend, fmt_name: str) -> None:
+    """A random model writes noise; held to a named tool it writes a call every time that parses, names the tool
+    and validates against its schema, and then ends its turn."""
+    fmt = get_format(fmt_name)
+    constraint = Constraint.for_tools(fmt_name, [PICK, CALC], "pick")
+
+    async def run():
+        return await asyncio.gather(*(backend.generate(_request(fmt_name, constraint, seed=s)) for s in range(6)))
+
+    for (completion,) in asyncio.run(run()):
+        assert completion.finish_reason == "stop", completion.text
+        parsed = fmt.parse(fmt.prefill + completion.text)
+        assert parsed.error is None and len(parsed.calls) == 1, completion.text
+        assert parsed.calls[0]["function"]["name"] == "pick"
+        jsonschema.validate(parsed.calls[0]["function"]["arguments"], PICK["function"]["parameters"])
+
+
+def test_unconstrained_rows_in_a_constrained_batch_are_unchanged(backend) -> None:
+    """Rows without a constraint get exactly what they get alone (greedy), beside constrained rows."""
+    free = _request("hermes", None, temperature=0.0, max_tokens=16)
+    alone = asyncio.run(backend.generate(free))[0]
+
+    async def mixed():
+        constrained = [_request("hermes", Constraint.for_tools("hermes", [PICK], "required"), seed=s) for s in range(3)]
+        return await asyncio.gather(backend.generate(free), *(backend.generate(r) for r in constrained))
+
+    results = asyncio.run(mixed())
+    assert results[0][0].token_ids == alone.token_ids
+    for (completion,) in results[1:]:
+        assert get_format("hermes").parse(completion.text).calls, completion.text
+
+
+def test_n_samples_each_keep_their_own_grammar_state(backend) -> None:
+    request = _request("json", Constraint.for_tools("json", [PICK], "required"), n=4)
+    for completion in asyncio.run(backend.generate(request)):
+        parsed = get_format("json").parse(completion.text)
+        assert parsed.calls and parsed.calls[0]["function"]["name"] == "pick", completion.text
+
+
+def test_response_format_holds_the_whole_reply_to_the_schema(backend) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    constraint = Constraint.for_response_format({"type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    completion = asyncio.run(backend.generate(_request("hermes", constraint, max_tokens=30)))[0]
+    assert completion.text in ('{"ok": true}', '{"ok": false}')
+
+
+def test_a_schema_the_library_cannot_compile_fails_before_generation(backend) -> None:
+    bad = {
+        "type": "function",
+        "function": {
+            "name": "when",
+            "parameters": {
+                "type": "object",
+                "properties": {"day": {"type": "string", "pattern": "(?<=x)y"}},
+                "required": ["day"],
+            },
+        },
+    }
+    steps = backend.steps
+    with pytest.raises(ConstraintError) as caught:
+        asyncio.run(backend.generate(_request("hermes", Constraint.for_tools("hermes", [CALC, bad], "auto"))))
+    message = str(caught.value)
+    assert "tool 'when'" in message and "properties.day.pattern" in message and "Lookbehind" in message
+    assert "\n" not in message
+    assert backend.steps == steps  # nothing was generated
+
+
+def test_compiled_constraints_are_cached(backend) -> None:
+    compiler = backend.grammar_compiler()
+    before = compiler.compiles
+    for _ in range(3):
+        compiler.compile(Constraint.for_tools("react", [PICK, CALC], "auto"))
+    assert compiler.compiles - before <= 1
+
+
+def test_sampling_chooses_from_the_mask_and_reports_the_raw_log_prob() -> None:
+    logits = torch.tensor([[5.0, 1.0, 0.0], [0.0, 3.0, 1.0]])
+    masked = logits.clone()
+    masked[0, 0] = float("-inf")  # row 0 may not take its best token
+    tokens, logprobs = sample_next(logits, [0.0, 0.0], [1.0, 1.0], [None, None], masked)
+    assert tokens == [1, 1]
+    assert logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[1].item())

@@ -1,0 +1,236 @@
+"""What a reply may be, as data: the structure grammar-constrained decoding holds a generation to.
+
+A `Constraint` says which tools a reply may call and how (`tool_choice` as OpenAI defines it: "auto" free text or
+calls, "required" at least one call, a tool's name exactly one call to it, "none" no call), in which chat format,
+or that the whole reply is JSON of a schema (`response_format`). `Constraint.structure()` turns it into a
+structural tag: the JSON that xgrammar compiles (and that vLLM and SGLang accept as
+`response_format={"type": "structural_tag", ...}`) — a sequence / choice of constant strings, free text and
+JSON-schema values. It is plain data, so this module needs no grammar library; `toolschool.models.grammar`
+compiles it against a tokenizer and masks the logits with it.
+
+Each format's call syntax comes from the format itself (`call_prefix`, the text that opens a call up to its
+arguments object), so the constraint and the formats' parsers cannot drift apart:
+- hermes: `<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`, text around the calls allowed
+  ("auto"), several calls unless `parallel_tool_calls` is false;
+- json: the whole reply is `{"tool": NAME, "args": ARGS}` or `{"final": TEXT}`;
+- react (after its "Thought:" prefill): a one-line thought, then `Action: NAME` / `Action Input: ARGS`, or
+  `Final Answer: TEXT`; a named tool's call is the format's call opener with its set thought, as a forced call
+  was written before constraints.
+ARGS is a JSON object valid against the tool's `parameters` schema. JSON is held to the layout the formats write
+and the models were trained on (`json.dumps`: `", "` and `": "`, no other whitespace).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from toolschool.chat.formats import get_format
+from toolschool.errors import ConfigError
+
+TOOL_CHOICES = ("auto", "required", "none")
+_HERMES_OPEN = "<tool_call>"
+_HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's brace, then the closing tag
+# A final answer in the json format: the one object format_reply writes for it.
+_JSON_FINAL = {
+    "type": "object",
+    "properties": {"final": {"type": "string"}},
+    "required": ["final"],
+    "additionalProperties": False,
+}
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What a generated reply may be (see the module docstring).
+
+    `tools`: OpenAI function schemas; `tool_choice`: "auto" | "required" | "none" | the name of one of the tools;
+    `response_format`: an OpenAI response format ({"type": "json_object"} or {"type": "json_schema", "json_schema":
+    {"name", "schema"}}), which then decides the whole reply and `tools` are not used.
+    """
+
+    format: str = "hermes"
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
+
+    @classmethod
+    def for_tools(
+        cls,
+        fmt: str,
+        tools: list[dict[str, Any]] | None,
+        tool_choice: str = "auto",
+        *,
+        parallel_tool_calls: bool = True,
+    ) -> Constraint:
+        """A tool-call constraint; a `tool_choice` that is not one of TOOL_CHOICES nor an offered tool is a
+        ConfigError naming the choices."""
+        get_format(fmt)  # an unknown format is a ConfigError naming the valid ones
+        schemas = tuple(_function_schema(t) for t in tools or [])
+        names = [s["function"]["name"] for s in schemas]
+        if tool_choice not in TOOL_CHOICES and tool_choice not in names:
+            raise ConfigError(
+                f"tool_choice {tool_choice!r} is neither one of {', '.join(TOOL_CHOICES)} nor an offered tool"
+                + (f" ({', '.join(names)})" if names else " (no tools are offered)"),
+                hint='use "auto", "required", "none" or the name of one of the tools',
+            )
+        if tool_choice == "required" and not names:
+            raise ConfigError('tool_choice "required" needs at least one tool', hint='offer tools or use "auto"')
+        return cls(format=fmt, tools=schemas, tool_choice=tool_choice, parallel_tool_calls=parallel_tool_calls)
+
+    @classmethod
+    def for_response_format(cls, response_format: dict[str, Any]) -> Constraint:
+        """A constraint for the whole reply from an OpenAI `response_format` ("json_object" or "json_schema")."""
+        json_reply_schema(response_format)  # refuse a malformed one now, with its message
+        return cls(response_format=dict(response_format))
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [s["function"]["name"] for s in self.tools]
+
+    def describe(self) -> str:
+        """A short label for logs and reports, e.g. 'hermes, tool_choice=auto' or 'response_format=json_schema'."""
+        if self.response_format is not None:
+            return f"response_format={self.response_format.get('type')}"
+        return f"{self.format}, tool_choice={self.tool_choice}"
+
+    def key(self) -> str:
+        """One string per distinct structure (what a compiled grammar is cached under)."""
+        return json.dumps(self.structure(), sort_keys=True, ensure_ascii=False)
+
+    def schemas(self) -> list[tuple[str, dict[str, Any]]]:
+        """(what it is, JSON schema) of every schema in the structure: each tool's arguments ("tool 'NAME'"), or
+        the response format's; `models.grammar` compiles each alone first, to name the one it cannot compile."""
+        if self.response_format is not None:
+            return [(_response_format_label(self.response_format), json_reply_schema(self.response_format))]
+        return [(f"tool '{name}'", _parameters(s)) for name, s in zip(self.tool_names, self.tools, strict=True)]
+
+    def structure(self) -> dict[str, Any]:
+        """The structural tag of the reply (text after the format's prefill)."""
+        if self.response_format is not None:
+            body: dict[str, Any] = _schema(json_reply_schema(self.response_format))
+        else:
+            body = _BUILDERS[self.format](self)
+        return {"type": "structural_tag", "format": body}
+
+
+def json_reply_schema(response_format: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema an OpenAI `response_format` asks the reply to match; ConfigError for a malformed one."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_object":
+        return _ANY_OBJECT
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if schema is None and isinstance(spec, dict):
+            return _ANY_OBJECT  # a json_schema without a schema: any JSON object (as vLLM reads it)
+        if not isinstance(schema, dict | bool):
+            raise ConfigError(
+                "response_format json_schema needs json_schema.schema, a JSON schema object",
+                hint='send {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}',
+            )
+        return schema if isinstance(schema, dict) else ({} if schema else {"not": {}})
+    raise ConfigError(
+        f"response_format type {kind!r} cannot be constrained; use 'json_object' or 'json_schema'",
+        hint="'text' means no constraint",
+    )
+
+
+def _response_format_label(response_format: dict[str, Any]) -> str:
+    spec = response_format.get("json_schema")
+    name = spec.get("name") if isinstance(spec, dict) else None
+    return f"response_format json_schema '{name}'" if name else f"response_format {response_format.get('type')}"
+
+
+def _function_schema(tool: Any) -> dict[str, Any]:
+    function = tool.get("function", tool) if isinstance(tool, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+        raise ConfigError(f"a tool to constrain calls to needs a function name, got {str(tool)[:80]}")
+    return {"type": "function", "function": function}
+
+
+def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    parameters = tool["function"].get("parameters")
+    return parameters if isinstance(parameters, dict) and parameters else {"type": "object", "properties": {}}
+
+
+def _schema(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": schema}
+
+
+def _const(text: str) -> dict[str, Any]:
+    return {"type": "const_string", "value": text}
+
+
+def _sequence(*elements: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "sequence", "elements": list(elements)}
+
+
+def _choice(elements: list[dict[str, Any]]) -> dict[str, Any]:
+    return elements[0] if len(elements) == 1 else {"type": "or", "elements": elements}
+
+
+def _called(constraint: Constraint) -> list[dict[str, Any]]:
+    """The tools a call may name: the named one, else all."""
+    if constraint.tool_choice in TOOL_CHOICES:
+        return list(constraint.tools)
+    return [t for t in constraint.tools if t["function"]["name"] == constraint.tool_choice]
+
+
+def _call_prefix(fmt: str, name: str) -> str:
+    return get_format(fmt).call_prefix(name)
+
+
+def _hermes(constraint: Constraint) -> dict[str, Any]:
+    if constraint.tool_choice == "none" or not constraint.tools:
+        return {"type": "any_text", "excludes": [_HERMES_OPEN]}
+    tags = [
+        {
+            "type": "tag",
+            "begin": _call_prefix("hermes", t["function"]["name"]),
+            "content": _schema(_parameters(t)),
+            "end": _HERMES_END,
+        }
+        for t in _called(constraint)
+    ]
+    if constraint.tool_choice not in TOOL_CHOICES:  # a named tool: exactly that one call
+        return tags[0]
+    return {
+        "type": "triggered_tags",
+        "triggers": [_HERMES_OPEN],
+        "tags": tags,
+        "at_least_one": constraint.tool_choice == "required",
+        "stop_after_first": not constraint.parallel_tool_calls,
+    }
+
+
+def _json(constraint: Constraint) -> dict[str, Any]:
+    final = _schema(_JSON_FINAL)
+    if constraint.tool_choice == "none" or not constraint.tools:
+        return final
+    calls = [
+        _sequence(_const(_call_prefix("json", t["function"]["name"])), _schema(_parameters(t)), _const("}"))
+        for t in _called(constraint)
+    ]
+    return _choice(calls + ([final] if constraint.tool_choice == "auto" else []))
+
+
+def _react(constraint: Constraint) -> dict[str, Any]:
+    thought = {"type": "any_text", "excludes": ["\n"]}
+    final = _sequence(_const("\nFinal Answer: "), {"type": "any_text", "excludes": ["Observation:"]})
+    if constraint.tool_choice == "none" or not constraint.tools:
+        return _sequence(thought, final)
+    calls = []
+    for tool in _called(constraint):
+        prefix = _call_prefix("react", tool["function"]["name"])
+        if constraint.tool_choice not in TOOL_CHOICES:  # a named tool: the format's whole call opener, its thought too
+            return _sequence(_const(prefix.removeprefix(get_format("react").prefill)), _schema(_parameters(tool)))
+        action = prefix[prefix.index("\nAction:") :]  # the call after its thought: "\nAction: NAME\nAction Input: "
+        calls.append(_sequence(_const(action), _schema(_parameters(tool))))
+    return _sequence(thought, _choice(calls + ([final] if constraint.tool_choice == "auto" else [])))
+
+
+_BUILDERS = {"hermes": _hermes, "json": _json, "react": _react}
