@@ -399,19 +399,19 @@ async def test_cancelling_an_episode_as_its_tool_call_returns_is_not_swallowed()
         ({"type": "object", "properties": {}}, {}),  # a tool without parameters: "now", "list_files"
     ],
 )
-def test_a_forced_call_starts_the_reply_the_model_is_trained_to_write(
-    format_name: str, parameters: dict, arguments: dict
+def test_a_forced_call_decoded_free_starts_the_reply_the_model_is_trained_to_write(
+    format_name: str, parameters: dict, arguments: dict, tmp_path
 ) -> None:
-    """The forced first call is a prefill: it must be the start of the format's own reply text for that call, or
-    the model continues from a token boundary it never saw (a lone trailing space for a tool without parameters)."""
-    from types import SimpleNamespace
-
+    """With a backend that cannot constrain, force_call prefills the format's call opener: it must be the start of
+    the format's own reply text for that call, or the model continues from a token boundary it never saw (a lone
+    trailing space for a tool without parameters). A backend that constrains gets a named tool_choice instead."""
     from toolschool.chat.formats import get_format
     from toolschool.chat.types import tool_call
-    from toolschool.explore.episode import forced_call_prefix
 
     fmt = get_format(format_name)
-    ctx = SimpleNamespace(fmt=fmt, schema_of=lambda tool: {"name": tool, "parameters": parameters})
     reply = fmt.format_reply({"role": "assistant", "content": "", "tool_calls": [tool_call("now", arguments)]})
-    prefix = forced_call_prefix(ctx, "now")  # type: ignore[arg-type]
+    prefix = fmt.call_prefix("now").rstrip()
     assert reply.startswith(prefix) and not prefix.endswith(" "), (prefix, reply)
+    ctx = make_ctx(tmp_path, ScriptedBackend(), force_call=True)
+    ctx.fmt = fmt
+    assert ctx.decoding == "free" and ctx.trial_constraint("calculator", 0) is None

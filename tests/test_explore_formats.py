@@ -92,9 +92,9 @@ def forced_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         return "What is 6 * 7?"
     if "Yes" in last["content"] and "No" in last["content"]:
         return "Yes"
-    if request.prefill.startswith("<tool_call>"):  # forced: only the argument values are left to write
-        assert request.prefill.endswith('"arguments": {"expression": "')
-        return '6 * 7"}}\n</tool_call>'
+    if request.prefill.startswith("<tool_call>"):  # forced: only the arguments are left to write
+        assert request.prefill.endswith('"arguments":')
+        return ' {"expression": "6 * 7"}}\n</tool_call>'
     return "I would rather not call anything."
 
 
@@ -115,3 +115,37 @@ async def test_force_call_prefills_a_call_to_the_explored_tool_and_demonstration
     assert first[2]["content"] == "Will it rain in Lisbon on 2024-06-14?"  # the packaged worked example
     assert first[4]["tool_calls"][0]["function"]["name"] == "get_weather"
     assert not any("get_weather" in str(m) for m in record["messages"])  # the examples are not logged as trials
+
+
+class ConstrainingBackend(ScriptedBackend):
+    """A scripted backend that says it enforces constraints (what the local backend does), to see what it is sent."""
+
+    constrains = True
+
+
+async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_logs_the_mode(tmp_path) -> None:
+    """force_call is a named tool_choice on the first reply, every later reply may call any tool or answer (auto),
+    nothing is prefilled, imagination and reflection are free text, and the trial says how it was decoded."""
+    backend = ConstrainingBackend(hermes_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
+    ctx.fmt = get_format("hermes")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["decoding"] == "constrained"
+    constrained = [r for r in backend.requests if r.constraint is not None]
+    assert [r.constraint.tool_choice for r in constrained] == ["calculator", "auto"]
+    assert all(
+        r.constraint.format == "hermes" and r.constraint.tool_names == [s["function"]["name"] for s in SCHEMAS]
+        for r in constrained
+    )
+    assert not any(r.prefill for r in backend.requests)
+    assert len(backend.requests) == len(constrained) + 2  # the imagined query and the reflection are free
+
+
+async def test_exploration_without_constraints_logs_free_decoding(tmp_path) -> None:
+    backend = ConstrainingBackend(hermes_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, constrained=False)
+    ctx.fmt = get_format("hermes")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["decoding"] == "free" and all(r.constraint is None for r in backend.requests)

@@ -164,7 +164,12 @@ class ExploreSection(Section):
         2, ge=0, description="worked examples (made-up tools) shown first in each episode; 0: none"
     )
     force_call: bool = Field(
-        False, description="each trial's first reply starts as a call to the explored tool (a named tool_choice)"
+        False, description="each trial's first reply is a call to the explored tool (a named tool_choice)"
+    )
+    constrained: bool = Field(
+        True,
+        description="generate replies grammar-constrained: a call always parses, names an offered tool and fits "
+        "its schema; whether to call stays the explorer's choice (needs a local model)",
     )
     ltm_max_queries: int = Field(0, ge=0, description="long-term memory shown when imagining: last N (0: all)")
     max_observation_chars: int = Field(
@@ -253,6 +258,11 @@ class EvalSection(Section):
     arguments: Annotated[str, _one_of(ARGUMENT_MODES)] = Field(
         "exact", description="exact | semantic: argument matching that decides 'correct'"
     )
+    constrained: bool = Field(
+        False,
+        description="generate grammar-constrained (tool_choice auto: free text or a call that parses, names an "
+        "offered tool and fits its schema); local models only",
+    )
     out: str | None = Field(None, description="output folder (default: runs/NAME/eval)")
 
 
@@ -332,6 +342,9 @@ class PipelineSection(Section):
         "for the built-in tools (templates, gold calls, answers from the real tools)",
     )
     heldout_per_tool: int = Field(6, ge=1, description="items per built-in tool when eval_data = 'builtin'")
+    heldout_no_tool: int = Field(
+        0, ge=0, description="eval_data = 'builtin': items of each no-tool kind (chitchat, irrelevance) as well"
+    )
     execute: bool = Field(True, description="eval runs the predicted calls and scores the final answers too")
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from toolschool.chat.constraints import Constraint
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
@@ -90,6 +91,7 @@ class ExploreSettings:
     reflection_max_tokens: int = 16
     demonstrations: int = 2
     force_call: bool = False
+    constrained: bool = True  # trial replies grammar-constrained (`decoding`), where the backend can
     max_observation_chars: int = 2000
     ltm_max_queries: int = 0
     prompts_sha256: str | None = None  # PromptSet.fingerprint: the templates and worked examples in use
@@ -115,6 +117,7 @@ class ExploreSettings:
             max_tokens=section.max_tokens,
             demonstrations=section.demonstrations,
             force_call=section.force_call,
+            constrained=section.constrained,
             max_observation_chars=section.max_observation_chars,
             ltm_max_queries=section.ltm_max_queries,
             prompts_sha256=prompts_sha256,
@@ -142,6 +145,21 @@ class ExploreContext:
     tool_schemas: list[dict[str, Any]]
     model_name: str
     on_trial: Callable[[dict[str, Any]], None] | None = None
+
+    @property
+    def decoding(self) -> str:
+        """How trial replies are generated: "constrained" (a call always parses, names an offered tool and fits its
+        schema) when asked and the backend can, else "free"."""
+        return "constrained" if self.settings.constrained and self.backend.constrains else "free"
+
+    def trial_constraint(self, tool: str, turn: int) -> Constraint | None:
+        """What a trial's reply may be: with `force_call`, the first one is a call to the explored tool (a named
+        tool_choice); otherwise free text or a valid call to an offered tool (auto): calling stays the explorer's
+        choice. None when decoding is free."""
+        if self.decoding != "constrained":
+            return None
+        choice = tool if self.settings.force_call and turn == 0 else "auto"
+        return Constraint.for_tools(self.fmt.name, self.tool_schemas, choice)
 
     def schema_of(self, tool: str) -> dict[str, Any]:
         for schema in self.tool_schemas:
@@ -239,7 +257,13 @@ class _Trial:
         self._generations = 0
 
     async def generate(
-        self, conversation: list[dict[str, Any]], *, stop: list[str], prefill: str, max_tokens: int
+        self,
+        conversation: list[dict[str, Any]],
+        *,
+        stop: list[str],
+        prefill: str,
+        max_tokens: int,
+        constraint: Constraint | None = None,
     ) -> Completion:
         ctx = self.ctx
         key = f"{ctx.settings.seed}/{self.tool}/{self.episode}/{self.slot}/{self._generations}"
@@ -253,7 +277,7 @@ class _Trial:
             seed=zlib.crc32(key.encode()),
         )
         completions = await ctx.backend.generate(
-            GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill)
+            GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill, constraint=constraint)
         )
         if not completions:
             raise BackendFailure(f"backend returned no completion for {self.tool} episode {self.episode}")
@@ -419,6 +443,7 @@ async def run_trial(
         "tokens": {"prompt": trial.prompt_tokens, "completion": trial.completion_tokens},
         "model": ctx.model_name,
         "format": ctx.fmt.name,
+        "decoding": ctx.decoding,
         "ablations": ablations.to_dict(),
         "settings": settings.trial_shape(),
         "started_at": started,
@@ -454,11 +479,19 @@ async def _attempt(
         fmt = ctx.fmt
         calls_left = settings.max_turns
         for turn in range(settings.max_turns + 1):
-            # force_call: the first reply starts as a call to the explored tool (like a named tool_choice), so a
-            # model too weak to decide to call a tool still writes arguments and learns from their execution.
-            prefill = forced_call_prefix(ctx, trial.tool) if settings.force_call and turn == 0 else fmt.prefill
+            # force_call: the first reply is a call to the explored tool (a named tool_choice), so a model too weak
+            # to decide to call a tool still writes arguments and learns from their execution. Constrained, that
+            # and every other call is valid by construction; free (a backend that cannot constrain), the reply
+            # starts with the format's call opener and the model writes the arguments as it will.
+            constraint = ctx.trial_constraint(trial.tool, turn)
+            forced = settings.force_call and turn == 0 and constraint is None
+            prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
             completion = await trial.generate(
-                [*conversation, *trial.messages], stop=fmt.stop, prefill=prefill, max_tokens=settings.max_tokens
+                [*conversation, *trial.messages],
+                stop=fmt.stop,
+                prefill=prefill,
+                max_tokens=settings.max_tokens,
+                constraint=constraint,
             )
             raw = prefill + completion.text
             parsed = fmt.parse(raw, ctx.tool_schemas)
@@ -501,25 +534,6 @@ async def _attempt(
             solved = parse_reflection(reflection)
             trial.messages.append(_verbatim(reflection))
     return reflection, solved
-
-
-def forced_call_prefix(ctx: ExploreContext, tool: str) -> str:
-    """The format's call opening for `tool`, plus the arguments object's first key when the schema has one.
-
-    Every format's `call_prefix` ends where the arguments JSON object begins; opening the object with the
-    first (required, else declared) argument's name keeps a small model from writing a bare value there; a
-    string argument's opening quote is written too (small models otherwise write numbers for strings).
-    """
-    prefix = ctx.fmt.call_prefix(tool)
-    parameters = ctx.schema_of(tool).get("parameters") or {}
-    properties = parameters.get("properties") or {}
-    names = list(parameters.get("required") or []) or list(properties.keys())
-    if not names:
-        # ' {}' is one token in training text: a prefill ending in the space would leave the model a boundary it
-        # never saw (serve's forced calls strip it too)
-        return prefix.rstrip()
-    quote = '"' if (properties.get(names[0]) or {}).get("type") == "string" else ""
-    return prefix + "{" + json.dumps(names[0]) + ": " + quote
 
 
 def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:

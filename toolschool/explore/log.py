@@ -22,9 +22,11 @@ Fields of one line (version 1):
 - `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the
   query, the attempt, the reflection) — replayed on resume and used by distillation; `tools`: the OpenAI
   schemas offered;
-- `tokens` {prompt, completion}, `model`, `format`, `ablations` {no_exec_feedback, no_stm, no_ltm, no_reflection},
+- `tokens` {prompt, completion}, `model`, `format`, `decoding` ("constrained": every reply of the attempt was
+  grammar-constrained, so a call parses, names an offered tool and fits its schema; "free"), `ablations`
+  {no_exec_feedback, no_stm, no_ltm, no_reflection},
   `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens, reflection_max_tokens,
-  demonstrations, force_call, max_observation_chars, ltm_max_queries, prompts_sha256, seed), `started_at`,
+  demonstrations, force_call, constrained, max_observation_chars, ltm_max_queries, prompts_sha256, seed), `started_at`,
   `finished_at` (ISO 8601 UTC), `seconds`.
 """
 

@@ -76,6 +76,8 @@ def summarize(records: list[dict[str, Any]], tools: list[str] | None = None) -> 
     return {
         "model": first.get("model"),
         "format": first.get("format"),
+        # how trial replies were generated (older logs, from before constrained decoding, were free)
+        "decoding": sorted({r.get("decoding", "free") for r in records}) or None,
         "ablations": first.get("ablations"),
         "tools": per_tool,
         "total": total,
@@ -84,7 +86,10 @@ def summarize(records: list[dict[str, Any]], tools: list[str] | None = None) -> 
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title=f"exploration — {summary.get('model')} ({summary.get('format')})")
+    decoding = ", ".join(summary.get("decoding") or [])
+    table = Table(
+        title=f"exploration — {summary.get('model')} ({summary.get('format')}; {decoding or 'free'} decoding)"
+    )
     columns = [
         ("tool", "tool"),
         ("trials", "trials"),
