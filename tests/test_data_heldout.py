@@ -4,6 +4,7 @@ import pytest
 
 from toolschool.data.dataset import validate_example
 from toolschool.data.heldout import builtin_heldout
+from toolschool.errors import DataError
 from toolschool.tools.registry import build_registry
 
 
@@ -115,3 +116,19 @@ def test_dataset_heldout_command_writes_the_builtin_set(tmp_path) -> None:
     assert examples == builtin_heldout(build_registry(("builtin",)), per_tool=2, seed=3)
     refused = CliRunner().invoke(app, ["dataset", "heldout", "--out", str(out), "--per-tool", "0"])
     assert refused.exit_code == 2 and "Invalid value for '--per-tool'" in refused.output
+
+
+def test_builtin_heldout_no_tool_items_are_answers_without_a_call() -> None:
+    registry = build_registry(("builtin",))
+    lines = builtin_heldout(registry, per_tool=2, no_tool=8)
+    no_tool = [line for line in lines if line["meta"]["tool"] is None]
+    assert [line["meta"]["category"] for line in no_tool] == ["chitchat"] * 8 + ["irrelevance"] * 8
+    assert all(validate_example(line) is None for line in no_tool)
+    assert all(len(line["messages"]) == 2 and "tool_calls" not in line["messages"][1] for line in no_tool)
+    assert len({line["messages"][0]["content"] for line in no_tool}) == 16
+    assert lines[:12] == builtin_heldout(registry, per_tool=2)  # the tool items do not change
+    assert "Sorry, none of the tools I have can help with a weather forecast." in [
+        line["messages"][1]["content"] for line in no_tool
+    ]
+    with pytest.raises(DataError, match="can make only .* distinct chitchat requests, and 900 were asked"):
+        builtin_heldout(registry, per_tool=1, no_tool=900)

@@ -45,6 +45,7 @@ STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
         "eval",
         "pipeline.eval_data",
         "pipeline.heldout_per_tool",
+        "pipeline.heldout_no_tool",
         "pipeline.execute",
     ),
     "report": (),
@@ -377,6 +378,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
         lines = builtin_heldout(
             registry,
             per_tool=config.pipeline.heldout_per_tool,
+            no_tool=config.pipeline.heldout_no_tool,
             seed=config.run.seed,
             exclude=_training_queries(config),  # measuring only: never an item the run trained on
         )

@@ -166,6 +166,9 @@ def heldout_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write."),
     per_tool: int = typer.Option(6, "--per-tool", min=1, help="Requests per built-in tool."),
     seed: int = typer.Option(0, help="Seed of the request templates (a run's [run] seed)."),
+    no_tool: int = typer.Option(
+        0, "--no-tool", min=0, help="Also this many requests of each no-tool kind (chitchat, irrelevance)."
+    ),
 ) -> None:
     """Write the built-in held-out test set: templated requests for each built-in tool, gold calls, real results.
 
@@ -175,10 +178,11 @@ def heldout_cmd(
     from toolschool.data.heldout import builtin_heldout
     from toolschool.tools.registry import build_registry
 
-    lines = builtin_heldout(build_registry(("builtin",)), per_tool=per_tool, seed=seed)
+    lines = builtin_heldout(build_registry(("builtin",)), per_tool=per_tool, seed=seed, no_tool=no_tool)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(out, lines)
-    console.print(f"wrote {len(lines)} held-out items ({per_tool} per built-in tool, seed {seed}) to {out}")
+    extra = f" and {no_tool} per no-tool kind" if no_tool else ""
+    console.print(f"wrote {len(lines)} held-out items ({per_tool} per built-in tool{extra}, seed {seed}) to {out}")
 
 
 @app.command("stats")

@@ -79,8 +79,93 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, dict[str, Any]]]] = {
 }
 
 
+# Requests no offered tool serves, in two kinds. "chitchat": talk, writing and general knowledge a model answers
+# itself. "irrelevance": a request for a tool the set does not have (weather, mail, bookings...; as BFCL's
+# irrelevance category), where the right reply says so instead of misusing a tool that is there.
+_TOPICS = ["the sea", "autumn", "a lighthouse", "coffee", "a city at night", "snow", "an old bicycle", "the moon"]
+_CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Canada", "Ottawa"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
+             ("Norway", "Oslo")]
+_CHITCHAT: list[Callable[[random.Random], tuple[str, str]]] = [
+    lambda r: ("Hi! How are you doing today?", "I'm doing well, thank you! How can I help you?"),
+    lambda r: (f"Write a short poem about {r.choice(_TOPICS)}.", "Here is a short poem for you."),
+    lambda r: (f"Tell me a fun fact about {r.choice(['octopuses', 'honey', 'Saturn', 'penguins', 'volcanoes'])}.",
+               "Here is a fun fact."),
+    lambda r: (f"Can you suggest a name for my new {r.choice(['cat', 'puppy', 'goldfish', 'robot', 'band'])}?",
+               "How about one of these names?"),
+    lambda r: (lambda country, capital: (f"What is the capital of {country}?", f"The capital of {country} is "
+                                         f"{capital}."))(*r.choice(_CAPITALS)),
+    lambda r: (f"Give me {r.choice(['two', 'three', 'four'])} tips for sleeping better.", "Here are a few tips."),
+    lambda r: (f"Thanks a lot for your help with {r.choice(['my homework', 'the trip', 'that recipe'])}!",
+               "You're welcome! Happy to help."),
+    lambda r: (f"Explain in one sentence what {r.choice(['photosynthesis', 'gravity', 'a rainbow', 'DNA'])} is.",
+               "Here is a one-sentence explanation."),
+]
+_CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Toronto", "Madrid", "Hanoi"]
+
+
+def _missing(query: str, what: str) -> tuple[str, str]:
+    return query, f"Sorry, none of the tools I have can help with {what}."
+
+
+_IRRELEVANCE: list[Callable[[random.Random], tuple[str, str]]] = [
+    lambda r: _missing(f"What will the weather be like in {r.choice(_CITIES)} tomorrow?", "a weather forecast"),
+    lambda r: _missing(f"Send an email to {r.choice(['Maria', 'Tom', 'my boss', 'the landlord'])} saying I will be "
+                       "late.", "sending email"),
+    lambda r: _missing(f"Book me a table for {r.randrange(2, 7)} at an Italian restaurant in {r.choice(_CITIES)} "
+                       "tonight.", "restaurant bookings"),
+    lambda r: _missing(f"What is the current stock price of {r.choice(['Apple', 'Tesla', 'Nvidia', 'Siemens'])}?",
+                       "live stock prices"),
+    lambda r: _missing(f"Translate '{r.choice(['good morning', 'where is the station', 'thank you very much'])}' "
+                       f"into {r.choice(['German', 'Japanese', 'Portuguese', 'Swahili'])}.", "translation"),
+    lambda r: _missing(f"Set a reminder to call {r.choice(['mom', 'the dentist', 'Alex'])} at {r.randrange(1, 12)} "
+                       "pm.", "reminders"),
+    lambda r: _missing(f"Find me a flight from {r.choice(_CITIES)} to {r.choice(_CITIES[::-1])} next Friday.",
+                       "flight search"),
+    lambda r: _missing(f"Play some {r.choice(['jazz', 'rock', 'classical music', 'lo-fi beats'])} for me.",
+                       "playing music"),
+]  # fmt: skip
+NO_TOOL_KINDS = ("chitchat", "irrelevance")
+
+
+def _no_tool_items(
+    kind: str, count: int, seed: int, excluded: set[str], schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """`count` distinct requests of one no-tool kind: each template in turn, then drawn at random."""
+    rng = random.Random(f"builtin-heldout/{seed}/{kind}")
+    templates = _CHITCHAT if kind == "chitchat" else _IRRELEVANCE
+    seen: set[str] = set()
+    lines: list[dict[str, Any]] = []
+    attempts = 0
+    while len(lines) < count and attempts < count * 50:
+        attempts += 1
+        write = templates[attempts - 1] if attempts <= len(templates) else rng.choice(templates)
+        query, answer = write(rng)
+        if query in seen or same_request_key(query) in excluded:
+            continue
+        seen.add(query)
+        lines.append(
+            {
+                "messages": [{"role": "user", "content": query}, {"role": "assistant", "content": answer}],
+                "tools": schemas,
+                "meta": {
+                    "id": f"heldout/{kind}/{len(lines) + 1}",
+                    "tool": None,
+                    "source": "builtin-heldout",
+                    "category": kind,
+                    "split": "test",
+                },
+            }
+        )
+    if len(lines) < count:
+        raise DataError(
+            f"the built-in held-out set can make only {len(lines)} distinct {kind} requests, and {count} were asked",
+            hint=f"set [pipeline] heldout_no_tool to {len(lines)} or less",
+        )
+    return lines
+
+
 def builtin_heldout(
-    registry: Any, *, per_tool: int = 6, seed: int = 0, exclude: Iterable[str] = ()
+    registry: Any, *, per_tool: int = 6, seed: int = 0, exclude: Iterable[str] = (), no_tool: int = 0
 ) -> list[dict[str, Any]]:
     """Dataset lines for every built-in tool the registry offers: request, gold call, real result, answer.
 
@@ -91,6 +176,9 @@ def builtin_heldout(
     Each tool draws from its own seeded stream, so its items do not change with the other tools offered or
     excluded: two runs with the same seed are scored on the same items of each tool. A tool that cannot have
     `per_tool` distinct items (the python template has 35) is an error, not a smaller share of the set.
+
+    `no_tool`: that many requests of each no-tool kind (`chitchat`, `irrelevance`), whose right reply is a plain
+    answer without a call (scored: well-formed and no call); their category names the kind.
     """
     excluded = {same_request_key(q) for q in exclude}
     schemas = registry.schemas()
@@ -137,4 +225,7 @@ def builtin_heldout(
                 f"and {per_tool} were asked" + (" (the run's training queries are left out)" if excluded else ""),
                 hint=f"set [pipeline] heldout_per_tool to {len(seen)} or less",
             )
+    if no_tool and offered:
+        for kind in NO_TOOL_KINDS:
+            lines += _no_tool_items(kind, no_tool, seed, excluded, schemas)
     return lines
