@@ -283,3 +283,25 @@ def test_standalone_distill_or_eval_into_a_finished_run_stage_is_refused(tmp_pat
         assert f"--from {stage}" in result.output and "--out another folder" in result.output
         assert sorted(p.name for p in folder.iterdir()) == ["DONE.json", "summary.json"]
         assert (folder / "summary.json").read_text() == "{}"
+
+
+def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(tmp_path: Path) -> None:
+    """STE's question is whether the student reaches its teacher: the explorer zero-shot is the table's last row."""
+    from toolschool.pipeline import comparison_markdown, comparison_table, eval_models
+
+    config = load_config(None, {"run.root": str(tmp_path), "run.name": "r", "pipeline.explorer": "qwen2.5-coder-0.5b"})
+    assert eval_models(config) == [("base", "smollm2-135m"), ("explorer (reference)", "qwen2.5-coder-0.5b")]
+    assert eval_models(
+        load_config(None, {"pipeline.explorer": "qwen2.5-coder-0.5b", "pipeline.compare_explorer": False})
+    ) == [("base", "smollm2-135m")]
+    assert eval_models(load_config(None, {"pipeline.explorer": "smollm2-135m"})) == [("base", "smollm2-135m")]
+    block = {
+        "overall": {"n": 4, "well_formed": 1.0, "correct_tool": 0.75, "correct": 0.5},
+        "by_category": {"weekday": {"correct": 1.0}, "chitchat": {"correct": 0.0}},
+    }
+    summary = {"models": {"smollm2-135m": {"data": block}, "qwen2.5-coder-0.5b": {"data": block}}}
+    table = comparison_table(summary, eval_models(config))
+    assert table[1]["model"] == "explorer (reference)" and table[1]["correct %"] == 50.0
+    assert table[0]["correct % by category"] == {"chitchat": 0.0, "weekday": 100.0}
+    text = comparison_markdown(table)
+    assert "| model | chitchat | weekday |" in text and "| explorer (reference) | 0.0 | 100.0 |" in text

@@ -336,6 +336,9 @@ class PipelineSection(Section):
         description="stages to run, in pipeline order (explore, distill, sft, rl, eval, report)",
     )
     explorer: str | None = Field(None, description="exploring model (default: [model].name, the student)")
+    compare_explorer: bool = Field(
+        True, description="the eval stage also scores the explorer zero-shot, as the reference row of the table"
+    )
     eval_data: str | None = Field(
         None,
         description="held-out JSONL (default: the run's distill/validation.jsonl); 'builtin': a test set generated "

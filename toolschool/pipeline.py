@@ -46,6 +46,8 @@ STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
         "pipeline.eval_data",
         "pipeline.heldout_per_tool",
         "pipeline.heldout_no_tool",
+        "pipeline.explorer",
+        "pipeline.compare_explorer",
         "pipeline.execute",
     ),
     "report": (),
@@ -345,12 +347,16 @@ def _no_sft_model(start: Path) -> ToolschoolError:
 
 
 def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
-    """(label, model) pairs compared by the eval stage: the base model and each trained model present."""
+    """(label, model) pairs compared by the eval stage: the base model, each trained model present, and the explorer
+    zero-shot as the reference the student should reach (STE: the student fine-tuned on the explorer's trials)."""
     models = [("base", config.model.name)]
     if "sft" in config.pipeline.stages and sft_model_dir(config).is_dir():
         models.append(("sft", str(sft_model_dir(config))))
     if "rl" in config.pipeline.stages and rl_model_dir(config).is_dir():
         models.append(("sft+rl", str(rl_model_dir(config))))
+    explorer = config.pipeline.explorer
+    if config.pipeline.compare_explorer and explorer and explorer != config.model.name:
+        models.append(("explorer (reference)", explorer))
     return models
 
 
@@ -502,6 +508,11 @@ def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> 
         for column, key in TABLE_COLUMNS:
             value = overall.get(key)
             row[column] = None if value is None else round(100 * float(value), 1)
+        # correct % per category of the held-out set (a tool's name, or a no-tool kind)
+        row["correct % by category"] = {
+            category: round(100 * float(scores.get("correct", 0.0)), 1)
+            for category, scores in sorted(block.get("by_category", {}).items())
+        }
         rows.append(row)
     return rows
 
@@ -512,6 +523,14 @@ def comparison_markdown(table: list[dict[str, Any]]) -> str:
     for row in table:
         cells = [row["model"], *("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS), str(row["n"])]
         lines.append("| " + " | ".join(cells) + " |")
+    categories = sorted({c for row in table for c in row.get("correct % by category", {})})
+    if categories:
+        lines += ["", "correct % by category:", ""]
+        lines += ["| model | " + " | ".join(categories) + " |", "|" + "|".join(["---"] * (len(categories) + 1)) + "|"]
+        for row in table:
+            by = row.get("correct % by category", {})
+            cells = [row["model"], *("—" if c not in by else f"{by[c]:.1f}" for c in categories)]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
