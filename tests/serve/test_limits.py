@@ -147,3 +147,33 @@ def test_the_body_limit_option_is_checked_before_loading_the_model() -> None:
 
     result = CliRunner().invoke(app, ["serve", "--model", "/nonexistent/model/folder", "--max-body-mb", "0"])
     assert result.exit_code == 2 and "--max-body-mb must be above 0, got 0.0" in result.output, result.output
+
+
+async def test_a_client_hanging_up_mid_body_is_let_go_without_an_error(backend: LocalBackend) -> None:  # noqa: F811
+    """It raised ClientDisconnect out of the app: 'Exception in ASGI application' and a traceback in the log."""
+    app = create_app(backend, "tiny", close_backend=False)
+    incoming = [{"type": "http.request", "body": b'{"messages": [', "more_body": True}, {"type": "http.disconnect"}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"1000")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("127.0.0.1", 8000),
+    }
+    await app(scope, receive, send)
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499

@@ -67,6 +67,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from toolschool.chat.formats import get_format
@@ -235,6 +236,8 @@ def create_app(
             raw = await read_body(request, max_body_bytes)
         except RequestTooLarge as exc:
             return _error(413, str(exc))
+        except ClientDisconnect:  # it hung up mid-body: nobody is left to answer
+            return Response(status_code=499)
         body = await asyncio.to_thread(parse_body, raw)  # off the event loop: other requests go on meanwhile
         if body.model and body.model != model_name:
             raise BadRequest(
