@@ -318,6 +318,34 @@ async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path
     assert any("What is 1 * 7?" in r.messages[-1]["content"] for r in imagination_requests(second))
 
 
+async def test_target_per_tool_explores_until_enough_verified_trials_within_the_budget(tmp_path) -> None:
+    """The scripted explorer solves every calculator request and never calls for weekday: calculator stops once it
+    has 3 verified trials (the first round's 2 episodes give 4), weekday uses its whole budget of 5 episodes."""
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        if "Tool: weekday" in str(request.messages) and request.messages[-1]["content"].endswith("User request:"):
+            return "User request: Which day of the week is 2024-01-01?"
+        if "Which day of the week" in request.messages[-1]["content"]:
+            return "I am not sure."
+        return scripted_policy(request, counter)
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), episodes=5, target_per_tool=3)
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    ctx.log.close()
+    records = read_trials(tmp_path / TRIALS_FILE)
+    episodes = {t: sorted({r["episode"] for r in records if r["tool"] == t}) for t in ("calculator", "weekday")}
+    assert episodes == {"calculator": [0, 1], "weekday": [0, 1, 2, 3, 4]}
+    assert result.summary["tools"]["calculator"]["verified"] == 4
+    assert result.summary["tools"]["weekday"]["verified"] == 0 and result.summary["tools"]["weekday"]["trials"] == 10
+    assert result.summary["settings"]["target_per_tool"] == 3
+    # a resume with a higher target goes on where the log stops (trial shape unchanged: target is not part of it)
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), resume=True, episodes=5, target_per_tool=6)
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    ctx.log.close()
+    assert result.summary["tools"]["calculator"]["verified"] == 6  # one more round of 1 episode (2 trials)
+    assert result.summary["tools"]["weekday"]["trials"] == 10  # its budget was spent: nothing more
+
+
 def test_resume_with_other_settings_is_a_clear_error() -> None:
     records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "react", "ablations": {}}]
     with pytest.raises(Exception, match="format = 'react', this run has 'hermes'.*--out"):

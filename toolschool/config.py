@@ -152,7 +152,18 @@ class SFTSection(Section):
 class ExploreSection(Section):
     """STE exploration (Wang et al., 2024); defaults follow the paper: 15 episodes x 3 trials, 4 calls per trial."""
 
-    episodes: int = Field(15, ge=1, description="episodes per tool; each is one conversation (short-term memory)")
+    episodes: int = Field(
+        15,
+        ge=1,
+        description="episodes per tool; each is one conversation (short-term memory). With target_per_tool: the "
+        "most episodes a tool may take to reach its target",
+    )
+    target_per_tool: int = Field(
+        0,
+        ge=0,
+        description="explore each tool until it has this many verified trials (calls ran without error, a final "
+        "answer, judged solved), within `episodes`; 0: run every episode",
+    )
     stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
     max_turns: int = Field(4, ge=1, description="tool calls per trial before the final answer")
     concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")
@@ -284,6 +295,30 @@ class DistillSection(Section):
     max_tokens: int = Field(160, ge=1, description="tokens per judge reply (on a trial or a paraphrase)")
     paraphrase_max_tokens: int = Field(
         128, ge=1, description="tokens per paraphrase (a reply cut off there is rejected)"
+    )
+    require_grounded: bool = Field(
+        True, description="keep a trial only when every call value is stated in (or derivable from) its request"
+    )
+    round_trip: bool = Field(
+        True,
+        description="with a judge_model: keep a trial only when that model, given only the request and the tools, "
+        "writes an equivalent call",
+    )
+    round_trip_max_tokens: int = Field(256, ge=1, description="tokens per round-trip reply (one call)")
+    irrelevance_fraction: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="no-tool lines built from kept requests with the tools that fit taken away, per tool-call line",
+    )
+    chitchat_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="chit-chat lines the judge_model imagines and answers without tools, per tool-call line",
+    )
+    chitchat_max_tokens: int = Field(
+        96, ge=1, description="tokens per chit-chat request or answer (an answer cut off there is dropped)"
     )
 
 

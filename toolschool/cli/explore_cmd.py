@@ -38,7 +38,10 @@ def explore(
         None, "--tools", help="Comma-separated tools to explore (default: every tool of the set)."
     ),
     model: str = typer.Option(None, "--model", "-m", help="Explorer: embedded name, HF id, folder or openai:URL#name."),
-    episodes: int = typer.Option(None, help="Episodes per tool (default 15)."),
+    episodes: int = typer.Option(None, help="Episodes per tool (default 15); with --target-per-tool, the most."),
+    target_per_tool: int = typer.Option(
+        None, "--target-per-tool", help="Explore each tool until it has this many verified trials (0: off)."
+    ),
     stm_slots: int = typer.Option(None, "--stm-slots", help="Trials per episode / conversation (default 3)."),
     max_turns: int = typer.Option(
         None, "--max-turns", help="Tool calls per trial before the final answer (default 4)."
@@ -76,6 +79,7 @@ def explore(
         "explore.tools": _split_names(tools),
         "model.name": model,
         "explore.episodes": episodes,
+        "explore.target_per_tool": target_per_tool,
         "explore.stm_slots": stm_slots,
         "explore.max_turns": max_turns,
         "explore.concurrency": concurrency,

@@ -84,6 +84,7 @@ class Ablations:
 @dataclass(frozen=True)
 class ExploreSettings:
     episodes: int = 15
+    target_per_tool: int = 0  # explore a tool until this many verified trials (0: every episode)
     stm_slots: int = 3
     max_turns: int = 4
     temperature: float = 0.7
@@ -101,16 +102,18 @@ class ExploreSettings:
     def trial_shape(self) -> dict[str, Any]:
         """The settings that shape every trial, logged with it: a resumed run must not change them.
 
-        `episodes` is left out on purpose: raising it on resume explores further in the same experiment.
+        `episodes` and `target_per_tool` are left out on purpose: raising them on resume explores further in the
+        same experiment.
         """
         shape = asdict(self)
-        del shape["episodes"], shape["ablations"]  # ablations are logged and checked on their own
+        del shape["episodes"], shape["target_per_tool"], shape["ablations"]  # ablations are checked on their own
         return shape
 
     @classmethod
     def from_section(cls, section: ExploreSection, seed: int = 0, prompts_sha256: str | None = None) -> ExploreSettings:
         return cls(
             episodes=section.episodes,
+            target_per_tool=section.target_per_tool,
             stm_slots=section.stm_slots,
             max_turns=section.max_turns,
             temperature=section.temperature,

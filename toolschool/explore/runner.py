@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolschool.errors import ResumeRefused
 from toolschool.explore.episode import ExploreContext, episode_finished, run_episode
 from toolschool.explore.log import completed_slots, read_trials
-from toolschool.explore.summary import summarize
+from toolschool.explore.summary import is_verified, summarize
 
 SUMMARY_FILE = "summary.json"
 
@@ -56,6 +56,49 @@ def plan_episodes(
         for tool in tools
         if not episode_finished(done.get((tool, episode), {}), stm_slots, no_stm=no_stm)
     ]
+
+
+def verified_counts(records: list[dict[str, Any]], tools: list[str]) -> dict[str, int]:
+    """Verified trials per tool (`summary.is_verified`), what `target_per_tool` counts."""
+    counts = dict.fromkeys(tools, 0)
+    for record in records:
+        if record.get("tool") in counts and is_verified(record):
+            counts[record["tool"]] += 1
+    return counts
+
+
+def plan_round(
+    tools: list[str],
+    settings: Any,
+    done: dict[tuple[str, int], dict[int, Any]],
+    verified: dict[str, int],
+    concurrency: int,
+    skip: set[tuple[str, int]],
+) -> list[tuple[str, int]]:
+    """The next round of a `target_per_tool` exploration: for each tool still short of its target, its next
+    unfinished episodes within the `episodes` budget, as many as keep `concurrency` episodes busy but no more than
+    would reach the target if every trial were verified (a round's episodes of one tool run side by side; the next
+    round sees their long-term memory). `skip`: episodes that failed in this run (retried by --resume, not in a
+    loop)."""
+    left = {
+        tool: [
+            (tool, e)
+            for e in range(settings.episodes)
+            if (tool, e) not in skip
+            and not episode_finished(done.get((tool, e), {}), settings.stm_slots, no_stm=settings.ablations.no_stm)
+        ]
+        for tool in tools
+        if verified.get(tool, 0) < settings.target_per_tool
+    }
+    short = [tool for tool, episodes in left.items() if episodes]
+    if not short:
+        return []
+    share = max(1, -(-concurrency // len(short)))
+    plan = []
+    for tool in short:  # no more episodes than would reach the target if every trial were verified
+        needed = -(-(settings.target_per_tool - verified.get(tool, 0)) // settings.stm_slots)
+        plan += left[tool][: min(share, needed)]
+    return plan
 
 
 def edited_tools(records: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[str]:
@@ -143,7 +186,21 @@ async def run_exploration(
 
     progress = _make_progress(console)
     overall = per_tool = None
-    if progress is not None:
+    target = settings.target_per_tool
+    tried = {t: sum(1 for r in ctx.log.existing if r.get("tool") == t) for t in tools}
+    verified = verified_counts(ctx.log.existing, tools)
+    if progress is not None and target:  # the bars count verified trials toward the target, and say what was tried
+        overall = progress.add_task(
+            "[bold]all tools (verified)",
+            total=target * len(tools),
+            completed=sum(min(v, target) for v in verified.values()),
+        )
+        per_tool = {
+            t: progress.add_task(f"{t} ({tried[t]} tried)", total=target, completed=min(verified[t], target))
+            for t in tools
+        }
+        progress.start()
+    elif progress is not None:
         total = len(tools) * settings.episodes * settings.stm_slots
         finished = {  # within this run's plan: a resume with fewer episodes must not show 4/2
             t: sum(
@@ -164,9 +221,20 @@ async def run_exploration(
     def on_trial(record: dict[str, Any]) -> None:
         nonlocal trials_run
         trials_run += 1
-        if progress is not None and overall is not None and per_tool is not None:
+        tool = record["tool"]
+        tried[tool] = tried.get(tool, 0) + 1
+        if progress is None or overall is None or per_tool is None:
+            return
+        if not target:
             progress.advance(overall)
-            progress.advance(per_tool[record["tool"]])
+            progress.advance(per_tool[tool])
+            return
+        progress.update(per_tool[tool], description=f"{tool} ({tried[tool]} tried)")
+        if is_verified(record):
+            verified[tool] = verified.get(tool, 0) + 1
+            if verified[tool] <= target:
+                progress.advance(overall)
+                progress.advance(per_tool[tool])
 
     ctx.on_trial = on_trial
 
@@ -177,7 +245,7 @@ async def run_exploration(
                 ran = await run_episode(ctx, tool, episode, logged)
                 left = settings.stm_slots - len(logged) - ran
                 if left > 0:  # a trial outgrew the model's context and ended the episode
-                    if progress is not None and overall is not None and per_tool is not None:
+                    if progress is not None and overall is not None and per_tool is not None and not target:
                         progress.advance(overall, left)
                         progress.advance(per_tool[tool], left)
                     if console is not None:
@@ -206,7 +274,19 @@ async def run_exploration(
                     )
 
     try:
-        await asyncio.gather(*(guarded(tool, episode) for tool, episode in plan))
+        if not target:
+            await asyncio.gather(*(guarded(tool, episode) for tool, episode in plan))
+        failed: set[tuple[str, int]] = set()
+        while target:
+            records = read_trials(ctx.log.path)
+            round_plan = plan_round(
+                tools, settings, completed_slots(records), verified_counts(records, tools), concurrency, failed
+            )
+            if not round_plan:
+                break
+            before = len(failures)
+            await asyncio.gather(*(guarded(tool, episode) for tool, episode in round_plan))
+            failed |= {(f["tool"], f["episode"]) for f in failures[before:]}
     finally:
         if progress is not None:
             progress.stop()
@@ -225,6 +305,7 @@ async def run_exploration(
     }
     summary["settings"] = {
         "episodes": settings.episodes,
+        "target_per_tool": target,
         "stm_slots": settings.stm_slots,
         "max_turns": settings.max_turns,
         "temperature": settings.temperature,

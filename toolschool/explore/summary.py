@@ -18,6 +18,7 @@ COUNTS = (
     "executed_calls",
     "execution_errors",
     "trials_calls_ok",
+    "verified",
     "final_answers",
     "successes",
     "empty_queries",
@@ -32,8 +33,20 @@ def normalise_query(query: str) -> str:
     return re.sub(r"\s+", " ", query.strip().lower()).strip(" .?!\"'")
 
 
+def is_verified(record: dict[str, Any]) -> bool:
+    """A trial exploration counts toward `target_per_tool`: its calls ran without a parse or execution error, it
+    ended with a final answer, and the explorer judged it solved (where the reflection ran: with the reflection
+    ablated, `solved` is None and the other two decide). Distill checks far more; this is what exploring can see."""
+    steps = record.get("steps", [])
+    calls = [c for s in steps for c in s.get("calls", [])]
+    clean = bool(calls) and not any(s.get("parse_error") for s in steps)
+    clean = clean and not any(c["observation"]["is_error"] for c in calls)
+    return clean and record.get("final_answer") is not None and record.get("solved") is not False
+
+
 def trial_counts(record: dict[str, Any]) -> dict[str, int]:
-    """Counts for one trial. `trials_calls_ok`: at least one call executed, and no parse or execution error."""
+    """Counts for one trial. `trials_calls_ok`: at least one call executed, and no parse or execution error;
+    `verified`: see `is_verified`."""
     steps = record.get("steps", [])
     calls = [c for s in steps for c in s.get("calls", [])]
     parse_errors = sum(1 for s in steps if s.get("parse_error"))
@@ -44,6 +57,7 @@ def trial_counts(record: dict[str, Any]) -> dict[str, int]:
         "executed_calls": len(calls),
         "execution_errors": execution_errors,
         "trials_calls_ok": int(bool(calls) and parse_errors == 0 and execution_errors == 0),
+        "verified": int(is_verified(record)),
         "final_answers": int(record.get("final_answer") is not None),
         "successes": int(record.get("solved") is True),
         "empty_queries": int(record.get("status") == "empty_query"),
@@ -98,6 +112,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
         ("execution_errors", "exec err"),
         ("trials_calls_ok", "calls ok"),
         ("successes", "solved (self)"),
+        ("verified", "verified"),
         ("distinct_queries", "distinct queries"),
     ]
     for key, title in columns:
