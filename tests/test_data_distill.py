@@ -221,20 +221,58 @@ def test_dedupe_keeps_the_same_words_in_another_order() -> None:
     assert [c.query for c in removed] == queries[4:]
 
 
+def hermes_call(name: str, arguments: dict) -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps(arguments)}}}\n</tool_call>'
+
+
+def first_call_replies(trials: list[dict]) -> dict[str, str]:
+    """query -> the trial's first successful call, written as a model would: a round trip that reproduces it."""
+    replies = {}
+    for t in trials:
+        for step in t["steps"]:
+            good = [c for c in step.get("calls") or [] if not c["observation"]["is_error"]]
+            if good:
+                replies.setdefault(t["query"], hermes_call(good[0]["name"], good[0]["arguments"]))
+                break
+    return replies
+
+
 class ScriptedBackend(Backend):
-    """A test double: answers judge prompts with a fixed verdict and paraphrase prompts from a script."""
+    """A test double: answers judge prompts with a fixed verdict, paraphrase prompts from a script, a round trip
+    (the request alone, with tools) from `calls` (default: the trial's own first call), and chit-chat prompts from
+    `chitchat` (requests) with `answers` (replies, in turn)."""
 
     name = "scripted"
 
-    def __init__(self, paraphrases: dict[str, list[str]], reject: str = "", not_same: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        paraphrases: dict[str, list[str]],
+        reject: str = "",
+        not_same: tuple[str, ...] = (),
+        *,
+        calls: dict[str, str] | None = None,
+        chitchat: tuple[str, ...] = ("Any tips for sleeping better?", "Tell me something nice about cats."),
+        answers: tuple[str, ...] = ("Keep a regular bedtime and a dark, quiet room.",),
+    ) -> None:
         self.paraphrases = paraphrases
         self.reject = reject
         self.not_same = not_same  # paraphrases the judge calls another request
+        self.calls = {**first_call_replies(good_trials()), **(calls or {})}
+        self.chitchat = chitchat
+        self.answers = answers
         self.requests: list[GenerationRequest] = []
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
         self.requests.append(request)
         prompt = request.messages[-1]["content"]
+        if request.tools:  # a round trip: the request alone, with the tools
+            return [Completion(text=self.calls.get(prompt, "I cannot tell."))]
+        if prompt.startswith("Write one short message"):
+            index = sum(r.messages[-1]["content"].startswith("Write one short message") for r in self.requests) - 1
+            return [Completion(text=self.chitchat[index % len(self.chitchat)])]
+        if request.messages[0]["role"] == "system":  # a chit-chat answer
+            index = sum(r.messages[0]["role"] == "system" for r in self.requests) - 1
+            return [Completion(text=self.answers[index % len(self.answers)])]
         if prompt.startswith("You check one example"):
             verdict = "No - invented a number" if self.reject and self.reject in prompt else "Yes - fine"
             text = f"Addresses: Yes - answers it\nFaithful: {verdict}\nAppropriate: Yes - the right tool"
@@ -280,7 +318,8 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     for split, examples in (("train", train), ("validation", validation)):
         for example in examples:
             by_original.setdefault(example["meta"]["original_id"], set()).add(split)
-            assert example["meta"]["judge"]["faithful"]["verdict"] is True
+            if example["meta"]["tool"] is not None:  # a trial's line, not a no-tool one
+                assert example["meta"]["judge"]["faithful"]["verdict"] is True
     assert all(len(splits) == 1 for splits in by_original.values())  # paraphrases never straddle the split
     paraphrased = [e for e in train + validation if e["meta"]["paraphrase"]]
     assert sorted(e["messages"][0]["content"] for e in paraphrased) == [
@@ -290,7 +329,10 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     judgments = [json.loads(line) for line in (opts.out / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 4 and any(j["faithful"]["reason"] == "invented a number" for j in judgments)
     card = (opts.out / "README.md").read_text()
-    assert "| calculator | 7 | 3 | 2 | 1 | 1 | 2 |" in card and "judged No on faithful: 1" in card
+    # trials, rules, grounded, no_echo, judge, round_trip, dedupe, paraphrases, irrelevance, chitchat, final
+    assert "| calculator | 7 | 3 | 3 | 3 | 2 | 2 | 1 | 1 | 0 | 0 | 2 |" in card and "judged No on faithful: 1" in card
+    assert "| judge | 4 | 1 | 3 | judged No on faithful: 1 |" in card  # the yield: 4 trials reached the judge
+    assert summary["no_tool"]["chitchat"] == 1 and summary["per_tool"]["(no tool)"]["chitchat"] == 1
 
     # resume: every reply comes from the append-only cache, nothing is generated again, same output
     asked = len(backend.requests)
@@ -303,7 +345,13 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
 def test_rules_only_and_errors(tmp_path: Path) -> None:
     opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0)
     summary = distill(good_trials(), opts)
-    assert summary["total"]["rules"] == 4 and summary["total"]["final"] == 3 and summary["total"]["validation"] == 0
+    assert summary["total"]["rules"] == 4 and summary["total"]["final"] == 4 and summary["total"]["validation"] == 0
+    # 3 tool lines; irrelevance_fraction 0.2 of them (at least one) again without their tool; no chit-chat without
+    # a model
+    assert summary["no_tool"] == {
+        "irrelevance": 1, "irrelevance_per_tool": summary["no_tool"]["irrelevance_per_tool"], "chitchat": 0,
+        "chitchat_wanted": 0, "lines": 1, "share": 0.25,
+    }  # fmt: skip
     assert "none (rules only)" in (opts.out / "README.md").read_text()
     with pytest.raises(DataError, match="target_per_tool=5 needs a paraphrasing model"):
         distill(good_trials(), DistillOptions(trials=opts.trials, out=opts.out, target_per_tool=5))
@@ -328,7 +376,7 @@ def test_cli_distill_from_a_trial_log(tmp_path: Path) -> None:
     out = tmp_path / "distill"
     result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
     assert result.exit_code == 0, result.output
-    assert (out / "train.jsonl").exists() and json.loads((out / "summary.json").read_text())["total"]["final"] == 3
+    assert (out / "train.jsonl").exists() and json.loads((out / "summary.json").read_text())["total"]["final"] == 4
     result = runner.invoke(app, ["distill", "--trials", str(tmp_path / "none.jsonl"), "--out", str(out)])
     assert result.exit_code == 2 and "none.jsonl' does not exist" in result.output
     result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--target-per-tool", "9"])
@@ -396,6 +444,7 @@ def test_paraphrases_of_different_originals_are_deduplicated_against_each_other(
         e["messages"][0]["content"]
         for split in ("train", "validation")
         for e in load_dataset_jsonl(opts.out / f"{split}.jsonl", on_error="stop")[0]
+        if e["meta"]["tool"] is not None  # not the no-tool lines
     ]
     assert sorted(queries) == sorted(
         ["What is 1234 * 5678?", "Find the product of 1234 and 5678", "Multiply 1234 by 5678.",
@@ -419,7 +468,8 @@ def test_split_keeps_one_query_in_one_split_across_tools(tmp_path: Path) -> None
         out = tmp_path / f"s{seed}"
         opts = DistillOptions(trials=tmp_path / "t.jsonl", out=out, validation_fraction=0.5, seed=seed)
         summary = distill(trials, opts)
-        assert summary["total"]["final"] == 4
+        # four tool lines, and one of them again without the tools that fit (its query: in the same split)
+        assert summary["total"]["final"] == 5 and summary["no_tool"]["irrelevance"] == 1
         splits = {
             split: {e["messages"][0]["content"] for e in load_dataset_jsonl(out / f"{split}.jsonl")[0]}
             for split in ("train", "validation")
@@ -539,6 +589,8 @@ def test_rules_require_solved_and_duplicate_trial_lines(tmp_path: Path) -> None:
     assert trial_to_candidate(_ok_trial(solved=True), require_solved=True)[1] is None
     assert trial_to_candidate(_ok_trial(solved=None), require_solved=True)[1] == "not self-reported as solved"
     assert trial_to_candidate(_ok_trial(solved=None))[1] is None  # only when asked for
+    # the explorer's own reflection said No: not taught, whether or not Yes is required
+    assert trial_to_candidate(_ok_trial(solved=False))[1] == "the explorer's reflection said it was not solved"
     trials = [_ok_trial(), _ok_trial(slot=1), _ok_trial(query="What is 7 * 6?")]  # the last repeats slot 0
     summary = distill(trials, DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", dedupe_threshold=1.0))
     assert summary["dropped"]["rules"] == {"calculator": {"duplicate trial line": 1}}
@@ -599,7 +651,8 @@ def test_an_interrupted_judge_run_resumes_without_asking_again(tmp_path: Path) -
         distill(good_trials(), opts, judge=FailingAfter(2))
     backend = ScriptedBackend({})
     summary = distill(good_trials(), opts, judge=backend)
-    assert len(backend.requests) == 2  # 4 candidates, 2 judged before the crash
+    judged = [r for r in backend.requests if r.messages[-1]["content"].startswith("You check one example")]
+    assert len(judged) == 2  # 4 candidates, 2 judged before the crash
     assert summary["total"]["judge"] == 4
     fresh = distill(good_trials(), DistillOptions(**{**opts.__dict__, "out": tmp_path / "fresh"}), judge=backend)
     assert fresh["per_tool"] == summary["per_tool"]
@@ -651,14 +704,26 @@ def test_a_judge_echoing_the_reply_format_gives_no_verdict() -> None:
 
 
 def _check_counts_add_up(summary: dict) -> None:
-    """What each step lost is what its drop reasons count, per tool; final = kept originals + paraphrases."""
+    """What each filter lost is what its drop reasons count, per tool and in the yield; a tool's final lines are its
+    kept originals + paraphrases, the no-tool row's its irrelevance + chit-chat lines."""
+    from toolschool.data.distill import FILTERS, NO_TOOL
+
     dropped = summary["dropped"]
     for tool, row in summary["per_tool"].items():
-        lost = {stage: sum(dropped[stage].get(tool, {}).values()) for stage in ("rules", "judge", "dedupe")}
-        assert row["trials"] - row["rules"] == lost["rules"], tool
-        assert row["rules"] - row["judge"] == lost["judge"], tool
-        assert row["judge"] - row["dedupe"] == lost["dedupe"], tool
-        assert row["dedupe"] + row["paraphrases"] == row["final"] == row["train"] + row["validation"], tool
+        assert row["train"] + row["validation"] == row["final"], tool
+        if tool == NO_TOOL:
+            assert row["irrelevance"] + row["chitchat"] == row["final"] == summary["no_tool"]["lines"]
+            continue
+        before = "trials"
+        for name, step in FILTERS:
+            assert row[before] - row[step] == sum(dropped[name].get(tool, {}).values()), (tool, name)
+            before = step
+        assert row["dedupe"] + row["paraphrases"] == row["final"], tool
+    entered = summary["total"]["trials"]
+    for stage, (name, step) in zip(summary["yield"], FILTERS, strict=True):
+        assert stage["filter"] == name and stage["entered"] == entered and stage["kept"] == summary["total"][step]
+        assert stage["removed"] == sum(stage["reasons"].values()) == entered - stage["kept"]
+        entered = stage["kept"]
 
 
 def test_near_duplicates_are_counted_as_dropped_in_summary_and_card(tmp_path: Path) -> None:
@@ -724,6 +789,13 @@ def test_an_empty_train_split_names_the_step_that_kept_nothing(tmp_path: Path) -
     failing = [t for t in good_trials() if trial_to_candidate(t)[0] is None]
     why, hint = nothing_to_train(run(failing, "rules"))
     assert "no exploration trial ended with a final answer" in why and "explorer" in hint
+    # every trial passed the rules, none the grounding filter: it is named, with its reasons and the way out
+    invented = [calc_trial(0, "What is 2 * 3?", "2*4", "8")]
+    why, hint = nothing_to_train(run(invented, "grounding"))
+    assert why.endswith(
+        "the grounding filter kept none of the 1 trials (a number in the call is not in the request: 1)"
+    )
+    assert "require_grounded = false" in hint
     # one kept original and validation_fraction 0.9: round(0.9) = 1 group goes to validation, none to train
     why, hint = nothing_to_train(run(good_trials()[:1], "split", fraction=0.9))
     assert why.endswith("all 1 kept examples went to the validation split") and "validation_fraction" in hint
@@ -863,7 +935,7 @@ def test_paraphrases_are_judged_when_a_judge_is_configured_and_every_rejection_i
             "What weekday fell on 2024-05-01?",
         ],
     }
-    backend = ScriptedBackend(script, not_same=("Which month was 2024-05-01 in?",))
+    backend = ScriptedBackend(script, not_same=("Which month was 2024-05-01 in?",), calls=first_call_replies(trials))
     opts = DistillOptions(
         trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=3, max_paraphrases=2,
         validation_fraction=0.0, judge_model="scripted", paraphrase_model="scripted",
@@ -920,13 +992,17 @@ def test_the_judge_and_the_paraphraser_reply_within_their_own_token_budgets(tmp_
     opts = DistillOptions(
         trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=2, max_paraphrases=1,
         validation_fraction=0.0, judge_model="scripted", paraphrase_model="scripted", max_tokens=40,
-        paraphrase_max_tokens=24,
+        paraphrase_max_tokens=24, round_trip_max_tokens=64, chitchat_max_tokens=32,
     )  # fmt: skip
     summary = distill(good_trials()[:1], opts, judge=backend, paraphraser=backend)
     assert summary["options"]["paraphrase_max_tokens"] == 24 and summary["total"]["paraphrases"] == 1
     budgets = {r.messages[-1]["content"][:20]: r.params.max_tokens for r in backend.requests}
-    # the judge reads the paraphrase too, within the judge's budget
-    assert budgets == {"Rewrite the user req": 24, "You check one exampl": 40, "You check a rewritte": 40}
+    # the judge reads the paraphrase too, within the judge's budget; the round trip writes one call, chit-chat
+    # requests and answers have theirs
+    assert budgets == {
+        "Rewrite the user req": 24, "You check one exampl": 40, "You check a rewritte": 40,
+        "What is 1234 * 5678?": 64, "Write one short mess": 32, "Any tips for sleepin": 32,
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -1,17 +1,27 @@
 """`toolschool distill`: exploration trials -> a training dataset (filter, judge, dedupe, paraphrase, split).
 
-Steps, each counted per tool in `summary.json` and the dataset card (`README.md`) next to the data:
+Steps, each counted per tool in `summary.json` and the dataset card (`README.md`) next to the data; the filters'
+yield (how many entered each, how many it removed and why, in order) is `summary["yield"]`, a table of the card,
+and printed by `toolschool distill`:
 
 1. **rules** — keep a trial whose final answer follows a call that executed without error, and in which the
-   explored tool itself was called successfully. The training conversation is the clean path: the query,
+   explored tool itself was called successfully, unless the explorer's own reflection said it did not fulfil the
+   request (`require_solved`: unless it said it did). The training conversation is the clean path: the query,
    the steps whose calls all executed, the final answer (failed attempts are not taught).
-2. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
+2. **grounding** (`require_grounded`) — every argument value of every call is stated in, or derivable from, the
+   request (or an earlier result of the same conversation): numbers, dates in any spelling, units, names, a
+   calculator expression's numbers, a python program's literals (`toolschool.data.filters`).
+3. **echo** — a request that copies a sentence of the exploration prompts, a worked example, or a tool's
+   description is not a user's request (`toolschool.data.filters`).
+4. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
    query informatively; it is faithful to the execution results; the tools were used appropriately). Every
    judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
-3. **dedupe** — near-identical queries per tool (the tokens of `dataset.same_request_key`: case-folded words,
+5. **round trip** (`round_trip`, with a judge model) — the judge/explorer model, given only the request and the
+   tools in a fresh context, writes an equivalent first call (`toolschool.data.round_trip`).
+6. **dedupe** — near-identical queries per tool (the tokens of `dataset.same_request_key`: case-folded words,
    numbers and arithmetic operators; the same key, or token-set Jaccard >= threshold with the same numbers and
    operators in the same order).
-4. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
+7. **paraphrase** (optional, any backend) — up to `target_per_tool` per tool, at most `max_paraphrases` per
    original; a paraphrase is rejected when it is empty, the original again (`same_request_key`), repeats the
    paraphrasing prompt's instructions, states the answer (the final answer or the last tool result) instead of
    asking, drops a number, date, unit, name or quoted value the call arguments take from the query (or the month
@@ -20,8 +30,13 @@ Steps, each counted per tool in `summary.json` and the dataset card (`README.md`
    at `paraphrase_max_tokens`, or repeats a query or paraphrase of the tool (of any original). With a judge, each
    paraphrase that passes is judged too (the same request? Yes/No + reason, `paraphrase_judgments.jsonl`) and kept
    only on Yes. Every rejection is counted with its reason in `summary.json` and the card.
-5. **split** — train / validation by original query, so an original and its paraphrases stay together (and
+8. **split** — train / validation by original query, so an original and its paraphrases stay together (and
    originals sharing a query text across tools too: no query is in both splits).
+9. **no-tool lines** (`toolschool.data.irrelevance`) — `irrelevance_fraction` of the tool lines again with the
+   tools that fit taken away, answered "no offered tool fits" (in their request's split), and, with a judge model,
+   `chitchat_fraction` of them as chit-chat the model imagines and answers without tools.
+
+Grounding and echo details and each round trip's reply go to `filtered.jsonl`.
 
 Judge and paraphraser replies are cached append-only (`cache.jsonl`), so an interrupted run resumes
 without asking the model again; a rerun whose paraphrase plan changed (more trials, another target) reuses the
@@ -43,10 +58,43 @@ from typing import Any
 from toolschool.chat.types import tool_call
 from toolschool.data.cache import ReplyCache
 from toolschool.data.dataset import same_request_key, validate_example, write_jsonl
+from toolschool.data.filters import (
+    EchoSource,
+    echo_problem,
+    exploration_echo_sources,
+    grounding_problem,
+    tool_description_sources,
+)
+from toolschool.data.irrelevance import ChitchatOptions, build_chitchat, build_irrelevance, chitchat_count
+from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
 
-STEPS = ("trials", "rules", "judge", "dedupe", "paraphrases", "final", "train", "validation")
+STEPS = (
+    "trials",
+    "rules",
+    "grounded",
+    "no_echo",
+    "judge",
+    "round_trip",
+    "dedupe",
+    "paraphrases",
+    "irrelevance",
+    "chitchat",
+    "final",
+    "train",
+    "validation",
+)
+# The filters in the order they run: (name in `dropped` and the yield, the step of `STEPS` counting what it kept).
+FILTERS = (
+    ("rules", "rules"),
+    ("grounding", "grounded"),
+    ("echo", "no_echo"),
+    ("judge", "judge"),
+    ("round_trip", "round_trip"),
+    ("dedupe", "dedupe"),
+)
+NO_TOOL = "(no tool)"  # the per-tool row of the lines that answer without a call
 
 
 # ---------------------------------------------------------------------------------------------- rules
@@ -161,6 +209,8 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
         return None, "no final answer"
     if require_solved and trial.get("solved") is not True:
         return None, "not self-reported as solved"
+    if trial.get("solved") is False:
+        return None, "the explorer's reflection said it was not solved"
     steps = trial.get("steps") or []
     if any(s.get("skipped_calls") for s in steps):  # answered "not run": the clean path cannot show that
         return None, "calls past the call budget were not run"
@@ -630,6 +680,14 @@ class DistillOptions:
     paraphrase_max_tokens: int = 128  # per paraphrase: one request; a reply cut short is rejected, and counted
     dtype: str | None = "auto"  # how a local judge/paraphraser loads: the run's [model] dtype and device
     device: str | None = None
+    require_grounded: bool = True  # every call value stated in (or derivable from) the request
+    round_trip: bool = True  # with a judge: its model must write the call again from the request and tools alone
+    round_trip_max_tokens: int = 256  # per round-trip reply (one call)
+    irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
+    chitchat_fraction: float = 0.1  # chit-chat lines the judge model imagines and answers, per tool-call line
+    chitchat_max_tokens: int = 96  # per imagined chit-chat request and per answer (an answer cut there is dropped)
+    explore_format: str = "hermes"  # the exploration prompts a request must not echo: the run's [explore] format
+    explore_prompts: str | None = None  # and its [explore] prompts override folder
 
 
 def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
@@ -646,7 +704,18 @@ def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
         )
     if not 0.0 <= opts.validation_fraction < 1.0:
         raise DataError(f"validation_fraction {opts.validation_fraction} must be in [0, 1)", hint="e.g. 0.1")
-    for key, hint in (("max_tokens", "tokens per judge reply, e.g. 160"), ("paraphrase_max_tokens", "e.g. 128")):
+    for key in ("irrelevance_fraction", "chitchat_fraction"):
+        value = getattr(opts, key)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+            raise DataError(
+                f"{key}={value!r} must be a number in [0, 1]", hint="a share of the tool-call lines, e.g. 0.2"
+            )
+    for key, hint in (
+        ("max_tokens", "tokens per judge reply, e.g. 160"),
+        ("paraphrase_max_tokens", "e.g. 128"),
+        ("round_trip_max_tokens", "tokens per round-trip call, e.g. 256"),
+        ("chitchat_max_tokens", "tokens per chit-chat request or answer, e.g. 96"),
+    ):
         value = getattr(opts, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise DataError(f"{key}={value!r} must be a whole number of tokens >= 1", hint=hint)
@@ -899,6 +968,56 @@ async def run_distill(
             await backend.aclose()
 
 
+def _exploration_prompt_texts(opts: DistillOptions) -> list[EchoSource]:
+    """The exploration prompts' sentences and worked examples; the packaged ones when the run's override folder is
+    gone (it is read for this check only)."""
+    from toolschool.errors import ConfigError
+
+    try:
+        return exploration_echo_sources(opts.explore_format, opts.explore_prompts)
+    except ConfigError:
+        return exploration_echo_sources(opts.explore_format, None)
+
+
+def _tool_lists(originals: list[Candidate]) -> list[list[dict[str, Any]]]:
+    """The distinct offered-tool lists of the kept originals (by id): what a chit-chat line offers, in turn."""
+    lists: dict[str, list[dict[str, Any]]] = {}
+    for candidate in sorted(originals, key=lambda c: c.id):
+        lists.setdefault(json.dumps(candidate.tools, sort_keys=True), candidate.tools)
+    return list(lists.values())
+
+
+def _row_order(tool: str) -> tuple[bool, str]:
+    return tool == NO_TOOL, tool
+
+
+def filter_yield(
+    counts: dict[str, Counter[str]], drops: dict[str, dict[str, Counter[str]]], off: dict[str, bool]
+) -> list[dict[str, Any]]:
+    """Per filter, in the order they run: how many trials entered it, how many it removed and why, how many it
+    kept; `on` False for a filter this run skipped (no judge model, or turned off)."""
+    tools = [t for t in counts if t != NO_TOOL]
+    entered = sum(counts[t]["trials"] for t in tools)
+    rows = []
+    for name, step in FILTERS:
+        kept = sum(counts[t][step] for t in tools)
+        reasons: Counter[str] = Counter()
+        for per_reason in drops[name].values():
+            reasons.update(per_reason)
+        rows.append(
+            {
+                "filter": name,
+                "on": not off.get(name, False),
+                "entered": entered,
+                "removed": entered - kept,
+                "kept": kept,
+                "reasons": dict(reasons.most_common()),
+            }
+        )
+        entered = kept
+    return rows
+
+
 async def adistill(
     trials: list[dict[str, Any]],
     opts: DistillOptions,
@@ -916,11 +1035,10 @@ async def adistill(
     cache = ReplyCache(opts.out / "cache.jsonl")
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     drops: dict[str, dict[str, Counter[str]]] = {
-        "rules": defaultdict(Counter),
-        "judge": defaultdict(Counter),
-        "dedupe": defaultdict(Counter),
-        "paraphrase": defaultdict(Counter),
+        stage: defaultdict(Counter)
+        for stage in (*(name for name, _step in FILTERS), "paraphrase", "irrelevance", "chitchat")
     }
+    filtered: list[dict[str, Any]] = []  # what grounding, echo and the round trip removed, with the detail
 
     candidates: list[Candidate] = []
     seen_trials: set[str] = set()
@@ -945,18 +1063,44 @@ async def adistill(
         counts[tool]["rules"] += 1
         candidates.append(candidate)
 
-    judged = candidates
+    def drop(candidate: Candidate, stage: str, reason: str, detail: Any = None) -> None:
+        drops[stage][candidate.tool][reason] += 1
+        filtered.append(
+            {"id": candidate.id, "tool": candidate.tool, "query": candidate.query, "filter": stage, "reason": reason}
+            | ({"detail": detail} if detail is not None else {})
+        )
+
+    grounded: list[Candidate] = []
+    for candidate in candidates:
+        ungrounded = grounding_problem(candidate.messages, candidate.tools) if opts.require_grounded else None
+        if ungrounded is None:
+            grounded.append(candidate)
+            counts[candidate.tool]["grounded"] += 1
+        else:
+            drop(candidate, "grounding", ungrounded.reason, ungrounded.detail)
+
+    prompt_texts = _exploration_prompt_texts(opts)
+    unechoed: list[Candidate] = []
+    for candidate in grounded:
+        copied = echo_problem(candidate.query, prompt_texts + tool_description_sources(candidate.tools))
+        if copied is None:
+            unechoed.append(candidate)
+            counts[candidate.tool]["no_echo"] += 1
+        else:
+            drop(candidate, "echo", copied.label, copied.text)
+
+    judged = unechoed
     no_verdict = 0  # judge replies without a readable Yes/No for every criterion (not kept)
     if judge is None:  # an earlier judged run's verdicts are not this data's: the card says "rules only"
         (opts.out / "judgments.jsonl").unlink(missing_ok=True)
     else:
-        judgments = await run_judge(candidates, judge, cache, opts, progress)
+        judgments = await run_judge(unechoed, judge, cache, opts, progress)
         write_jsonl(
             opts.out / "judgments.jsonl",
-            ({"id": c.id, "tool": c.tool, "query": c.query, **j} for c, j in zip(candidates, judgments, strict=True)),
+            ({"id": c.id, "tool": c.tool, "query": c.query, **j} for c, j in zip(unechoed, judgments, strict=True)),
         )
         judged = []
-        for candidate, judgment in zip(candidates, judgments, strict=True):
+        for candidate, judgment in zip(unechoed, judgments, strict=True):
             candidate.meta["judge"] = {k: judgment[k] for k in JUDGE_CRITERIA if k in judgment}
             no_verdict += judgment["error"] is not None
             if judgment["keep"]:
@@ -969,7 +1113,29 @@ async def adistill(
     for candidate in judged:
         counts[candidate.tool]["judge"] += 1
 
-    originals, removed = dedupe(judged, opts.dedupe_threshold)
+    reproduced = judged
+    if judge is not None and opts.round_trip:
+        advance = progress("round trip", len(judged)) if progress is not None and judged else None
+        trips = await run_round_trips(
+            [(c.query, c.messages, c.tools) for c in judged],
+            judge,
+            cache,
+            max_tokens=opts.round_trip_max_tokens,
+            seed=opts.seed,
+            concurrency=opts.concurrency,
+            advance=advance,
+        )
+        reproduced = []
+        for candidate, trip in zip(judged, trips, strict=True):
+            if trip.problem is None:
+                reproduced.append(candidate)
+            else:
+                drop(candidate, "round_trip", trip.problem, trip.reply)
+    for candidate in reproduced:
+        counts[candidate.tool]["round_trip"] += 1
+    write_jsonl(opts.out / "filtered.jsonl", filtered)
+
+    originals, removed = dedupe(reproduced, opts.dedupe_threshold)
     for candidate in originals:
         counts[candidate.tool]["dedupe"] += 1
     for candidate in removed:
@@ -1019,11 +1185,33 @@ async def adistill(
                 text, id=f"{candidate.id}/p{index}", paraphrase=True, original_query=candidate.query, split=split
             )
         )
+    tool_lines = splits["train"] + splits["validation"]
+    irrelevant, skipped, irrelevance_per_tool = build_irrelevance(tool_lines, opts.irrelevance_fraction, opts.seed)
+    drops["irrelevance"][NO_TOOL].update(skipped)
+    for line in irrelevant:
+        splits[line["meta"]["split"]].append(line)
+    chitchat_wanted = chitchat_count(opts.chitchat_fraction, len(tool_lines)) if judge is not None else 0
+    chitchat, chitchat_dropped = await build_chitchat(
+        judge,  # type: ignore[arg-type]  # None only when nothing is wanted
+        cache,
+        ChitchatOptions(chitchat_wanted, opts.temperature, opts.chitchat_max_tokens, opts.seed, opts.concurrency),
+        _tool_lists(originals),
+        {same_request_key(line["messages"][0]["content"]) for line in tool_lines},
+        progress,
+    )
+    drops["chitchat"][NO_TOOL].update(chitchat_dropped)
+    if irrelevant or chitchat:  # a row of its own, shown only when there are such lines
+        counts[NO_TOOL].update(irrelevance=len(irrelevant), chitchat=len(chitchat))
+    held_out = round(len(chitchat) * opts.validation_fraction)
+    for number, line in enumerate(random.Random(f"{opts.seed}:chitchat").sample(chitchat, len(chitchat))):
+        split = "validation" if number < held_out else "train"
+        splits[split].append({**line, "meta": {**line["meta"], "split": split}})
     for split, examples in splits.items():
         random.Random(f"{opts.seed}:{split}").shuffle(examples)
         for example in examples:
-            counts[example["meta"]["tool"]][split] += 1
-            counts[example["meta"]["tool"]]["final"] += 1
+            row = example["meta"]["tool"] or NO_TOOL
+            counts[row][split] += 1
+            counts[row]["final"] += 1
         write_jsonl(opts.out / f"{split}.jsonl", examples)
 
     summary = {
@@ -1039,10 +1227,33 @@ async def adistill(
             "paraphrase_model": opts.paraphrase_model if paraphraser is not None else None,
             "max_tokens": opts.max_tokens,
             "paraphrase_max_tokens": opts.paraphrase_max_tokens,
+            "require_grounded": opts.require_grounded,
+            "round_trip": opts.round_trip and judge is not None,
+            "round_trip_max_tokens": opts.round_trip_max_tokens,
+            "irrelevance_fraction": opts.irrelevance_fraction,
+            "chitchat_fraction": opts.chitchat_fraction,
+            "chitchat_max_tokens": opts.chitchat_max_tokens,
         },
-        "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts)},
+        "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts, key=_row_order)},
         "total": {step: sum(counts[t][step] for t in counts) for step in STEPS},
         "dropped": {stage: {t: dict(c.most_common()) for t, c in sorted(per.items())} for stage, per in drops.items()},
+        "yield": filter_yield(
+            counts,
+            drops,
+            off={
+                "grounding": not opts.require_grounded,
+                "judge": judge is None,
+                "round_trip": judge is None or not opts.round_trip,
+            },
+        ),
+        "no_tool": {
+            "irrelevance": len(irrelevant),
+            "irrelevance_per_tool": irrelevance_per_tool,
+            "chitchat": len(chitchat),
+            "chitchat_wanted": chitchat_wanted,
+            "lines": len(irrelevant) + len(chitchat),
+            "share": round((len(irrelevant) + len(chitchat)) / max(1, sum(len(e) for e in splits.values())), 4),
+        },
         "judge_no_verdict": no_verdict,
         "files": {"train": str(opts.out / "train.jsonl"), "validation": str(opts.out / "validation.jsonl")},
     }
@@ -1051,10 +1262,22 @@ async def adistill(
     return summary
 
 
+# What to do when a filter kept nothing: (the filter's name in the yield, the hint).
+_EMPTY_HINTS = {
+    "grounding": "explore more (a request must state every value its call uses), or set [distill] require_grounded = "
+    "false",
+    "echo": "explore more: the explorer copied the exploration prompts (try another explorer model or prompts)",
+    "round_trip": "point --judge-model ([distill] judge_model) at a stronger model, or set [distill] round_trip = "
+    "false",
+}
+
+
 def nothing_to_train(summary: dict[str, Any]) -> tuple[str, str] | None:
-    """(why, what to do) when the distilled train split is empty: the step that kept nothing, not a guess."""
+    """(why, what to do) when the distilled train split has no tool-call line: the step that kept nothing, not a
+    guess (no-tool lines alone teach nothing about the tools)."""
     total = summary["total"]
-    if total["train"]:
+    no_tool_train = summary["per_tool"].get(NO_TOOL, {}).get("train", 0)
+    if total["train"] - no_tool_train:
         return None
     first = "distillation kept no training example: "
     if not total["trials"]:
@@ -1062,19 +1285,41 @@ def nothing_to_train(summary: dict[str, Any]) -> tuple[str, str] | None:
     if not total["rules"]:
         why = "no exploration trial ended with a final answer after a call that executed without error"
         return first + why, "explore more (more episodes), or point [pipeline] explorer at a stronger model"
-    if not total["judge"]:
-        unread = summary.get("judge_no_verdict", 0)
-        why = f"the judge kept none of the {total['rules']} trials that passed the rules"
-        if unread:
-            why += f" ({unread} of its replies gave no Yes/No for every criterion: see `raw` in judgments.jsonl)"
-        return first + why, "point --judge-model ([distill] judge_model) at a stronger model, or distill without one"
-    why = f"all {total['final']} kept examples went to the validation split"
+    for stage in summary.get("yield", []):
+        if stage["filter"] in _EMPTY_HINTS and stage["entered"] and not stage["kept"]:
+            reasons = "; ".join(f"{r}: {n}" for r, n in list(stage["reasons"].items())[:3])
+            why = (
+                f"the {stage['filter'].replace('_', ' ')} filter kept none of the {stage['entered']} trials ({reasons})"
+            )
+            return first + why, _EMPTY_HINTS[stage["filter"]]
+        if stage["filter"] == "judge" and stage["entered"] and not stage["kept"]:
+            unread = summary.get("judge_no_verdict", 0)
+            why = f"the judge kept none of the {stage['entered']} trials that passed the rules"
+            if unread:
+                why += f" ({unread} of its replies gave no Yes/No for every criterion: see `raw` in judgments.jsonl)"
+            return (
+                first + why,
+                "point --judge-model ([distill] judge_model) at a stronger model, or distill without one",
+            )
+    tool_lines = total["final"] - summary["per_tool"].get(NO_TOOL, {}).get("final", 0)
+    why = f"all {tool_lines} kept examples went to the validation split"
     return first + why, "lower [distill] validation_fraction, or explore more"
+
+
+def yield_rows(summary: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """(filter, entered, removed, kept, reasons) per filter, as the card and the console show the yield."""
+    rows = []
+    for stage in summary.get("yield", []):
+        reasons = "; ".join(f"{r}: {n}" for r, n in stage["reasons"].items()) if stage["on"] else "off"
+        removed = str(stage["removed"]) if stage["on"] else "-"
+        rows.append((stage["filter"], str(stage["entered"]), removed, str(stage["kept"]), reasons))
+    return rows
 
 
 def distill_card(summary: dict[str, Any]) -> str:
     """The markdown dataset card: where the data came from and what each step kept, per tool."""
     o = summary["options"]
+    no_tool = summary.get("no_tool", {})
     lines = [
         "# Distilled tool-use dataset",
         "",
@@ -1086,6 +1331,10 @@ def distill_card(summary: dict[str, Any]) -> str:
         f"- target per tool {o['target_per_tool']}, at most {o['max_paraphrases']} paraphrases per original, "
         f"dedupe Jaccard >= {o['dedupe_threshold']}, validation fraction {o['validation_fraction']} (by original "
         f"query), seed {o['seed']}, require self-reported success: {o['require_solved']}",
+        f"- grounding required: {o.get('require_grounded', False)}; round trip: "
+        f"{'on (the judge model)' if o.get('round_trip') else 'off'}; no-tool lines: irrelevance fraction "
+        f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)} (of the tool-call "
+        "lines)",
         "",
         "## Counts per tool at each step",
         "",
@@ -1095,6 +1344,30 @@ def distill_card(summary: dict[str, Any]) -> str:
     for tool, row in summary["per_tool"].items():
         lines.append(f"| {tool} | " + " | ".join(str(row[s]) for s in STEPS) + " |")
     lines.append("| **total** | " + " | ".join(str(summary["total"][s]) for s in STEPS) + " |")
+    if summary.get("yield"):
+        lines += [
+            "",
+            "## Yield per filter",
+            "",
+            "Trials through each filter in turn (a tool's trials are counted before it is deduplicated):",
+            "",
+            "| filter | entered | removed | kept | why removed |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
+        lines += [f"| {' | '.join(row)} |" for row in yield_rows(summary)]
+    if no_tool:
+        share = f"{100 * no_tool.get('share', 0):.0f} %"
+        lines += [
+            "",
+            "## No-tool lines",
+            "",
+            f"{no_tool.get('lines', 0)} of {summary['total']['final']} lines ({share}) answer without a call:",
+            f"- irrelevance: {no_tool.get('irrelevance', 0)} (a kept request, offered without the tools that fit it, "
+            "answered that no offered tool fits); from "
+            + (", ".join(f"{t} {n}" for t, n in no_tool.get("irrelevance_per_tool", {}).items()) or "no tool"),
+            f"- chit-chat: {no_tool.get('chitchat', 0)} of {no_tool.get('chitchat_wanted', 0)} wanted (imagined "
+            "and answered by the judge model without tools)",
+        ]
     lines += ["", "## Why items were dropped", ""]
     for stage, per_tool in summary["dropped"].items():
         totals: Counter[str] = Counter()
@@ -1107,17 +1380,21 @@ def distill_card(summary: dict[str, Any]) -> str:
     if summary.get("judge_no_verdict"):
         lines += [
             "",
-            f"{summary['judge_no_verdict']} of {summary['total']['rules']} judge replies gave no Yes/No for every "
+            f"{summary['judge_no_verdict']} of {summary['total']['no_echo']} judge replies gave no Yes/No for every "
             "criterion (the reply text is under `raw` in `judgments.jsonl`): they are not kept, as a No is not.",
         ]
     lines += [
         "",
-        "Steps: rules (final answer after a call that executed without error, explored tool called) → judge "
-        "(three Yes/No criteria, reasons in `judgments.jsonl` and `meta.judge`) → near-duplicate removal → "
-        "paraphrasing (a paraphrase is rejected when it is empty or the original again, repeats the paraphrasing "
+        "Steps: rules (final answer after a call that executed without error, explored tool called, the explorer's "
+        "reflection not No) → grounding (every call value stated in or derivable from the request) → echo (the "
+        "request copies no exploration prompt sentence, worked example or tool description) → judge (three Yes/No "
+        "criteria, reasons in `judgments.jsonl` and `meta.judge`) → round trip (the judge model writes the same call "
+        "from the request and the tools alone) → near-duplicate removal → paraphrasing (a paraphrase is rejected "
+        "when it is empty or the original again, repeats the paraphrasing "
         "instructions, states the answer, drops or changes a number, date, unit, name or quoted value the call "
         "takes from the query, or is cut off at paraphrase_max_tokens; with a judge, also when the judge does not "
-        "call it the same request: verdicts in `paraphrase_judgments.jsonl`) → split by original query.",
+        "call it the same request: verdicts in `paraphrase_judgments.jsonl`) → split by original query → no-tool "
+        "lines. What grounding, echo and the round trip removed is in `filtered.jsonl`, with the value or reply.",
         "",
     ]
     return "\n".join(lines)
@@ -1155,6 +1432,14 @@ def run_distill_stage(
         paraphrase_max_tokens=d.paraphrase_max_tokens,
         dtype=config.model.dtype,
         device=config.model.device,
+        require_grounded=d.require_grounded,
+        round_trip=d.round_trip,
+        round_trip_max_tokens=d.round_trip_max_tokens,
+        irrelevance_fraction=d.irrelevance_fraction,
+        chitchat_fraction=d.chitchat_fraction,
+        chitchat_max_tokens=d.chitchat_max_tokens,
+        explore_format=config.explore.format,
+        explore_prompts=config.explore.prompts,
     )
     check_options(opts, paraphrasing=bool(opts.paraphrase_model))  # a refused distill writes nothing
     refusal = ToolschoolError(
@@ -1180,4 +1465,25 @@ def run_distill_stage(
                 return lambda: bar.advance(task)
 
             summary = asyncio.run(run_distill(records, opts, progress=progress, ready=ready))
+        print_yield(summary, console)
     return out_dir, summary
+
+
+def print_yield(summary: dict[str, Any], console: Any) -> None:
+    """The filters' yield on the console: where the trials went, filter by filter, and the no-tool lines."""
+    from rich.table import Table
+
+    table = Table(title="distill yield per filter", title_justify="left")
+    for column in ("filter", "entered", "removed", "kept"):
+        table.add_column(column, justify="left" if column == "filter" else "right")
+    table.add_column("why removed", overflow="fold")
+    for row in yield_rows(summary):
+        table.add_row(*row)
+    console.print(table)
+    no_tool = summary["no_tool"]
+    console.print(
+        f"no-tool lines: {no_tool['irrelevance']} irrelevance + {no_tool['chitchat']} chit-chat "
+        f"(of {no_tool['chitchat_wanted']} wanted) = {no_tool['lines']} of {summary['total']['final']} lines "
+        f"({100 * no_tool['share']:.0f} %)",
+        highlight=False,
+    )

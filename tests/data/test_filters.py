@@ -1,0 +1,205 @@
+"""Distill's rule filters: grounding (every call value stated in or derivable from the request) and prompt echo."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+from test_data_distill import call, good_trials, trial
+
+from toolschool.data.distill import DistillOptions, distill
+from toolschool.data.filters import (
+    DATE,
+    DEMONSTRATION_ECHO,
+    NUMBER,
+    PYTHON,
+    TEMPLATE_ECHO,
+    TEXT,
+    TOOL_ECHO,
+    UNIT,
+    EchoSource,
+    Sources,
+    call_grounding,
+    dates_in,
+    echo_problem,
+    exploration_echo_sources,
+    grounding_problem,
+    template_sentences,
+    tool_description_sources,
+    word_numbers,
+)
+from toolschool.tools.registry import build_registry
+
+
+@pytest.fixture(scope="module")
+def builtin_tools() -> list[dict]:
+    return build_registry(("builtin",)).schemas()
+
+
+def reason(request: str, name: str, arguments: dict, tools: list[dict], results: tuple[str, ...] = ()) -> str | None:
+    problem = call_grounding(name, arguments, tools, Sources(request, list(results)))
+    return None if problem is None else problem.reason
+
+
+@pytest.mark.parametrize(
+    ("request_text", "name", "arguments"),
+    [
+        ("What is 1234 * 5678?", "calculator", {"expression": "1234*5678"}),
+        ("What is 1,200 divided by 4?", "calculator", {"expression": "1200/4"}),
+        ("Add 17 and 25 then double it", "calculator", {"expression": "(17+25)*2"}),  # "double" is 2
+        ("What is 15% of 80?", "calculator", {"expression": "0.15*80"}),  # percent scales 15
+        ("What is twelve times seven?", "calculator", {"expression": "12*7"}),  # numbers in words
+        ("What is the average of 3, 5 and 10?", "calculator", {"expression": "(3+5+10)/3"}),  # how many numbers
+        ("Area of a circle with radius 3", "calculator", {"expression": "pi*3**2"}),
+        ("How many miles is 5 km?", "unit_convert", {"value": 5, "from_unit": "km", "to_unit": "mile"}),
+        ("How many miles is 5 kilometres?", "unit_convert", {"value": 5, "from_unit": "km", "to_unit": "mile"}),
+        ("Convert 100 degrees Fahrenheit to Celsius", "unit_convert", {"value": 100, "from_unit": "degF",
+                                                                          "to_unit": "degC"}),
+        ("What day of the week was March 4, 2021?", "weekday", {"date": "2021-03-04"}),
+        ("Which weekday is the 4th of March 2021?", "weekday", {"date": "2021-03-04"}),
+        ("Which weekday is 3/4/2021?", "weekday", {"date": "2021-03-04"}),
+        ("What date is 2 weeks after 2024-05-01?", "date_add", {"date": "2024-05-01", "days": 14}),
+        ("What date was 10 days before 2024-05-01?", "date_add", {"date": "2024-05-01", "days": -10}),
+        ("How many days from March 4 to April 10, 2024?", "date_diff", {"start_date": "2024-03-04",
+                                                                        "end_date": "2024-04-10"}),
+        ('How many letters are in "hello world"?', "python", {"code": 'print(len("hello world"))'}),
+        ("Print the first ten squares", "python", {"code": "print([i * i for i in range(1, 11)])"}),
+        ("Print the squares up to 20", "python", {"code": 'for i in range(1, 21):\n    print(f"{i}: {i**2:.2f}")'}),
+        ("Sort the words pear apple fig", "python", {"code": 'print(sorted("pear apple fig".split(" ")))'}),
+    ],
+)  # fmt: skip
+def test_stated_or_derivable_values_are_grounded(request_text: str, name: str, arguments: dict, builtin_tools) -> None:
+    assert reason(request_text, name, arguments, builtin_tools) is None
+
+
+@pytest.mark.parametrize(
+    ("request_text", "name", "arguments", "expected"),
+    [
+        ("Add 17 and 25", "calculator", {"expression": "17+26"}, NUMBER),
+        ("What is 10 days after 2024-05-01?", "date_add", {"date": "2024-05-01", "days": 11}, NUMBER),
+        ("What day of the week is today?", "weekday", {"date": "2024-05-01"}, DATE),  # a relative date: invented
+        ("Which weekday is March 4?", "weekday", {"date": "2021-03-04"}, DATE),  # the year is invented
+        ("Convert 100 degrees Fahrenheit to Celsius", "unit_convert", {"value": 100, "from_unit": "degF",
+                                                                           "to_unit": "kelvin"}, UNIT),
+        ("How many cm in 5 km", "unit_convert", {"value": 5, "from_unit": "km", "to_unit": "inch"}, UNIT),
+        ("Sum of 1234 and 99", "python", {"code": "print(1234 + 98)"}, PYTHON),  # +/- 1 only as a range bound
+        ("Count the letters in banana", "python", {"code": 'print(len("apple"))'}, PYTHON),
+    ],
+)  # fmt: skip
+def test_values_the_request_does_not_state_are_not(
+    request_text: str, name: str, arguments: dict, expected: str, builtin_tools
+) -> None:
+    assert reason(request_text, name, arguments, builtin_tools) == expected
+
+
+def test_names_enums_time_zones_and_earlier_results() -> None:
+    tools = [
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {
+            "timezone": {"type": "string"}, "style": {"type": "string", "enum": ["short", "long"]}}}}},
+        {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}}}}},
+    ]  # fmt: skip
+    assert reason("What time is it in New York?", "get_time", {"timezone": "America/New_York"}, tools) is None
+    assert reason("What time is it in Paris?", "get_time", {"timezone": "Europe/Paris", "style": "long"}, tools) is None
+    assert reason("What time is it in Paris?", "get_time", {"timezone": "Asia/Tokyo"}, tools) == TEXT
+    assert reason("Population of lisbon?", "lookup", {"city": "Lisbon"}, tools) is None
+    assert reason("Population of the capital of Portugal?", "lookup", {"city": "Lisbon"}, tools) == TEXT
+    # a second call may use what the first returned
+    assert reason("Double the result", "calculator", {"expression": "42*2"}, [], results=("42",)) is None
+
+
+def test_a_conversation_is_checked_call_by_call_with_earlier_results(builtin_tools) -> None:
+    def calculator(call_id: str, expression: str) -> dict:
+        function = {"name": "calculator", "arguments": {"expression": expression}}
+        return {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, "type": "function",
+                                                                     "function": function}]}  # fmt: skip
+
+    def conversation(second: str) -> list[dict]:
+        return [
+            {"role": "user", "content": "Add 17 and 25 then double it"},
+            calculator("a", "17+25"),
+            {"role": "tool", "tool_call_id": "a", "content": "42"},
+            calculator("b", second),
+            {"role": "tool", "tool_call_id": "b", "content": "84"},
+            {"role": "assistant", "content": "84"},
+        ]
+
+    assert grounding_problem(conversation("42*2"), builtin_tools) is None
+    problem = grounding_problem(conversation("43*2"), builtin_tools)
+    assert problem is not None and (problem.reason, problem.detail) == (NUMBER, "43")
+
+
+def test_number_words_and_date_spellings() -> None:
+    assert word_numbers("three hundred and twenty five apples, twelve eggs, 2 million, twenty-five") == {
+        325.0, 12.0, 2_000_000.0, 25.0,
+    }  # fmt: skip
+    assert dates_in("March 4, 2021 and the 4th of July 2020; 2021-03-04") == {dt.date(2021, 3, 4), dt.date(2020, 7, 4)}
+    assert dates_in("3/4/2021") == {dt.date(2021, 3, 4), dt.date(2021, 4, 3)}  # either order: both are stated
+    assert dates_in("May 1st") == set() and dates_in("tomorrow") == set()
+
+
+def test_echo_of_the_exploration_prompts_worked_examples_and_tool_descriptions(builtin_tools) -> None:
+    sources = exploration_echo_sources("hermes")
+    copied = echo_problem("Will it rain in Lisbon on 2024-06-14?", sources)
+    assert copied is not None and copied.label == DEMONSTRATION_ECHO
+    copied = echo_problem("Write one realistic request that a user could send you", sources)
+    assert copied is not None and copied.label == TEMPLATE_ECHO
+    copied = echo_problem("User request:", sources)
+    assert copied is not None and copied.label == TEMPLATE_ECHO
+    assert echo_problem("What is 5 km in miles?", sources) is None
+    assert echo_problem("Will it rain in Paris?", sources) is None  # four tokens of the example: a request's own
+    descriptions = tool_description_sources(builtin_tools)
+    copied = echo_problem("Convert a quantity from one unit to another: 5 km", descriptions)
+    assert copied is not None and copied.label == TOOL_ECHO
+    # a description's phrase in a natural request is not a copy: eight tokens in a row are
+    assert echo_problem("What is the day of the week of 2024-05-01?", descriptions) is None
+    assert template_sentences("Tool: {{ tool }}\nWrite it. {% if x %}Do it{% endif %}") == [
+        "Tool:", "Write it.", "Do it",
+    ]  # fmt: skip
+    assert echo_problem("Do it", [EchoSource("x", "Do it")]) is not None  # the whole short sentence
+
+
+def test_an_exploration_prompts_override_is_read(tmp_path: Path) -> None:
+    override = tmp_path / "prompts"
+    override.mkdir()
+    (override / "imagine.jinja").write_text("Invent a question about cheese for {{ tool }}.\n\nUser request:")
+    sources = exploration_echo_sources("hermes", override)
+    assert echo_problem("Invent a question about cheese for me", sources) is not None
+
+
+def _distilled(tmp_path: Path, trials: list[dict], **options) -> tuple[dict, str, list[dict]]:
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0, **options)
+    summary = distill(trials, opts)
+    filtered = [json.loads(line) for line in (opts.out / "filtered.jsonl").read_text().splitlines()]
+    return summary, (opts.out / "README.md").read_text(), filtered
+
+
+def test_distill_drops_ungrounded_and_echoed_trials_and_counts_each_reason(tmp_path: Path) -> None:
+    trials = [
+        *good_trials()[:4],
+        trial("calculator", 5, 0, "Add 17 and 25", [{"calls": [call("calculator", {"expression": "17+26"}, "43")]}],
+              "43"),
+        trial("calculator", 5, 1, "Will it rain in Lisbon on 2024-06-14? Compute 2024-6",
+              [{"calls": [call("calculator", {"expression": "2024-6"}, "2018")]}], "2018"),
+    ]  # fmt: skip
+    summary, card, filtered = _distilled(tmp_path, trials)
+    assert summary["dropped"]["grounding"] == {"calculator": {NUMBER: 1}}
+    assert summary["dropped"]["echo"] == {"calculator": {DEMONSTRATION_ECHO: 1}}
+    calc = summary["per_tool"]["calculator"]
+    assert (calc["rules"], calc["grounded"], calc["no_echo"]) == (5, 4, 3)
+    grounding = next(s for s in summary["yield"] if s["filter"] == "grounding")
+    assert grounding == {"filter": "grounding", "on": True, "entered": 6, "removed": 1, "kept": 5,
+                         "reasons": {NUMBER: 1}}  # fmt: skip
+    assert (
+        f"| grounding | 6 | 1 | 5 | {NUMBER}: 1 |" in card and f"| echo | 5 | 1 | 4 | {DEMONSTRATION_ECHO}: 1 |" in card
+    )
+    assert {(f["filter"], f["reason"], f.get("detail")) for f in filtered} == {
+        ("grounding", NUMBER, "26"),
+        ("echo", DEMONSTRATION_ECHO, "Will it rain in Lisbon on 2024-06-14?"),
+    }
+    # require_grounded = false keeps the ungrounded trial; the yield says the filter was off
+    summary, card, _ = _distilled(tmp_path / "off", trials, require_grounded=False)
+    assert summary["per_tool"]["calculator"]["grounded"] == 5 and summary["yield"][1]["on"] is False
+    assert "| grounding | 6 | - | 6 | off |" in card

@@ -1,0 +1,205 @@
+"""No-tool lines: irrelevance (a kept request without the tools that fit) and chit-chat the model imagines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from test_data_distill import TOOLS, ScriptedBackend, calc_trial, good_trials
+
+from toolschool.config import load_config
+from toolschool.data.cache import ReplyCache
+from toolschool.data.dataset import load_dataset_jsonl, same_request_key, validate_example
+from toolschool.data.distill import NO_TOOL, DistillOptions, distill
+from toolschool.data.irrelevance import (
+    REFUSALS,
+    ChitchatOptions,
+    build_chitchat,
+    build_irrelevance,
+    chitchat_count,
+    chitchat_reply_problem,
+    chitchat_request_problem,
+    refusal_reply,
+    what_it_does,
+)
+from toolschool.errors import ConfigError, DataError
+from toolschool.tools.registry import build_registry
+
+BUILTIN = build_registry(("builtin",)).schemas()
+
+
+def tool_line(index: int, tool: str, query: str, arguments: dict, *, paraphrase: bool = False) -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": query},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": tool, "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "r"},
+            {"role": "assistant", "content": "done"},
+        ],
+        "tools": BUILTIN,
+        "meta": {"id": f"{tool}/e{index}/s0" + ("/p1" if paraphrase else ""), "original_id": f"{tool}/e{index}/s0",
+                 "tool": tool, "paraphrase": paraphrase, "split": "train" if index % 2 else "validation"},
+    }  # fmt: skip
+
+
+def names(tools: list[dict]) -> list[str]:
+    return [t["function"]["name"] for t in tools]
+
+
+def test_irrelevance_takes_away_the_tools_that_fit_and_says_so() -> None:
+    lines = [
+        tool_line(0, "weekday", "Which day was 2024-05-01?", {"date": "2024-05-01"}),
+        tool_line(1, "unit_convert", "5 km in miles?", {"value": 5, "from_unit": "km", "to_unit": "mile"}),
+        tool_line(2, "calculator", "What is 2 ** 10?", {"expression": "2**10"}),
+        tool_line(3, "python", "What is 2 ** 10?", {"code": "print(2**10)"}),  # the same request, another tool
+        tool_line(4, "calculator", "What is 3 * 7?", {"expression": "3*7"}, paraphrase=True),
+    ]
+    built, skipped, per_tool = build_irrelevance(lines, 1.0, seed=0)
+    assert skipped == {} and len(built) == 5
+    assert [e["meta"]["paraphrase"] for e in built][-1] is True  # originals first
+    for line in built:
+        problem = validate_example(line)
+        assert problem is None, problem
+        source = next(x for x in lines if x["meta"]["id"] + "/irrelevant" == line["meta"]["id"])
+        assert line["messages"][0] == source["messages"][0] and len(line["messages"]) == 2
+        assert line["meta"]["split"] == source["meta"]["split"] and line["meta"]["tool"] is None
+        assert line["meta"]["category"] == "no_tool" and "python" not in names(line["tools"])  # python fits anything
+        assert source["meta"]["tool"] not in names(line["tools"])
+        assert source["meta"]["tool"] in line["messages"][1]["content"]  # the missing tool is named
+    two_to_ten = [e for e in built if e["messages"][0]["content"] == "What is 2 ** 10?"]
+    for line in two_to_ten:  # a kept trial of the same request used the calculator and python: neither is offered
+        assert {"calculator", "python"}.isdisjoint(names(line["tools"]))
+    assert per_tool == {"calculator": 2, "python": 1, "unit_convert": 1, "weekday": 1}
+    # deterministic by seed, and the templates vary
+    assert build_irrelevance(lines, 1.0, seed=0)[0] == built
+    replies = {refusal_reply(BUILTIN[2:3], seed) for seed in range(40)}
+    assert len(replies) == len(REFUSALS)
+    assert all("unit_convert" in r and "convert a quantity from one unit to another" in r for r in replies)
+
+
+def test_irrelevance_fraction_and_nothing_left_to_offer() -> None:
+    lines = [tool_line(i, "calculator", f"What is {i} * 7?", {"expression": f"{i}*7"}) for i in range(10)]
+    assert len(build_irrelevance(lines, 0.2, seed=1)[0]) == 2
+    assert build_irrelevance(lines, 0.0, seed=1) == ([], {}, {})
+    assert len(build_irrelevance(lines[:1], 0.2, seed=1)[0]) == 1  # at least one
+    alone = [dict(lines[0], tools=[t for t in BUILTIN if t["function"]["name"] in ("calculator", "python")])]
+    built, skipped, _ = build_irrelevance(alone, 1.0, seed=1)
+    assert built == [] and skipped == {"no other tool to offer": 1}
+
+
+def test_what_a_tool_does_reads_its_description() -> None:
+    by_name = {t["function"]["name"]: t for t in BUILTIN}
+    assert what_it_does(by_name["unit_convert"]) == "convert a quantity from one unit to another"
+    assert what_it_does(by_name["date_add"]).startswith("add a number of days to a date")
+    assert what_it_does({"function": {"name": "x"}}) == "what this request asks for"
+
+
+def test_chitchat_filters() -> None:
+    assert chitchat_request_problem("", False, [], set()) == "empty request"
+    assert chitchat_request_problem("What is 2 + 2?", False, [], set()) == "request has a number (it may need a tool)"
+    assert chitchat_request_problem("Hi there, how", True, [], set()) == "request cut off"
+    assert chitchat_request_problem("x" * 400, False, [], set()) == "request too long"
+    assert chitchat_request_problem("Hello!", False, [], {same_request_key("hello")}) == "request repeats another"
+    assert chitchat_request_problem("Any tips for sleeping better?", False, [], set()) is None
+    assert chitchat_reply_problem("  ", False, BUILTIN) == "empty reply"
+    assert chitchat_reply_problem("Sleep well", True, BUILTIN) == "reply cut off at chitchat_max_tokens"
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>'
+    assert chitchat_reply_problem(call, False, BUILTIN) == "reply holds a tool call"
+    bare = '{"name": "weekday", "arguments": {"date": "2024-05-01"}}'
+    assert chitchat_reply_problem(bare, False, BUILTIN) == "reply holds a tool call"
+    assert chitchat_reply_problem("Keep a regular bedtime.", False, BUILTIN) is None
+    assert chitchat_count(0.1, 40) == 4 and chitchat_count(0.1, 3) == 1 and chitchat_count(0.0, 40) == 0
+
+
+def test_chitchat_is_imagined_filtered_answered_and_cached(tmp_path: Path) -> None:
+    backend = ScriptedBackend(
+        {},
+        chitchat=("Message: Any tips for sleeping better?", "What is 12 * 3?", "any tips for sleeping better",
+                  "Write one short message that a user might send", "Tell me a fun fact about owls.",
+                  "Which season do you like best?"),
+        answers=("Keep a regular bedtime.", '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+                 "Spring, for its long evenings."),
+    )  # fmt: skip
+    cache = ReplyCache(tmp_path / "cache.jsonl")
+    opts = ChitchatOptions(count=2, temperature=0.8, max_tokens=40, seed=0, concurrency=4)
+    lines, dropped = asyncio.run(build_chitchat(backend, cache, opts, [BUILTIN], set()))
+    # 2 wanted, 6 imagined, 3 kept; answered in order, only as many as are still wanted: the owls' answer held a
+    # call, so the third request was answered in a second round
+    assert [line["messages"][0]["content"] for line in lines] == [
+        "Any tips for sleeping better?",
+        "Which season do you like best?",
+    ]
+    assert [line["messages"][1]["content"] for line in lines] == [
+        "Keep a regular bedtime.",
+        "Spring, for its long evenings.",
+    ]
+    assert dropped == {
+        "request has a number (it may need a tool)": 1, "request repeats another": 1,
+        "request copies the prompt": 1, "reply holds a tool call": 1,
+    }  # fmt: skip
+    assert all(validate_example(line) is None and line["meta"]["category"] == "no_tool" for line in lines)
+    answers = [r for r in backend.requests if r.messages[0]["role"] == "system"]
+    assert all(r.tools is None and r.params.temperature == 0.0 for r in answers)  # answered without tools, greedy
+    asked = len(backend.requests)
+    again, _ = asyncio.run(build_chitchat(backend, ReplyCache(tmp_path / "cache.jsonl"), opts, [BUILTIN], set()))
+    assert again == lines and len(backend.requests) == asked  # all from the cache
+
+
+def test_distill_adds_no_tool_lines_in_the_split_of_their_request(tmp_path: Path) -> None:
+    trials = [calc_trial(i, f"What is {i + 11} * {i + 3}?", f"{i + 11}*{i + 3}", str((i + 11) * (i + 3)))
+              for i in range(10)]  # fmt: skip
+    for t in trials:
+        t["tools"] = TOOLS
+    for seed in range(3):
+        out = tmp_path / f"s{seed}"
+        opts = DistillOptions(trials=tmp_path / "t", out=out, validation_fraction=0.3, seed=seed, judge_model="s")
+        summary = distill(trials, opts, judge=ScriptedBackend({}, calls=_calls(trials)))
+        assert summary["no_tool"]["irrelevance"] == 2 and summary["no_tool"]["chitchat"] == 1
+        assert summary["per_tool"][NO_TOOL]["final"] == 3 and summary["no_tool"]["share"] == round(3 / 13, 4)
+        splits = {s: load_dataset_jsonl(out / f"{s}.jsonl", on_error="stop")[0] for s in ("train", "validation")}
+        where = {e["messages"][0]["content"]: s for s, lines in splits.items() for e in lines if e["meta"]["tool"]}
+        for split, lines in splits.items():
+            for line in lines:
+                if line["meta"]["source"] == "distill-irrelevance":
+                    assert where[line["messages"][0]["content"]] == split and line["meta"]["split"] == split
+                    assert names(line["tools"]) == ["unit_convert"]
+        card = (out / "README.md").read_text()
+        assert "3 of 13 lines (23 %) answer without a call" in card and "- chit-chat: 1 of 1 wanted" in card
+
+
+def _calls(trials: list[dict]) -> dict[str, str]:
+    from test_data_distill import first_call_replies
+
+    return first_call_replies(trials)
+
+
+def test_no_tool_options_are_checked_and_read_from_the_config(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"irrelevance_fraction=1.5 must be a number in \[0, 1\]"):
+        distill(good_trials(), DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", irrelevance_fraction=1.5))
+    with pytest.raises(DataError, match="chitchat_max_tokens=0 must be a whole number of tokens >= 1"):
+        distill(good_trials(), DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", chitchat_max_tokens=0))
+    path = tmp_path / "run.toml"
+    path.write_text("[distill]\nirrelevance_fraction = 0.3\nchitchat_fraction = 0\nround_trip = false\n")
+    config = load_config(path)
+    assert (config.distill.irrelevance_fraction, config.distill.chitchat_fraction) == (0.3, 0.0)
+    assert config.distill.round_trip is False and config.distill.require_grounded is True
+    path.write_text("[distill]\nchitchat_fraction = 2\n")
+    with pytest.raises(ConfigError, match="chitchat_fraction"):
+        load_config(path)
+
+
+def test_the_cli_prints_the_yield(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert "distill yield per filter" in output and "grounding" in output and "round_trip" in output
+    assert "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) = 1 of 4 lines (25 %)" in output

@@ -1,0 +1,510 @@
+"""Rule filters distill applies to a kept trial's clean conversation: grounding and prompt echo.
+
+A student learns to copy what its training calls do. A call whose argument the request never states (a date the
+explorer made up for "today", a number from nowhere) teaches it to invent values; a request that copies a sentence
+of the exploration prompt or a worked example teaches it nothing about real requests. Both checks are rules (no
+model), so they run before the judge and the round trip, which cost a generation each.
+
+Grounding: every argument value of every call is stated in, or derivable from, the request or an earlier tool
+result of the same conversation (a two-step trial's second call may use the first call's result):
+- numbers by value (`1,200` = `1200.0`), also written in words ("twelve", "a dozen"), negated (a direction word such
+  as "before" or "ago" is the sign), or scaled by what a word of the request implies ("double" 2, "percent" 100,
+  "weeks" 7, "hours" 60 ...); a calculator expression's numbers and a python program's number literals each so
+  (python also takes small constants, |n| <= 10, and n +/- 1 of a stated integer: `range(1, n + 1)`);
+- dates in any spelling the request uses ("March 4, 2021", "4 March 2021", "3/4/2021", "2021-03-04"; a day without
+  its year takes a year the request states), never a relative one ("today");
+- units through `toolschool.evaluate.metrics.same_unit` (the unit_convert tool's own reading: "kilometres" = "km");
+- any other string as written in the request (case and spacing aside; a plural; an enum value of the tool's schema;
+  the city of a time zone name), or, for a python program, as a literal it prints or formats with.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolschool.data.dataset import same_request_key
+
+# ---------------------------------------------------------------------------------------------- numbers
+
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?<![\w.])\.\d+")
+_NUMBER_WORDS = {
+    "zero": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8, "nine": 9,
+    "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15, "sixteen": 16,
+    "seventeen": 17, "eighteen": 18, "nineteen": 19, "twenty": 20, "thirty": 30, "forty": 40, "fifty": 50,
+    "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90,
+    "first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6, "seventh": 7, "eighth": 8,
+    "ninth": 9, "tenth": 10, "twelfth": 12, "twentieth": 20, "hundredth": 100,
+}  # fmt: skip
+_SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
+# Numbers a word of the request implies: stated by it ("double" is 2) and scaling another stated number by it
+# ("2 weeks" is 14 days, "15 percent" is 0.15).
+_IMPLIED: dict[str, tuple[float, ...]] = {
+    "double": (2,), "doubled": (2,), "twice": (2,), "triple": (3,), "tripled": (3,), "thrice": (3,),
+    "half": (2, 0.5), "halved": (2, 0.5), "quarter": (4, 0.25), "dozen": (12,), "dozens": (12,),
+    "percent": (100,), "percentage": (100,), "%": (100,), "per cent": (100,),
+    "square": (2,), "squared": (2,), "cube": (3,), "cubed": (3,), "area": (2,), "volume": (3,),
+    "circle": (2,), "circumference": (2,), "diameter": (2,), "radius": (2,),
+    "week": (7,), "weeks": (7,), "fortnight": (14,), "fortnights": (14,),
+    "day": (24, 1440, 86400), "days": (24, 1440, 86400), "hour": (60, 3600), "hours": (60, 3600),
+    "minute": (60,), "minutes": (60,), "year": (365, 12, 52), "years": (365, 12, 52),
+    "month": (30, 12), "months": (30, 12), "decade": (10,), "decades": (10,), "century": (100,),
+    "centuries": (100,), "millennium": (1000,),
+}  # fmt: skip
+_MATH_CONSTANTS = (math.pi, math.e)
+PYTHON_SMALL_CONSTANT = 10  # |n| <= 10: a python literal any program may use (range starts, rounding, indices)
+
+
+def _as_float(text: str) -> float | None:
+    try:
+        value = float(text.replace(",", ""))
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def numbers_in(text: str) -> list[float]:
+    """Every number written with digits in `text`, by value (`1,200` and `1200.0` are one)."""
+    values = (_as_float(m.group(0)) for m in _NUMBER.finditer(text))
+    return [v for v in values if v is not None]
+
+
+def word_numbers(text: str) -> set[float]:
+    """Numbers written in words: "twelve", "twenty-five", "three hundred and twenty", "2 million", "the third"."""
+    out: set[float] = set()
+    total, current, active = 0.0, 0.0, False
+    # punctuation ends a number: "2 million, twenty-five" is two
+    for token in [*re.findall(r"[a-z]+|\d+(?:\.\d+)?|[^\sa-z\d]", text.lower().replace("-", " ")), ""]:
+        if token in _NUMBER_WORDS:
+            current, active = current + _NUMBER_WORDS[token], True
+        elif token in _SCALES:
+            current = (current if active else 1.0) * _SCALES[token]  # "a hundred"; "2 million"
+            if _SCALES[token] >= 1000:
+                total, current = total + current, 0.0
+            active = True
+        elif token[:1].isdigit():
+            if active:
+                out.add(total + current)
+            total, current, active = 0.0, float(token), True
+        elif token == "and" and active:
+            continue
+        else:
+            if active:
+                out.add(total + current)
+            total, current, active = 0.0, 0.0, False
+    return out
+
+
+def _word_tokens(text: str) -> list[str]:
+    return re.findall(r"[a-z]+|%", text.lower())
+
+
+def implied_numbers(text: str) -> set[float]:
+    """The numbers the words of `text` imply (`_IMPLIED`), and with "average" or "mean" how many numbers it states."""
+    words = _word_tokens(text)
+    found = set(words) | {" ".join(pair) for pair in zip(words, words[1:], strict=False)}
+    out = {float(v) for word in found for v in _IMPLIED.get(word, ())}
+    if {"average", "mean"} & found:
+        out.add(float(len(numbers_in(text)) or 0))
+    return out
+
+
+def _times_24h(text: str) -> set[float]:
+    """The 24-hour clock hour of each "2 pm" / "2:30 pm" (12 am is 0): a call may write 14:30."""
+    out = set()
+    for match in re.finditer(r"\b(\d{1,2})(?::\d{2})?\s*([ap])\.?\s*m\b", text.lower()):
+        hour = int(match.group(1)) % 12
+        out.add(float(hour + 12 if match.group(2) == "p" else hour))
+    return out
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+
+
+@dataclass
+class Sources:
+    """What a call's values may come from: the request and the results of the calls before it."""
+
+    request: str
+    results: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._numbers: set[float] | None = None
+
+    def texts(self) -> list[str]:
+        return [self.request, *self.results]
+
+    def numbers(self) -> set[float]:
+        """Every number stated: digits and words in the request and the results, the 24-hour hours, the implied."""
+        if self._numbers is None:
+            stated: set[float] = set()
+            for text in self.texts():
+                stated |= set(numbers_in(text)) | word_numbers(text) | _times_24h(text)
+            self._implied = implied_numbers(self.request)
+            self._numbers = stated | self._implied
+        return self._numbers
+
+    def number_grounded(self, value: float, *, python: bool = False, bound: bool = False) -> bool:
+        """Stated, negated, one of pi or e, or a stated number scaled by an implied one; for python also a small
+        constant, and with `bound` (an argument of `range`) a stated integer +/- 1."""
+        stated = self.numbers()
+        candidates = {value, -value}
+        if any(_close(c, s) for c in candidates for s in stated):
+            return True
+        if any(math.isclose(abs(value), c, rel_tol=1e-3) for c in _MATH_CONSTANTS):
+            return True
+        for factor in self._implied:
+            if factor and any(_close(c, s * factor) or _close(c, s / factor) for c in candidates for s in stated):
+                return True
+        if python and value == int(value) and abs(value) <= PYTHON_SMALL_CONSTANT:
+            return True
+        return bound and any(_close(c, s + step) for c in candidates for s in stated for step in (1, -1))
+
+    def dates(self) -> set[dt.date]:
+        out: set[dt.date] = set()
+        for text in self.texts():
+            out |= dates_in(text)
+        return out
+
+    def words(self) -> str:
+        """The sources' text, case-folded and spacing collapsed, to look a value up in as whole words."""
+        return " " + " ".join(re.sub(r"\s+", " ", t.casefold()) for t in self.texts()) + " "
+
+
+# ---------------------------------------------------------------------------------------------- dates
+
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTH = (
+    r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|sep(?:t(?:ember)?)?|"
+    r"oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)\.?"
+)
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(\d{4})"
+_ISO_DATE = re.compile(r"(?<!\d)(\d{4})[-/.](\d{1,2})[-/.](\d{1,2})(?!\d)")
+_NUMERIC_DATE = re.compile(r"(?<!\d)(\d{1,2})[-/.](\d{1,2})[-/.](\d{4})(?!\d)")
+_MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b(?:,?\s+{_YEAR}\b)?", re.IGNORECASE)  # March 4th, 2021
+_DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}(?:,?\s+{_YEAR}\b)?", re.IGNORECASE)  # 4th of March 2021
+_YEARS = re.compile(r"(?<!\d)((?:1[6-9]|2[0-9])\d{2})(?!\d)")
+
+
+def _date(year: int, month: int, day: int) -> dt.date | None:
+    try:
+        return dt.date(year, month, day)
+    except ValueError:
+        return None
+
+
+def dates_in(text: str) -> set[dt.date]:
+    """Every calendar date `text` states, in any common spelling. "3/4/2021" is both March 4 and April 3; a day and
+    month without a year ("March 4") is dated in each year the text states, and in none when it states none."""
+    found: set[dt.date | None] = set()
+    for y, m, d in _ISO_DATE.findall(text):
+        found.add(_date(int(y), int(m), int(d)))
+    for a, b, y in _NUMERIC_DATE.findall(text):
+        found |= {_date(int(y), int(a), int(b)), _date(int(y), int(b), int(a))}
+    years = {int(y) for y in _YEARS.findall(text)}
+    for pattern, month_group, day_group in ((_MONTH_DAY, 1, 2), (_DAY_MONTH, 2, 1)):
+        for match in pattern.finditer(text):
+            month = _MONTHS.index(match.group(month_group)[:3].lower()) + 1
+            day = int(match.group(day_group))
+            for year in [int(match.group(3))] if match.group(3) else years:
+                found.add(_date(year, month, day))
+    return {d for d in found if d is not None}
+
+
+# ---------------------------------------------------------------------------------------------- grounding
+
+_EXPRESSION = re.compile(r"[\d\s.,+\-*/%()^eE]*[+\-*/%^][\d\s.,+\-*/%()^eE]*|[\w\s.,+\-*/%()^]*\(.*\)")
+_UNIT_STOPWORDS = frozenset(
+    "a an and are as at be by can do for from how i in into is it many me much of on or per s so the there this to "
+    "what when which will with you your my convert conversion equal equals".split()
+)
+
+
+@dataclass(frozen=True)
+class Ungrounded:
+    """A value of a call that the request does not state: `reason` (counted) and `detail` (the value, logged)."""
+
+    reason: str
+    detail: str
+
+
+NUMBER = "a number in the call is not in the request"
+DATE = "a date in the call is not in the request"
+UNIT = "a unit in the call is not in the request"
+TEXT = "a name or text in the call is not in the request"
+PYTHON = "a literal of the python code is not in the request"
+
+
+def _in_text(value: str, haystack: str) -> bool:
+    """`value` as whole words of `haystack` (a `Sources.words()`), case and spacing aside; a plural or singular too."""
+    norm = re.sub(r"\s+", " ", value.strip().casefold())
+    if not norm:
+        return True
+    forms = {norm, norm + "s", norm + "es", norm.removesuffix("s"), norm.removesuffix("es")}
+    return any(form and re.search(rf"(?<!\w){re.escape(form)}(?!\w)", haystack) for form in forms)
+
+
+def _unit_phrases(text: str) -> set[str]:
+    """The words and two- and three-word runs of `text` that could name a unit ("km", "km/h", "degrees Celsius")."""
+    tokens = re.findall(r"[A-Za-z°µ][\w°µ/^²³]*", text)
+    phrases = set()
+    for size in (1, 2, 3):
+        for i in range(len(tokens) - size + 1):
+            run = tokens[i : i + size]
+            if size == 1 and run[0].lower() in _UNIT_STOPWORDS:
+                continue
+            if size > 1 and (run[0].lower() in _UNIT_STOPWORDS or run[-1].lower() in _UNIT_STOPWORDS):
+                continue
+            phrases.add(" ".join(run))
+    return phrases
+
+
+def _unit_grounded(value: str, sources: Sources) -> bool:
+    from toolschool.evaluate.metrics import same_unit
+
+    if _in_text(value, sources.words()):
+        return True
+    return any(same_unit(value, phrase) for text in sources.texts() for phrase in _unit_phrases(text))
+
+
+def _date_of(value: str) -> dt.date | None:
+    match = re.fullmatch(r"\s*(\d{4})-(\d{2})-(\d{2})(?:[T ][\d:.]+(?:Z|[+-]\d{2}:?\d{2})?)?\s*", value)
+    return _date(int(match.group(1)), int(match.group(2)), int(match.group(3))) if match else None
+
+
+def _number_problem(text: str, sources: Sources, *, python: bool = False) -> Ungrounded | None:
+    for value in numbers_in(text):
+        if not sources.number_grounded(value, python=python):
+            return Ungrounded(PYTHON if python else NUMBER, _format_number(value))
+    return None
+
+
+def _format_number(value: float) -> str:
+    return str(int(value)) if value == int(value) and abs(value) < 1e15 else repr(value)
+
+
+def _string_problem(value: str, key: str, schema: dict[str, Any], sources: Sources) -> Ungrounded | None:
+    text = value.strip()
+    if not text or text in (schema.get("enum") or []):
+        return None
+    if _as_float(text) is not None and re.fullmatch(r"[-+]?[\d,]*\.?\d+(?:[eE][-+]?\d+)?", text):
+        return _number_problem(text, sources)
+    date = _date_of(text)
+    if date is not None:
+        if date in sources.dates():
+            return _number_problem(text[10:], sources)  # a time of day after the date: its numbers
+        return Ungrounded(DATE, text)
+    if "unit" in key.lower():
+        return None if _unit_grounded(text, sources) else Ungrounded(UNIT, text)
+    if key.lower() in ("expression", "expr", "formula") or _EXPRESSION.fullmatch(text):
+        return _number_problem(text, sources)
+    if _in_text(text, sources.words()):
+        return None
+    if "/" in text and _in_text(text.rsplit("/", 1)[1].replace("_", " "), sources.words()):
+        return None  # a time zone, Europe/Paris, for "Paris"
+    return Ungrounded(TEXT, text)
+
+
+def _python_problem(code: str, sources: Sources) -> Ungrounded | None:
+    """Each number literal grounded (with python's allowances); each string literal in the request, unless it is
+    output formatting (an argument of print, the text of an f-string) or has no letter or digit outside its format
+    directives (", ", "%Y-%m-%d", "{:.2f}")."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return None  # it ran, so the sandbox read it; nothing to check here that the execution did not
+    formatting: set[int] = set()
+    bounds: set[int] = set()  # literals inside range(...): `range(1, n + 1)` for "the first n"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range":
+            bounds |= {id(part) for arg in node.args for part in ast.walk(arg)}
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
+            formatting |= {id(arg) for arg in node.args if isinstance(arg, ast.Constant)}
+        elif isinstance(node, ast.JoinedStr):
+            formatting |= {id(part) for part in node.values if isinstance(part, ast.Constant)}
+        elif isinstance(node, ast.FormattedValue) and node.format_spec is not None:
+            formatting |= {id(part) for part in ast.walk(node.format_spec)}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant) or id(node) in formatting or isinstance(node.value, bool):
+            continue
+        if isinstance(node.value, int | float):
+            if not sources.number_grounded(float(node.value), python=True, bound=id(node) in bounds):
+                return Ungrounded(PYTHON, repr(node.value))
+        elif isinstance(node.value, str):
+            bare = re.sub(r"%-?[a-zA-Z]|\{[^{}]*\}", "", node.value)
+            if not re.search(r"[^\W_]", bare):
+                continue
+            date = _date_of(node.value)
+            if (date is not None and date in sources.dates()) or _in_text(node.value, sources.words()):
+                continue
+            problem = _number_problem(node.value, sources, python=True)
+            if problem is not None:
+                return problem
+            if not all(_in_text(word, sources.words()) for word in re.findall(r"[^\W\d_]+", node.value.casefold())):
+                return Ungrounded(PYTHON, repr(node.value))
+    return None
+
+
+def _flatten(value: Any, key: str = "") -> Iterable[tuple[str, Any]]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield from _flatten(v, str(k))
+    elif isinstance(value, list):
+        for v in value:
+            yield from _flatten(v, key)
+    else:
+        yield key, value
+
+
+def _parameters(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        if function.get("name") == name:
+            properties = (function.get("parameters") or {}).get("properties")
+            return properties if isinstance(properties, dict) else {}
+    return {}
+
+
+def _is_code(name: str, key: str, schema: dict[str, Any]) -> bool:
+    description = str(schema.get("description") or "").lower()
+    return (
+        key == "code" or (name == "python" and key in ("code", "program", "source")) or "python program" in description
+    )
+
+
+def call_grounding(
+    name: str, arguments: dict[str, Any], tools: list[dict[str, Any]], sources: Sources
+) -> Ungrounded | None:
+    """Why one call's arguments are not all stated in `sources`, or None."""
+    parameters = _parameters(tools, name)
+    for key, value in _flatten(arguments):
+        schema = parameters.get(key) if isinstance(parameters.get(key), dict) else {}
+        if value is None or isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            if not sources.number_grounded(float(value)):
+                return Ungrounded(NUMBER, _format_number(float(value)))
+        elif isinstance(value, str):
+            problem = (
+                _python_problem(value, sources)
+                if _is_code(name, key, schema)
+                else _string_problem(value, key, schema, sources)
+            )
+            if problem is not None:
+                return problem
+    return None
+
+
+def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
+    """Why a clean conversation (the request, then calls and their results) has a call value the request does not
+    state, or None. A call may also use what an earlier call of the conversation returned."""
+    if not messages or messages[0].get("role") != "user":
+        return None
+    sources = Sources(str(messages[0].get("content") or ""))
+    for message in messages[1:]:
+        if message.get("role") == "tool":
+            sources = Sources(sources.request, [*sources.results, str(message.get("content") or "")])
+            continue
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            if isinstance(arguments, dict):
+                problem = call_grounding(str(function.get("name")), arguments, tools, sources)
+                if problem is not None:
+                    return problem
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- echo
+
+# Tokens in a row shared with a text the explorer was shown that make a request a copy of it: five of a prompt
+# sentence or a worked example ("will it rain in lisbon"); eight of a tool's description, whose phrases a real
+# request may well use ("the day of the week of" 2024-05-01).
+ECHO_RUN = 5
+DESCRIPTION_ECHO_RUN = 8
+DEMONSTRATION_ECHO = "copies a worked example of the exploration prompt"
+TEMPLATE_ECHO = "copies a sentence of the exploration prompt"
+
+
+@dataclass(frozen=True)
+class EchoSource:
+    """A text the explorer was shown that a real request must not copy: `label` says which kind (counted)."""
+
+    label: str
+    text: str
+    run: int = 5  # tokens in a row shared with `text` that make a request a copy of it (`echo_problem`)
+
+
+def _runs(tokens: list[str], size: int) -> set[tuple[str, ...]]:
+    return {tuple(tokens[i : i + size]) for i in range(len(tokens) - size + 1)}
+
+
+def template_sentences(source: str) -> list[str]:
+    """The fixed sentences of a Jinja template: its text with every `{{ ... }}` and `{% ... %}` taken as a break."""
+    text = re.sub(r"\{#.*?#\}", "\n", source, flags=re.DOTALL)
+    pieces = re.split(r"\{\{.*?\}\}|\{%.*?%\}", text, flags=re.DOTALL)
+    sentences = []
+    for piece in pieces:
+        sentences += [s.strip() for s in re.split(r"(?<=[.!?:])\s+|\n", piece) if s.strip()]
+    return sentences
+
+
+def exploration_echo_sources(format_name: str = "hermes", prompts: str | Path | None = None) -> list[EchoSource]:
+    """The sentences of the exploration prompt templates the explorer saw (the run's override folder first, then
+    the packaged ones of its format) and the worked examples' requests, answers and descriptions."""
+    from toolschool.explore.templates import TEMPLATE_NAMES, PromptSet
+
+    prompt_set = PromptSet(format_name, prompts)
+    sources: list[EchoSource] = []
+    for name in (*TEMPLATE_NAMES, "memory"):  # as PromptSet finds each: the first folder of its search path
+        for folder in prompt_set.searchpath:
+            path = Path(folder) / f"{name}.jinja"
+            if path.is_file():
+                sources += [EchoSource(TEMPLATE_ECHO, s) for s in template_sentences(path.read_text(encoding="utf-8"))]
+                break
+    for example in prompt_set.demonstrations():
+        for key in ("query", "answer", "description"):
+            sources.append(EchoSource(DEMONSTRATION_ECHO, str(example.get(key) or "")))
+    return [s for s in sources if same_request_key(s.text)]
+
+
+TOOL_ECHO = "copies a tool's description"
+
+
+def tool_description_sources(tools: list[dict[str, Any]]) -> list[EchoSource]:
+    """The offered tools' descriptions: the imagination prompt shows them, and tells the explorer not to copy them."""
+    out = []
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else {}
+        description = str(function.get("description") or "")
+        out += [EchoSource(TOOL_ECHO, s, DESCRIPTION_ECHO_RUN) for s in template_sentences(description)]
+    return out
+
+
+def echo_problem(request: str, sources: list[EchoSource]) -> EchoSource | None:
+    """The text a request copies, or None: the same request as a whole prompt sentence or example, or `run` tokens
+    in a row of one (when the request is shorter, all of it, if it has at least three tokens)."""
+    tokens = same_request_key(request).split()
+    if not tokens:
+        return None
+    runs: dict[int, set[tuple[str, ...]]] = {}
+    for source in sources:
+        theirs = same_request_key(source.text).split()
+        if tokens == theirs:
+            return source
+        size = min(source.run, len(tokens))
+        if size < 3 or len(theirs) < size:
+            continue
+        if size not in runs:
+            runs[size] = _runs(tokens, size)
+        if runs[size] & _runs(theirs, size):
+            return source
+    return None

@@ -1,0 +1,332 @@
+"""No-tool examples: a student must also learn when not to call.
+
+Two kinds, both answered in plain text with the tools still offered:
+
+- **irrelevance** (no teacher, as Hammer builds them): a kept request with the tools that fit it taken out of the
+  offered list. The tools that fit are the ones its conversation calls, the ones a kept trial of the same request
+  (`same_request_key`) called, and any tool that runs code (a python tool can stand in for every other). When
+  nothing is left to offer the line is not built. The reply is a fixed, natural template that says no offered tool
+  fits and names what is missing (the tool's name and what its description says it does), picked by the seed.
+- **chit-chat**: the judge/explorer model imagines a message that needs no tool (one topic per request, from a fixed
+  list, for variety) and answers it in a fresh context without tools. A request is dropped when it is empty, long,
+  holds a digit (it may need a calculation), copies the prompt, or repeats another; a reply when it is empty, cut
+  off at `chitchat_max_tokens`, or holds a tool call. Requests and replies are cached like every distill reply.
+
+Both go to the split of the request they come from (irrelevance) or are split by the validation fraction
+(chit-chat), so no request is in both splits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolschool.chat.formats import DEFAULT_FORMAT, get_format
+from toolschool.data.cache import ReplyCache
+from toolschool.data.dataset import same_request_key
+from toolschool.data.filters import EchoSource, echo_problem, template_sentences
+from toolschool.models.backend import Backend, ContextLengthError, GenerationRequest, SamplingParams
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+CHITCHAT_REQUEST_FILE = PROMPTS_DIR / "chitchat_request.txt"
+CHITCHAT_ANSWER_FILE = PROMPTS_DIR / "chitchat_answer.txt"
+
+# The replies of an irrelevance line: {name} the missing tool, {what} what it does (its description's first clause).
+REFUSALS = (
+    "None of the available tools can do that. It needs a tool like {name}: {what}.",
+    "I can't do that with the tools I have: none of them fits. What is missing is a tool like {name} ({what}).",
+    "None of the offered tools fits this request. It would take {name}, a tool for this: {what}. "
+    "If you can give me such a tool, I'll use it.",
+    "Sorry, none of the available tools can help here: there is no {name} tool ({what}).",
+)
+CHITCHAT_TOPICS = (
+    "a greeting",
+    "thanks for some earlier help",
+    "cooking a simple meal",
+    "travel tips",
+    "a book to read",
+    "music",
+    "a film to watch",
+    "learning a new language",
+    "sleeping better",
+    "staying active",
+    "gardening",
+    "pets",
+    "a short poem",
+    "a light joke",
+    "a moment in history",
+    "how something in nature works",
+    "writing a polite email",
+    "career advice",
+    "the meaning of a word",
+    "friendship",
+    "the meaning of an idiom",
+    "motivation",
+    "an animal fact",
+    "staying focused at work",
+)
+CHITCHAT_MAX_REQUEST_CHARS = 300
+ASK_FACTOR = 2  # chit-chat requests asked for per line wanted (plus two): some are dropped
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    return tool.get("function", tool) if isinstance(tool, dict) else {}
+
+
+def tool_name(tool: dict[str, Any]) -> str:
+    return str(_function(tool).get("name") or "")
+
+
+def runs_code(tool: dict[str, Any]) -> bool:
+    """A tool that runs a program can do what any other does: it always fits, so it is never left offered."""
+    function = _function(tool)
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    description = str(function.get("description") or "").lower()
+    return "code" in properties or function.get("name") == "python" or "python program" in description
+
+
+def what_it_does(tool: dict[str, Any]) -> str:
+    """The first clause of a tool's description, lower-cased and without asides: "convert a quantity from one unit
+    to another" for "Convert a quantity from one unit to another, e.g. 5 km to mile ..."."""
+    text = re.sub(r"\s*\([^)]*\)", "", str(_function(tool).get("description") or "")).strip()
+    text = re.split(r"(?<=[a-z0-9])\.\s|\.$|,\s*e\.g\.|;\s", text)[0].strip().rstrip(".")
+    if not text:
+        return "what this request asks for"
+    return text[0].lower() + text[1:] if text[1:2].islower() else text
+
+
+def refusal_reply(missing: list[dict[str, Any]], seed: int | str) -> str:
+    """A plain answer saying no offered tool fits and naming the missing one; the template is picked by `seed`."""
+    tool = missing[0]
+    template = REFUSALS[random.Random(f"refusal:{seed}").randrange(len(REFUSALS))]
+    return template.format(name=tool_name(tool), what=what_it_does(tool))
+
+
+def _called(example: dict[str, Any]) -> list[str]:
+    names = []
+    for message in example["messages"]:
+        for call in message.get("tool_calls") or []:
+            name = (call.get("function") or {}).get("name")
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
+def build_irrelevance(
+    examples: list[dict[str, Any]], fraction: float, seed: int
+) -> tuple[list[dict[str, Any]], Counter[str], dict[str, int]]:
+    """(irrelevance lines, why lines could not be built, lines built per source tool) for `fraction` of `examples`
+    (the tool-call lines; at least one when the fraction is above 0). Each original request comes first, in a seeded
+    order; paraphrases only when more are wanted than there are originals."""
+    skipped: Counter[str] = Counter()
+    per_tool: Counter[str] = Counter()
+    if fraction <= 0 or not examples:
+        return [], skipped, {}
+    want = max(1, round(fraction * len(examples)))
+    by_request: dict[str, set[str]] = {}
+    for example in examples:
+        by_request.setdefault(same_request_key(example["messages"][0]["content"]), set()).update(_called(example))
+    order = sorted(examples, key=lambda e: e["meta"]["id"])
+    random.Random(f"{seed}:irrelevance").shuffle(order)
+    order.sort(key=lambda e: bool(e["meta"].get("paraphrase")))  # stable: originals first, each group shuffled
+    lines: list[dict[str, Any]] = []
+    for example in order:
+        if len(lines) >= want:
+            break
+        query = example["messages"][0]["content"]
+        called = _called(example)
+        fits = set(called) | by_request.get(same_request_key(query), set())
+        offered = [t for t in example["tools"] if tool_name(t) not in fits and not runs_code(t)]
+        if not offered:
+            skipped["no other tool to offer"] += 1
+            continue
+        missing = [t for t in example["tools"] if tool_name(t) in called] or [{"function": {"name": called[0]}}]
+        meta = example["meta"]
+        line_id = f"{meta['id']}/irrelevant"
+        lines.append(
+            {
+                "messages": [
+                    {"role": "user", "content": query},
+                    {"role": "assistant", "content": refusal_reply(missing, f"{seed}:{line_id}")},
+                ],
+                "tools": offered,
+                "meta": {
+                    "id": line_id,
+                    "original_id": meta.get("original_id", meta["id"]),
+                    "tool": None,
+                    "source": "distill-irrelevance",
+                    "category": "no_tool",
+                    "expected_answer": None,
+                    "removed_tools": sorted(t for t in fits if t),
+                    "paraphrase": bool(meta.get("paraphrase")),
+                    "split": meta.get("split"),
+                },
+            }
+        )
+        per_tool[str(meta.get("tool"))] += 1
+    return lines, skipped, dict(sorted(per_tool.items()))
+
+
+# ---------------------------------------------------------------------------------------------- chit-chat
+
+
+@dataclass(frozen=True)
+class ChitchatOptions:
+    count: int  # lines wanted
+    temperature: float
+    max_tokens: int  # per imagined request and per answer; an answer cut off there is dropped
+    seed: int
+    concurrency: int
+
+
+def chitchat_count(fraction: float, tool_lines: int) -> int:
+    """Chit-chat lines wanted: `fraction` of the tool-call lines, at least one when both are above 0."""
+    return 0 if fraction <= 0 or tool_lines <= 0 else max(1, round(fraction * tool_lines))
+
+
+def chitchat_prompt(index: int, seed: int) -> str:
+    topics = list(CHITCHAT_TOPICS)
+    random.Random(f"{seed}:chitchat-topics").shuffle(topics)
+    return CHITCHAT_REQUEST_FILE.read_text(encoding="utf-8").strip().format(topic=topics[index % len(topics)])
+
+
+def clean_request(text: str) -> str:
+    text = text.strip()
+    text = re.sub(r"^(user'?s? message|message|user)\s*:\s*", "", text, flags=re.IGNORECASE)
+    return text.strip().strip("\"“”'").strip().split("\n\n")[0].strip()
+
+
+def chitchat_request_problem(text: str, cut: bool, echo: list[EchoSource], seen: set[str]) -> str | None:
+    if cut:
+        return "request cut off"
+    if not text:
+        return "empty request"
+    if len(text) > CHITCHAT_MAX_REQUEST_CHARS:
+        return "request too long"
+    if re.search(r"\d", text):
+        return "request has a number (it may need a tool)"
+    if echo_problem(text, echo) is not None:
+        return "request copies the prompt"
+    if same_request_key(text) in seen:
+        return "request repeats another"
+    return None
+
+
+def chitchat_reply_problem(text: str, cut: bool, tools: list[dict[str, Any]]) -> str | None:
+    if not text.strip():
+        return "empty reply"
+    if cut:
+        return "reply cut off at chitchat_max_tokens"
+    if "<tool_call>" in text or get_format(DEFAULT_FORMAT).parse(text, tools).calls:
+        return "reply holds a tool call"
+    return None
+
+
+async def _sample(
+    backend: Backend, cache: ReplyCache, purpose: str, request: GenerationRequest, semaphore: asyncio.Semaphore
+) -> tuple[str, bool]:
+    """One completion (text, cut off at max_tokens), cached under `purpose` with the whole request."""
+    params = request.params
+    key = cache.key(
+        purpose, getattr(backend, "name", ""), request.messages, params.temperature, params.max_tokens, params.seed
+    )
+    value = cache.get(key)
+    if value is None:
+        try:
+            async with semaphore:
+                completions = await backend.generate(request)
+            completion = completions[0] if completions else None
+            value = {
+                "text": completion.text if completion else "",
+                "cut": bool(completion and completion.finish_reason == "length"),
+            }
+        except ContextLengthError:
+            value = {"text": "", "cut": True}
+        cache.put(key, value)
+    return str(value["text"]), bool(value["cut"])
+
+
+async def build_chitchat(
+    backend: Backend,
+    cache: ReplyCache,
+    opts: ChitchatOptions,
+    tool_lists: list[list[dict[str, Any]]],
+    known_requests: set[str],
+    progress: Any = None,
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """(chit-chat lines, why candidates were dropped): up to `opts.count` lines, each offering one of `tool_lists`
+    (in turn) and answering without a call. `known_requests`: `same_request_key`s of the tool lines (not repeated)."""
+    dropped: Counter[str] = Counter()
+    if opts.count <= 0 or not tool_lists:
+        return [], dropped
+    semaphore = asyncio.Semaphore(max(1, opts.concurrency))
+    asked = opts.count * ASK_FACTOR + 2
+    advance = progress("imagining chit-chat", asked) if progress is not None else None
+
+    async def imagine(index: int) -> tuple[str, bool]:
+        seed = int(hashlib.sha256(f"{opts.seed}:chitchat:{index}".encode()).hexdigest()[:8], 16)
+        params = SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=seed)
+        request = GenerationRequest([{"role": "user", "content": chitchat_prompt(index, opts.seed)}], None, params)
+        text, cut = await _sample(backend, cache, "chitchat-request", request, semaphore)
+        if advance is not None:
+            advance()
+        return clean_request(text), cut
+
+    imagined = await asyncio.gather(*(imagine(i) for i in range(asked)))
+    echo = [EchoSource("chit-chat prompt", s) for s in template_sentences(CHITCHAT_REQUEST_FILE.read_text())]
+    seen = set(known_requests)
+    requests: list[str] = []
+    for text, cut in imagined:
+        problem = chitchat_request_problem(text, cut, echo, seen)
+        if problem is not None:
+            dropped[problem] += 1
+            continue
+        seen.add(same_request_key(text))
+        requests.append(text)
+
+    system = CHITCHAT_ANSWER_FILE.read_text(encoding="utf-8").strip()
+    answering = progress("answering chit-chat", opts.count) if progress is not None and requests else None
+
+    async def answer(text: str) -> tuple[str, bool]:
+        params = SamplingParams(temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        return await _sample(backend, cache, "chitchat-answer", GenerationRequest(messages, None, params), semaphore)
+
+    lines: list[dict[str, Any]] = []
+    done = 0  # requests answered so far: answered in order, only as many as lines are still wanted
+    while len(lines) < opts.count and done < len(requests):
+        batch = list(enumerate(requests[done : done + opts.count - len(lines)], start=done))
+        done += len(batch)
+        replies = await asyncio.gather(*(answer(text) for _, text in batch))
+        for (index, request), (reply, cut) in zip(batch, replies, strict=True):
+            tools = tool_lists[len(lines) % len(tool_lists)]
+            problem = chitchat_reply_problem(reply, cut, tools)
+            if problem is not None:
+                dropped[problem] += 1
+                continue
+            if answering is not None:
+                answering()
+            line_id = f"chitchat/{index}"
+            lines.append(
+                {
+                    "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply.strip()}],
+                    "tools": tools,
+                    "meta": {
+                        "id": line_id,
+                        "original_id": line_id,
+                        "tool": None,
+                        "source": "distill-chitchat",
+                        "category": "no_tool",
+                        "expected_answer": None,
+                        "model": getattr(backend, "name", None),
+                        "paraphrase": False,
+                    },
+                }
+            )
+    return lines, dropped
