@@ -169,7 +169,7 @@ async def test_one_episode_imagines_tries_reflects_and_logs(tmp_path) -> None:
     assert registry.calls == [("calculator", {"expression": "1 * 7"}), ("calculator", {"expression": "2 * 7"})]
     # short-term memory: the second trial's requests carry the first trial's conversation and a follow-up prompt
     second_imagination = imagination_requests(backend)[1]
-    assert "explores it further" in second_imagination.messages[-1]["content"]
+    assert "explores the tool further" in second_imagination.messages[-1]["content"]
     assert second_imagination.messages[1:9] == unmarked(first["messages"])
 
 
@@ -180,7 +180,7 @@ async def test_worked_examples_do_not_turn_the_first_trial_into_a_follow_up(tmp_
     await run_episode(ctx, "calculator", 0, {})
     first, second = imagination_requests(backend)
     assert first.messages[-1]["content"].startswith("Tool: calculator\nWhat it does: Evaluate an arithmetic")
-    assert "explores it further" in second.messages[-1]["content"]
+    assert "explores the tool further" in second.messages[-1]["content"]
     records = read_trials(tmp_path / TRIALS_FILE)
     assert records[0]["messages"][2]["content"].startswith("Now answer the request using the tools.")
     assert records[1]["messages"][2]["content"].startswith("Now answer this request the same way")
@@ -252,7 +252,7 @@ async def test_no_stm_starts_every_trial_fresh_and_no_ltm_hides_memory(tmp_path)
     for request in imaginations:
         assert [m["role"] for m in request.messages] == ["system", "user"]  # fresh conversation each time
         assert "already explored" not in request.messages[-1]["content"]
-        assert "explores it further" not in request.messages[-1]["content"]
+        assert "explores the tool further" not in request.messages[-1]["content"]
 
 
 async def test_backend_error_in_one_episode_is_logged_and_the_run_goes_on(tmp_path) -> None:
@@ -443,3 +443,28 @@ def test_a_forced_call_decoded_free_starts_the_reply_the_model_is_trained_to_wri
     ctx = make_ctx(tmp_path, ScriptedBackend(), force_call=True)
     ctx.fmt = fmt
     assert ctx.decoding == "free" and ctx.trial_constraint("calculator", 0) is None
+
+
+async def test_each_trial_imagines_for_a_persona_drawn_from_the_packaged_list(tmp_path) -> None:
+    """A persona in the imagine prompt (no sentence to copy) spreads a small explorer's requests over situations;
+    the draw depends on where the trial stands only, so a resumed run asks for the same ones."""
+    backend = ScriptedBackend()
+    ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=2)
+    await run_episode(ctx, "calculator", 0, {})
+    personas = ctx.prompts.personas()
+    asked = [r.messages[-1]["content"] for r in imagination_requests(backend)]
+    drawn = [ctx.prompts.persona(0, "calculator", 0, slot) for slot in (0, 1)]
+    assert all(p in personas for p in drawn) and len(personas) >= 30
+    assert f"Think of {drawn[0]}." in asked[0] and f"Now think of {drawn[1]}," in asked[1]
+    assert len({ctx.prompts.persona(0, "calculator", e, s) for e in range(10) for s in range(3)}) > 10
+
+
+def test_a_broken_personas_override_is_refused_with_the_file(tmp_path) -> None:
+    from toolschool.errors import ConfigError
+
+    (tmp_path / "personas.json").write_text('{"personas": []}')
+    with pytest.raises(ConfigError, match='personas.json: "personas" must be a non-empty list of non-empty strings'):
+        PromptSet("hermes", tmp_path).personas()
+    (tmp_path / "personas.json").write_text('{"people": ["x"]}')
+    with pytest.raises(ConfigError, match="personas.json: not a personas file"):
+        PromptSet("hermes", tmp_path).personas()

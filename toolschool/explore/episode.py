@@ -396,11 +396,12 @@ async def run_trial(
         "tool_names": [s["function"]["name"] for s in ctx.tool_schemas],
         "max_turns": settings.max_turns,
     }
+    persona = ctx.prompts.persona(settings.seed, tool, episode, slot)
     # 1. imagine — the long-term memory goes into this request only
     imagine = "imagine" if first else "imagine_followup"
     memory = [] if ablations.no_ltm else ctx.memory.shown(tool, with_outcome=not ablations.no_reflection)
-    shown_prompt = ctx.prompts.render(imagine, memory=memory, **variables)
-    kept_prompt = ctx.prompts.render(imagine, memory=[], **variables)
+    shown_prompt = ctx.prompts.render(imagine, memory=memory, persona=persona, **variables)
+    kept_prompt = ctx.prompts.render(imagine, memory=[], persona=persona, **variables)
     query_raw = query = ""
     entry: MemoryEntry | None = None
     reflection: str | None = None
@@ -557,7 +558,7 @@ def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
         }
         call_id = f"demo_{index}"
         messages += [
-            {"role": "user", "content": ctx.prompts.render("imagine", memory=[], **variables)},
+            {"role": "user", "content": ctx.prompts.render("imagine", memory=[], persona="a user", **variables)},
             _verbatim(example["query"]),
             {"role": "user", "content": ctx.prompts.render("trial", query=example["query"], **variables)},
             {

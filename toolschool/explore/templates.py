@@ -32,14 +32,15 @@ TEMPLATE_NAMES = (
 
 
 DEMONSTRATIONS_FILE = "demonstrations.json"
+PERSONAS_FILE = "personas.json"
 
 # The variables each template is rendered with (see toolschool.explore.episode), and sample values to try them
 # with when the prompts are loaded: an override using one its template does not get fails before any work.
 _TOOL_VARIABLES = ("tool", "description", "parameters", "tool_names", "max_turns")
 TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "system": ("tool",),
-    "imagine": (*_TOOL_VARIABLES, "memory"),
-    "imagine_followup": (*_TOOL_VARIABLES, "memory"),
+    "imagine": (*_TOOL_VARIABLES, "memory", "persona"),
+    "imagine_followup": (*_TOOL_VARIABLES, "memory", "persona"),
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
@@ -65,6 +66,7 @@ _SAMPLE_VALUES: dict[str, Any] = {
     "memory": [{"query": "An earlier request.", "solved": "Yes"}, {"query": "Another one.", "solved": "No"}],
     "query": "A request.",
     "error": "the reply could not be parsed",
+    "persona": "a baker scaling a recipe",
 }
 
 
@@ -90,6 +92,7 @@ class PromptSet:
         self.searchpath = searchpath
         self.format_name = format_name
         self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
+        self._personas: list[str] | None = None  # personas(), read and checked once
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(searchpath),
             undefined=jinja2.StrictUndefined,
@@ -127,15 +130,49 @@ class PromptSet:
         path = self.demonstrations_path() if demonstrations > 0 else None
         if path is not None:
             digest.update(path.read_bytes())
+        personas = self._file_path(PERSONAS_FILE)
+        if personas is not None:
+            digest.update(b"personas\0" + personas.read_bytes())
         return digest.hexdigest()[:16]
 
-    def demonstrations_path(self) -> Path | None:
-        """`demonstrations.json`: the first found on the search path, else the packaged one."""
+    def _file_path(self, name: str) -> Path | None:
+        """A prompts data file: the first found on the search path, else the packaged one."""
         for folder in [*self.searchpath, str(PROMPTS_DIR)]:
-            path = Path(folder) / DEMONSTRATIONS_FILE
+            path = Path(folder) / name
             if path.is_file():
                 return path
         return None
+
+    def demonstrations_path(self) -> Path | None:
+        """`demonstrations.json`: the first found on the search path, else the packaged one."""
+        return self._file_path(DEMONSTRATIONS_FILE)
+
+    def personas(self) -> list[str]:
+        """Who might send an imagined request (`personas.json`), checked once: a ConfigError names the file."""
+        if self._personas is None:
+            import json
+
+            path = self._file_path(PERSONAS_FILE)
+            hint = 'write {"personas": ["a baker scaling a recipe", ...]} (short descriptions of people)'
+            try:
+                personas = json.loads(path.read_text(encoding="utf-8"))["personas"] if path else []
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise ConfigError(f"{path}: not a personas file ({exc})", hint=hint) from None
+            if not isinstance(personas, list) or not personas or not all(
+                isinstance(p, str) and p.strip() for p in personas
+            ):
+                raise ConfigError(f'{path}: "personas" must be a non-empty list of non-empty strings', hint=hint)
+            self._personas = [p.strip() for p in personas]
+        return list(self._personas)
+
+    def persona(self, seed: int, tool: str, episode: int, slot: int) -> str:
+        """The persona of one trial: drawn from `personas()` by a hash of where the trial stands, so a resumed run
+        draws the same one and each tool's trials spread over the list."""
+        import hashlib
+
+        personas = self.personas()
+        key = hashlib.sha256(f"{seed}/{tool}/{episode}/{slot}".encode()).digest()
+        return personas[int.from_bytes(key[:8], "big") % len(personas)]
 
     def demonstrations(self) -> list[dict[str, Any]]:
         """The worked examples, each checked for the fields the episode renders (a ConfigError naming the file).
