@@ -1187,7 +1187,8 @@ async def adistill(
         )
     tool_lines = splits["train"] + splits["validation"]
     irrelevant, skipped, irrelevance_per_tool = build_irrelevance(tool_lines, opts.irrelevance_fraction, opts.seed)
-    drops["irrelevance"][NO_TOOL].update(skipped)
+    if skipped:
+        drops["irrelevance"][NO_TOOL].update(skipped)
     for line in irrelevant:
         splits[line["meta"]["split"]].append(line)
     chitchat_wanted = chitchat_count(opts.chitchat_fraction, len(tool_lines)) if judge is not None else 0
@@ -1199,7 +1200,8 @@ async def adistill(
         {same_request_key(line["messages"][0]["content"]) for line in tool_lines},
         progress,
     )
-    drops["chitchat"][NO_TOOL].update(chitchat_dropped)
+    if chitchat_dropped:
+        drops["chitchat"][NO_TOOL].update(chitchat_dropped)
     if irrelevant or chitchat:  # a row of its own, shown only when there are such lines
         counts[NO_TOOL].update(irrelevance=len(irrelevant), chitchat=len(chitchat))
     held_out = round(len(chitchat) * opts.validation_fraction)
