@@ -108,6 +108,8 @@ def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
         ):
             assert key in record, key
         assert -0.7 <= record["reward"] <= 2.5
+    spread = [1 - r["frac_reward_zero_std"] for r in curve]  # TRL's per-step share of groups without spread
+    assert result.groups_with_reward_spread == round(sum(spread) / len(spread), 4)
     assert (out / "checkpoints" / "checkpoint-2").is_dir()
     assert (out / "adapter" / "adapter_config.json").is_file()
     assert any((out / "tensorboard").iterdir())
@@ -122,6 +124,17 @@ def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
     assert resumed.steps == 3
     steps = [r["step"] for r in read_reward_curve(out / "train_log.jsonl")]
     assert steps == [1, 2, 3]
+
+
+def test_reward_spread_is_the_share_of_groups_grpo_learns_from(tmp_path: Path) -> None:
+    from toolschool.train.rl import reward_spread
+
+    log = tmp_path / "train_log.jsonl"
+    assert reward_spread(log) is None  # no log
+    lines = [{"step": 1, "reward": 0.5, "frac_reward_zero_std": 1.0}, {"step": 2, "reward": 1.0}]
+    lines.append({"step": 3, "reward": 1.0, "frac_reward_zero_std": 0.5})
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert reward_spread(log) == 0.25  # steps 1 and 3: 0 and 0.5 of the groups had spread
 
 
 def test_rl_refuses_to_overwrite_checkpoints_without_resume(

@@ -336,6 +336,7 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         "steps": result.steps,
         "model": str(result.merged_dir) if result.merged_dir else None,
         "final_validation": result.final_validation,
+        "groups_with_reward_spread": result.groups_with_reward_spread,
     }
 
 

@@ -79,6 +79,8 @@ class RLResult:
     seconds: float
     last_log: dict[str, Any] = field(default_factory=dict)
     final_validation: dict[str, float] | None = None  # the last held-out validation's rates (None: no validation)
+    # share of prompt groups whose completions' rewards differed (the only groups GRPO learns from); None: not logged
+    groups_with_reward_spread: float | None = None
     main_process: bool = True  # False in the other processes of an `accelerate launch` run (they save nothing)
 
 
@@ -775,6 +777,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         seconds,
         last,
         final_validation=last_validation(out_dir / "train_log.jsonl"),
+        groups_with_reward_spread=reward_spread(out_dir / "train_log.jsonl"),
         main_process=main,
     )
 
@@ -825,6 +828,18 @@ def last_train_log(path: Path) -> dict[str, Any]:
         if "reward" in record:
             return record
     return {}
+
+
+def reward_spread(path: Path) -> float | None:
+    """The share of prompt groups whose rewards were not all equal, over the whole run (the mean of 1 -
+    TRL's `frac_reward_zero_std` over the logged steps). A group whose completions all score the same gives
+    every completion zero advantage: GRPO learns nothing from it, so a run near 0 here trains nothing."""
+    values = [
+        1.0 - float(r["frac_reward_zero_std"])
+        for r in read_reward_curve(path)
+        if isinstance(r.get("frac_reward_zero_std"), int | float)
+    ]
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def read_reward_curve(path: Path) -> list[dict[str, Any]]:
