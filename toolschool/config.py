@@ -283,6 +283,11 @@ class DistillSection(Section):
     trials: str | None = Field(None, description="trial log (default: the run's explore/trials.jsonl)")
     judge_model: str | None = Field(None, description="LLM judge (any backend spec); none: rules only")
     paraphrase_model: str | None = Field(None, description="paraphraser (any backend spec); none: no paraphrasing")
+    explorer_model: str | None = Field(
+        None,
+        description="model of the round trip and of chit-chat (any backend spec); default: [pipeline] explorer when "
+        "it is not the student, else judge_model; none of them: neither runs",
+    )
     target_per_tool: int = Field(0, ge=0, description="examples per tool to reach by paraphrasing (0: no paraphrasing)")
     max_paraphrases: int = Field(3, ge=0, description="paraphrases per original query at most")
     dedupe_threshold: float = Field(
@@ -301,8 +306,8 @@ class DistillSection(Section):
     )
     round_trip: bool = Field(
         True,
-        description="with a judge_model: keep a trial only when that model, given only the request and the tools, "
-        "writes an equivalent call",
+        description="with an explorer_model: keep a trial only when that model, given only the request and the "
+        "tools, writes an equivalent call",
     )
     round_trip_max_tokens: int = Field(256, ge=1, description="tokens per round-trip reply (one call)")
     irrelevance_fraction: float = Field(
@@ -315,7 +320,7 @@ class DistillSection(Section):
         0.1,
         ge=0.0,
         le=1.0,
-        description="chit-chat lines the judge_model imagines and answers without tools, per tool-call line",
+        description="chit-chat lines the explorer_model imagines and answers without tools, per tool-call line",
     )
     chitchat_max_tokens: int = Field(
         96, ge=1, description="tokens per chit-chat request or answer (an answer cut off there is dropped)"

@@ -118,3 +118,41 @@ def test_a_request_that_does_not_fit_is_dropped_with_its_reason(tmp_path: Path) 
     opts = DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", judge_model="s", chitchat_fraction=0.0)
     summary = distill(trials, opts, judge=TooLong({}))
     assert summary["dropped"]["round_trip"] == {"calculator": {NO_FIT: 1}}
+
+
+def test_an_explorer_model_without_a_judge_runs_the_round_trip_and_chitchat(tmp_path: Path) -> None:
+    explorer = ScriptedBackend({}, calls={"How many miles is 5 km?": "About 3.1 miles."})
+    opts = DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", validation_fraction=0.0, explorer_model="e")
+    summary = distill(good_trials(), opts, explorer=explorer)
+    assert not any(r.messages[-1]["content"].startswith("You check") for r in explorer.requests)  # no judge
+    assert [s["on"] for s in summary["yield"] if s["filter"] in ("judge", "round_trip")] == [False, True]
+    assert summary["dropped"]["round_trip"] == {"unit_convert": {NO_CALL: 1}}
+    assert summary["no_tool"]["chitchat"] == 1 and summary["options"]["explorer_model"] == "e"
+    assert summary["options"]["judge_model"] is None
+
+
+def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, monkeypatch) -> None:
+    """[distill] explorer_model, else [pipeline] explorer when it is not the student, else the judge."""
+    import toolschool.models.backends as backends
+    from toolschool.config import load_config
+    from toolschool.data.distill import distill_explorer, run_distill_stage
+
+    made: list[str] = []
+
+    def fake_make_backend(spec: str, **kwargs):  # noqa: ANN202
+        made.append(spec)
+        return ScriptedBackend({})
+
+    monkeypatch.setattr(backends, "make_backend", fake_make_backend)
+    trials = tmp_path / "trials.jsonl"
+    trials.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))
+    base = {"run.root": str(tmp_path / "runs"), "distill.trials": str(trials), "distill.validation_fraction": 0.0}
+    config = load_config(None, {**base, "pipeline.explorer": "qwen-explorer"})
+    assert distill_explorer(config) == "qwen-explorer"
+    _, summary = run_distill_stage(config)
+    assert made == ["qwen-explorer"] and summary["options"]["round_trip"] is True
+    assert summary["total"]["round_trip"] == 4 and summary["options"]["judge_model"] is None
+    assert distill_explorer(load_config(None, {**base, "pipeline.explorer": "smollm2-135m"})) is None  # the student
+    assert distill_explorer(load_config(None, {**base, "distill.judge_model": "j"})) == "j"
+    chosen = load_config(None, {**base, "distill.judge_model": "j", "distill.explorer_model": "e"})
+    assert distill_explorer(chosen) == "e"

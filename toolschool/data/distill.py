@@ -16,8 +16,9 @@ and printed by `toolschool distill`:
 4. **judge** (optional, any backend) — Yes/No with a reason on three criteria (the answer addresses the
    query informatively; it is faithful to the execution results; the tools were used appropriately). Every
    judgment, kept or not, goes to `judgments.jsonl`; kept lines carry theirs in `meta.judge`.
-5. **round trip** (`round_trip`, with a judge model) — the judge/explorer model, given only the request and the
-   tools in a fresh context, writes an equivalent first call (`toolschool.data.round_trip`).
+5. **round trip** (`round_trip`, with an explorer model: `explorer_model`, else the run's explorer, else the
+   judge) — that model, given only the request and the tools in a fresh context, writes an equivalent first call
+   (`toolschool.data.round_trip`).
 6. **dedupe** — near-identical queries per tool (the tokens of `dataset.same_request_key`: case-folded words,
    numbers and arithmetic operators; the same key, or token-set Jaccard >= threshold with the same numbers and
    operators in the same order).
@@ -33,8 +34,8 @@ and printed by `toolschool distill`:
 8. **split** — train / validation by original query, so an original and its paraphrases stay together (and
    originals sharing a query text across tools too: no query is in both splits).
 9. **no-tool lines** (`toolschool.data.irrelevance`) — `irrelevance_fraction` of the tool lines again with the
-   tools that fit taken away, answered "no offered tool fits" (in their request's split), and, with a judge model,
-   `chitchat_fraction` of them as chit-chat the model imagines and answers without tools.
+   tools that fit taken away, answered "no offered tool fits" (in their request's split), and, with an explorer
+   model, `chitchat_fraction` of them as chit-chat it imagines and answers without tools.
 
 Grounding and echo details and each round trip's reply go to `filtered.jsonl`.
 
@@ -675,6 +676,7 @@ class DistillOptions:
     concurrency: int = 16
     judge_model: str | None = None
     paraphrase_model: str | None = None
+    explorer_model: str | None = None  # round trip and chit-chat (run_distill_stage: else the run's explorer or judge)
     temperature: float = 0.8
     max_tokens: int = 160  # per judge reply (a trial's three verdicts, a paraphrase's one)
     paraphrase_max_tokens: int = 128  # per paraphrase: one request; a reply cut short is rejected, and counted
@@ -930,10 +932,13 @@ def distill(
     *,
     judge: Backend | None = None,
     paraphraser: Backend | None = None,
+    explorer: Backend | None = None,
     progress: Any = None,
 ) -> dict[str, Any]:
     """Synchronous entry point: `adistill` in a fresh event loop."""
-    return asyncio.run(adistill(trials, opts, judge=judge, paraphraser=paraphraser, progress=progress))
+    return asyncio.run(
+        adistill(trials, opts, judge=judge, paraphraser=paraphraser, explorer=explorer, progress=progress)
+    )
 
 
 async def run_distill(
@@ -948,7 +953,7 @@ async def run_distill(
 
     backends: dict[str, Backend] = {}
     try:
-        for spec in (opts.judge_model, opts.paraphrase_model):
+        for spec in (opts.judge_model, opts.paraphrase_model, opts.explorer_model):
             if spec and spec not in backends:
                 backends[spec] = make_backend(spec, concurrency=opts.concurrency, dtype=opts.dtype, device=opts.device)
                 check = getattr(backends[spec], "check", None)
@@ -961,6 +966,7 @@ async def run_distill(
             opts,
             judge=backends.get(opts.judge_model or ""),
             paraphraser=backends.get(opts.paraphrase_model or ""),
+            explorer=backends.get(opts.explorer_model or ""),
             progress=progress,
         )
     finally:
@@ -1024,13 +1030,17 @@ async def adistill(
     *,
     judge: Backend | None = None,
     paraphraser: Backend | None = None,
+    explorer: Backend | None = None,
     progress: Any = None,
 ) -> dict[str, Any]:
     """Run every step over `trials`, write train/validation/summary/card into `opts.out`; return the summary.
 
+    `explorer` writes the round-trip calls and the chit-chat lines (None: the judge does, when there is one).
+
     `progress(label, total)`, when given, is called as the judge and the paraphraser start and returns what to call
     as each of `total` candidates is done (as `toolschool eval` reports its items)."""
     check_options(opts, paraphrasing=paraphraser is not None)
+    explorer = explorer if explorer is not None else judge
     opts.out.mkdir(parents=True, exist_ok=True)
     cache = ReplyCache(opts.out / "cache.jsonl")
     counts: dict[str, Counter[str]] = defaultdict(Counter)
@@ -1114,11 +1124,11 @@ async def adistill(
         counts[candidate.tool]["judge"] += 1
 
     reproduced = judged
-    if judge is not None and opts.round_trip:
+    if explorer is not None and opts.round_trip:
         advance = progress("round trip", len(judged)) if progress is not None and judged else None
         trips = await run_round_trips(
             [(c.query, c.messages, c.tools) for c in judged],
-            judge,
+            explorer,
             cache,
             max_tokens=opts.round_trip_max_tokens,
             seed=opts.seed,
@@ -1191,9 +1201,9 @@ async def adistill(
         drops["irrelevance"][NO_TOOL].update(skipped)
     for line in irrelevant:
         splits[line["meta"]["split"]].append(line)
-    chitchat_wanted = chitchat_count(opts.chitchat_fraction, len(tool_lines)) if judge is not None else 0
+    chitchat_wanted = chitchat_count(opts.chitchat_fraction, len(tool_lines)) if explorer is not None else 0
     chitchat, chitchat_dropped = await build_chitchat(
-        judge,  # type: ignore[arg-type]  # None only when nothing is wanted
+        explorer,  # type: ignore[arg-type]  # None only when nothing is wanted
         cache,
         ChitchatOptions(chitchat_wanted, opts.temperature, opts.chitchat_max_tokens, opts.seed, opts.concurrency),
         _tool_lists(originals),
@@ -1227,10 +1237,11 @@ async def adistill(
             "seed": opts.seed,
             "judge_model": opts.judge_model if judge is not None else None,
             "paraphrase_model": opts.paraphrase_model if paraphraser is not None else None,
+            "explorer_model": (opts.explorer_model or opts.judge_model) if explorer is not None else None,
             "max_tokens": opts.max_tokens,
             "paraphrase_max_tokens": opts.paraphrase_max_tokens,
             "require_grounded": opts.require_grounded,
-            "round_trip": opts.round_trip and judge is not None,
+            "round_trip": opts.round_trip and explorer is not None,
             "round_trip_max_tokens": opts.round_trip_max_tokens,
             "irrelevance_fraction": opts.irrelevance_fraction,
             "chitchat_fraction": opts.chitchat_fraction,
@@ -1245,7 +1256,7 @@ async def adistill(
             off={
                 "grounding": not opts.require_grounded,
                 "judge": judge is None,
-                "round_trip": judge is None or not opts.round_trip,
+                "round_trip": explorer is None or not opts.round_trip,
             },
         ),
         "no_tool": {
@@ -1334,7 +1345,8 @@ def distill_card(summary: dict[str, Any]) -> str:
         f"dedupe Jaccard >= {o['dedupe_threshold']}, validation fraction {o['validation_fraction']} (by original "
         f"query), seed {o['seed']}, require self-reported success: {o['require_solved']}",
         f"- grounding required: {o.get('require_grounded', False)}; round trip: "
-        f"{'on (the judge model)' if o.get('round_trip') else 'off'}; no-tool lines: irrelevance fraction "
+        f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('round_trip') else 'off'}; no-tool lines: "
+        f"irrelevance fraction "
         f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)} (of the tool-call "
         "lines)",
         "",
@@ -1368,7 +1380,7 @@ def distill_card(summary: dict[str, Any]) -> str:
             "answered that no offered tool fits); from "
             + (", ".join(f"{t} {n}" for t, n in no_tool.get("irrelevance_per_tool", {}).items()) or "no tool"),
             f"- chit-chat: {no_tool.get('chitchat', 0)} of {no_tool.get('chitchat_wanted', 0)} wanted (imagined "
-            "and answered by the judge model without tools)",
+            "and answered by the explorer model without tools)",
         ]
     lines += ["", "## Why items were dropped", ""]
     for stage, per_tool in summary["dropped"].items():
@@ -1390,8 +1402,8 @@ def distill_card(summary: dict[str, Any]) -> str:
         "Steps: rules (final answer after a call that executed without error, explored tool called, the explorer's "
         "reflection not No) → grounding (every call value stated in or derivable from the request) → echo (the "
         "request copies no exploration prompt sentence, worked example or tool description) → judge (three Yes/No "
-        "criteria, reasons in `judgments.jsonl` and `meta.judge`) → round trip (the judge model writes the same call "
-        "from the request and the tools alone) → near-duplicate removal → paraphrasing (a paraphrase is rejected "
+        "criteria, reasons in `judgments.jsonl` and `meta.judge`) → round trip (the explorer model writes the same "
+        "call from the request and the tools alone) → near-duplicate removal → paraphrasing (a paraphrase is rejected "
         "when it is empty or the original again, repeats the paraphrasing "
         "instructions, states the answer, drops or changes a number, date, unit, name or quoted value the call "
         "takes from the query, or is cut off at paraphrase_max_tokens; with a judge, also when the judge does not "
@@ -1400,6 +1412,13 @@ def distill_card(summary: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def distill_explorer(config: Any) -> str | None:
+    """The model of the round trip and chit-chat: `[distill] explorer_model`, else the run's `[pipeline] explorer`
+    when one other than the student is named, else the judge; None when there is none (neither step runs)."""
+    d, explorer = config.distill, config.pipeline.explorer
+    return d.explorer_model or (explorer if explorer and explorer != config.model.name else None) or d.judge_model
 
 
 def run_distill_stage(
@@ -1428,6 +1447,7 @@ def run_distill_stage(
         seed=config.run.seed,
         concurrency=d.concurrency,
         judge_model=d.judge_model,
+        explorer_model=distill_explorer(config),
         paraphrase_model=d.paraphrase_model,
         temperature=d.temperature,
         max_tokens=d.max_tokens,
