@@ -276,9 +276,9 @@ CALC_NAME = CALC["function"]["name"]
         ({"messages": HI, "frequency_penalty": 1}, 400, "frequency_penalty is not supported", "frequency_penalty"),
         ({"messages": HI, "logit_bias": {"42": 5}}, 400, "logit_bias is not supported", "logit_bias"),
         (
-            {"messages": HI, "response_format": {"type": "json_object"}},
+            {"messages": HI, "response_format": {"type": "structural_tag"}},
             400,
-            "response_format 'json_object' is not supported",
+            "response_format 'structural_tag' is not supported by toolschool serve; use 'text', 'json_object' or",
             "response_format",
         ),
         (

@@ -84,7 +84,8 @@ def test_unconstrained_rows_in_a_constrained_batch_are_unchanged(backend) -> Non
     alone = asyncio.run(backend.generate(free))[0]
 
     async def mixed():
-        constrained = [_request("hermes", Constraint.for_tools("hermes", [PICK], "required"), seed=s) for s in range(3)]
+        one_call = Constraint.for_tools("hermes", [PICK], "required", parallel_tool_calls=False)
+        constrained = [_request("hermes", one_call, seed=s) for s in range(3)]
         return await asyncio.gather(backend.generate(free), *(backend.generate(r) for r in constrained))
 
     results = asyncio.run(mixed())

@@ -198,11 +198,18 @@ def _hermes(constraint: Constraint) -> dict[str, Any]:
     ]
     if constraint.tool_choice not in TOOL_CHOICES:  # a named tool: exactly that one call
         return tags[0]
+    if constraint.tool_choice == "required":  # calls only, one a line, as format_reply writes several
+        return {
+            "type": "tags_with_separator",
+            "tags": tags,
+            "separator": "\n",
+            "at_least_one": True,
+            "stop_after_first": not constraint.parallel_tool_calls,
+        }
     return {
         "type": "triggered_tags",
         "triggers": [_HERMES_OPEN],
         "tags": tags,
-        "at_least_one": constraint.tool_choice == "required",
         "stop_after_first": not constraint.parallel_tool_calls,
     }
 

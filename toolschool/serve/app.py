@@ -11,16 +11,22 @@ Request handling, on purpose:
   client pointed at the wrong model learns it instead of silently getting this one.
 - `null` for an optional field means its default, as in the OpenAI API.
 - `tool_choice`: "none" means the tools are not offered to the model at all (and nothing is parsed as a call);
-  "auto" lets the model decide. "required" and a named function are enforced, as vLLM enforces them (there by
-  guided decoding), by starting the assistant's reply with the hermes call opener: `<tool_call>\n{"name": "`
-  (the model names one of the tools and may add more calls) or the whole opener up to the named function's
-  arguments (the model writes only those; generation stops at `</tool_call>`, so it is exactly one call).
-  The opener ends at a token boundary of the template's own rendering. The calls come back in `tool_calls`
-  with finish reason "tool_calls" ("required") or "stop" (a named function), as OpenAI and vLLM answer. A
-  forced reply that is not a complete, valid call (cut off by `max_tokens`, bad JSON, a tool not offered) is
-  an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse — never text
+  "auto" lets the model decide (unconstrained, as in vLLM). "required" and a named function are enforced as vLLM
+  enforces them, by guided decoding: with a backend that `constrains` (the local one), the reply is generated
+  under the `Constraint` of that tool_choice (`chat.constraints`), so it is one call to the named function, or
+  one or more calls to offered tools, each parsing and valid against the tool's schema. A backend that cannot
+  constrain gets the hermes call opener as the start of the reply instead: `<tool_call>\n{"name": "` (the
+  model names a tool and may add more calls) or the whole opener up to the named function's arguments
+  (generation stops at `</tool_call>`, so it is exactly one call). The calls come back in `tool_calls` with
+  finish reason "tool_calls" ("required") or "stop" (a named function), as OpenAI and vLLM answer. A forced
+  reply that is not a complete, valid call (cut off by `max_tokens`; unconstrained: bad JSON, a tool not offered)
+  is an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse — never text
   passed off as a compliant reply. "required" without tools, or a named function that is not among the tools,
-  is a 400; so is a forced call with `continue_final_message`.
+  is a 400; so is a forced call with `continue_final_message`, and a tool schema the grammar library cannot
+  compile (one line naming the tool and the construct).
+- `response_format`: "json_object" and "json_schema" hold the whole reply to JSON (of that schema), constrained
+  as vLLM does, with a backend that constrains (else a 400); "text" is no constraint. A forced tool_choice wins
+  over it.
 - `temperature` defaults to 1.0 and `max_tokens` (or `max_completion_tokens`) to 512, lowered to the room the
   prompt leaves in the context. A `max_tokens` the client sends that does not fit after the prompt is a 400
   with vLLM's message ("'max_tokens' or 'max_completion_tokens' is too large: ..."), as vLLM answers.
@@ -31,8 +37,8 @@ Request handling, on purpose:
   errors as without streaming; one after the stream began (a forced call the model did not complete) is an
   error event. `stream_options` without `stream` is a 400, as
   in the OpenAI API, and so is vLLM's `continuous_usage_stats`.
-- Options that would change the output but are not implemented (`top_logprobs`, penalties, `logit_bias`, a
-  JSON `response_format`, and vLLM's extensions such as `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+- Options that would change the output but are not implemented (`top_logprobs`, penalties, `logit_bias`,
+  and vLLM's extensions such as `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
   `ignore_eos`, guided decoding, `chat_template_kwargs`) get a 400 naming them rather than being silently
   ignored; their neutral values (0, {}, "text", `top_k` -1, ...) are accepted.
   Other unknown fields (`user`, `metadata`, ...) are ignored.
@@ -70,6 +76,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import get_format
 from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.types import Message, arguments_from_wire, arguments_to_wire
@@ -246,14 +253,15 @@ def create_app(
                 status=404,
                 code="model_not_found",
             )
-        generation, offer_tools = await asyncio.to_thread(to_generation_request, body)
+        generation, offer_tools = await asyncio.to_thread(to_generation_request, body, constrains=backend.constrains)
         if body.stream:
             return await stream_response(request, body, generation, offer_tools)
         try:
             completions = await _unless_disconnected(request, backend.generate(generation))
         except Exception as exc:  # noqa: BLE001 - report, keep serving
             return _generation_failed(exc)
-        return to_response(body, completions, model_name, offer_tools, getattr(backend, "tokenizer", None))
+        tokenizer = getattr(backend, "tokenizer", None)
+        return to_response(body, completions, model_name, offer_tools, tokenizer, forced_opener(body, generation))
 
     async def stream_response(
         request: Request, body: ChatCompletionRequest, generation: GenerationRequest, offer_tools: bool
@@ -271,7 +279,7 @@ def create_app(
             generation.params.n,
             generation.params.stop,
             calls_possible=offer_tools,
-            forced=_forced_calls_streamed(body),
+            forced=_forced_calls_streamed(body, generation),
             include_usage=bool((body.stream_options or {}).get("include_usage")),
         )
         chunks = _stream_chunks(body, events, first, writer, offer_tools, getattr(backend, "tokenizer", None))
@@ -296,7 +304,7 @@ async def _stream_chunks(
 ) -> AsyncIterator[str]:
     """The SSE lines of a streamed completion; a client that leaves cancels `events` (so its rows leave the
     batch): Starlette cancels this generator when the client disconnects."""
-    forced = writer.forced.opener if writer.forced is not None else ""
+    forced = writer.forced.opener if writer.forced is not None else None
     completions: dict[int, Completion] = {}
     try:
         async with aclosing(events):  # closing it cancels what is left of the generation
@@ -357,9 +365,12 @@ def _validation_error(exc: ValidationError) -> BadRequest:
     return BadRequest(f"invalid request: {where}: {first.get('msg')}", field)
 
 
-def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationRequest, bool]:
-    """Validate and convert an OpenAI request into a backend request; return it and whether tools are offered."""
-    _refuse_unsupported(body)
+def to_generation_request(body: ChatCompletionRequest, *, constrains: bool = False) -> tuple[GenerationRequest, bool]:
+    """Validate and convert an OpenAI request into a backend request; return it and whether tools are offered.
+
+    `constrains`: the backend enforces a request's constraint (else a forced tool_choice prefills the call opener,
+    and a JSON response_format is refused)."""
+    _refuse_unsupported(body, constrains=constrains)
     messages = [_message_from_wire(m, i) for i, m in enumerate(body.messages)]
     prefill = ""
     if body.continue_final_message:
@@ -372,17 +383,24 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
     _check_tool_choice(body.tool_choice, names)
     offer_tools = bool(body.tools) and body.tool_choice != "none"
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    forced = forced_call_prefill(body)
-    if forced:
+    constraint = _constraint(body) if constrains else None
+    if _forces_calls(body):
         if body.continue_final_message:
             raise BadRequest(
                 f"continue_final_message cannot be combined with tool_choice {_forced_name(body.tool_choice)}: "
                 "the forced call starts the reply; send one or the other",
                 "continue_final_message",
             )
-        prefill = forced
-        if isinstance(body.tool_choice, dict) or body.parallel_tool_calls is False:  # exactly one call
-            stop.append(HERMES_CLOSE)
+        if constraint is None:  # a backend that cannot constrain: the reply starts with the call opener
+            prefill = forced_call_prefill(body)
+            if isinstance(body.tool_choice, dict) or body.parallel_tool_calls is False:  # exactly one call
+                stop.append(HERMES_CLOSE)
+    elif constraint is not None and body.continue_final_message:
+        raise BadRequest(
+            "continue_final_message cannot be combined with a JSON response_format: the reply must be JSON from "
+            "its start; send one or the other",
+            "continue_final_message",
+        )
     params = SamplingParams(
         n=body.n or 1,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -396,7 +414,41 @@ def to_generation_request(body: ChatCompletionRequest) -> tuple[GenerationReques
         cap_max_tokens=body.max_completion_tokens is None and body.max_tokens is None,
     )
     tools = body.tools if offer_tools else None
-    return GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill), offer_tools
+    request = GenerationRequest(messages=messages, tools=tools, params=params, prefill=prefill, constraint=constraint)
+    return request, offer_tools
+
+
+def _forces_calls(body: ChatCompletionRequest) -> bool:
+    """tool_choice is "required" or names a function (with tools: `_check_tool_choice` refused it otherwise)."""
+    return isinstance(body.tool_choice, dict) or (body.tool_choice == "required" and bool(body.tools))
+
+
+def _constraint(body: ChatCompletionRequest) -> Constraint | None:
+    """What a backend that constrains holds the reply to: the forced tool_choice's calls, else a JSON
+    response_format, else nothing ("auto" and "none" are not constrained, as in vLLM)."""
+    if _forces_calls(body):
+        choice = body.tool_choice["function"]["name"] if isinstance(body.tool_choice, dict) else "required"
+        try:
+            return Constraint.for_tools(
+                "hermes", body.tools, choice, parallel_tool_calls=body.parallel_tool_calls is not False
+            )
+        except ToolschoolError as exc:
+            raise BadRequest(str(exc), "tools") from None
+    kind = (body.response_format or {}).get("type", "text")
+    if kind in ("json_object", "json_schema"):
+        try:
+            return Constraint.for_response_format(body.response_format or {})
+        except ToolschoolError as exc:
+            raise BadRequest(str(exc), "response_format") from None
+    return None
+
+
+def forced_opener(body: ChatCompletionRequest, generation: GenerationRequest) -> str | None:
+    """How a reply to a forced tool_choice starts before what the backend wrote: the call opener it was prefilled
+    with, "" when a constraint made the backend write the whole call; None when tool_choice forces no call."""
+    if not _forces_calls(body):
+        return None
+    return "" if generation.constraint is not None else generation.prefill
 
 
 def forced_call_prefill(body: ChatCompletionRequest) -> str:
@@ -416,11 +468,11 @@ def forced_call_prefill(body: ChatCompletionRequest) -> str:
     return ""
 
 
-def _forced_calls_streamed(body: ChatCompletionRequest) -> ForcedCalls | None:
+def _forced_calls_streamed(body: ChatCompletionRequest, generation: GenerationRequest) -> ForcedCalls | None:
     """What a streamed forced reply's calls may be (None when `tool_choice` forces none), as `_choice` reads them:
     its opener, the tools offered, one call with `parallel_tool_calls` false."""
-    opener = forced_call_prefill(body)
-    if not opener:
+    opener = forced_opener(body, generation)
+    if opener is None:
         return None
     return ForcedCalls(opener, frozenset(_tool_names(body.tools or [])), _call_limit(body))
 
@@ -489,7 +541,7 @@ def _refuse_vllm_extensions(body: ChatCompletionRequest) -> None:
         )
 
 
-def _refuse_unsupported(body: ChatCompletionRequest) -> None:
+def _refuse_unsupported(body: ChatCompletionRequest, *, constrains: bool) -> None:
     _refuse_vllm_extensions(body)
     if body.stream_options is not None:
         if not body.stream:  # the OpenAI API and vLLM refuse it too
@@ -510,9 +562,17 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
     if body.logit_bias:
         raise BadRequest("logit_bias is not supported by toolschool serve; leave it out", "logit_bias")
     kind = (body.response_format or {}).get("type", "text")
-    if kind != "text":
+    if kind not in ("text", "json_object", "json_schema"):
         raise BadRequest(
-            f"response_format '{kind}' is not supported by toolschool serve; only 'text' is", "response_format"
+            f"response_format '{kind}' is not supported by toolschool serve; use 'text', 'json_object' or "
+            "'json_schema'",
+            "response_format",
+        )
+    if kind != "text" and not constrains:
+        raise BadRequest(
+            f"response_format '{kind}' needs a model served with constrained decoding (a local model); this "
+            "backend cannot constrain its replies; send 'text'",
+            "response_format",
         )
 
 
@@ -614,9 +674,10 @@ def to_response(
     model_name: str,
     offer_tools: bool,
     tokenizer: Any = None,
+    forced: str | None = None,
 ) -> dict[str, Any]:
-    """Backend completions -> an OpenAI chat.completion object."""
-    forced = forced_call_prefill(body)
+    """Backend completions -> an OpenAI chat.completion object; `forced`: how a forced call's reply starts before
+    the completions' text (`forced_opener`), None when tool_choice forces no call."""
     choices = [_choice(i, c, offer_tools, body, tokenizer, forced) for i, c in enumerate(completions)]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -644,12 +705,13 @@ def _choice(
     offer_tools: bool,
     body: ChatCompletionRequest,
     tokenizer: Any,
-    forced: str,
+    forced: str | None,
 ) -> dict[str, Any]:
-    """One choice; `forced`: the reply's forced call opener (`forced_call_prefill`), "" when none."""
+    """One choice; `forced`: how a forced call's reply starts before the completion's text (`forced_opener`), None
+    when tool_choice forces no call."""
     message: dict[str, Any] = {"role": "assistant", "content": completion.text}
     finish_reason: str = completion.finish_reason
-    if forced:
+    if forced is not None:
         calls, content = _forced_calls(body, forced, completion)
         message["content"] = content or None
         message["tool_calls"] = _wire_calls(calls[: _call_limit(body)])

@@ -30,6 +30,8 @@ class FormatBackend(Backend):
         self.hermes = get_format("hermes")
         self.name = getattr(inner, "name", "model")
         self.tokenizer = getattr(inner, "tokenizer", None)  # the server decodes logprobs' tokens with it
+        # a constraint is handed on in this format's syntax (`generate`), so it holds as the inner backend holds it
+        self.constrains = bool(getattr(inner, "constrains", False))
 
     def _prefill(self, request: GenerationRequest) -> str:
         """The server's prefill (none, a hermes call opener from tool_choice, or a continued reply) in the format."""
@@ -45,7 +47,13 @@ class FormatBackend(Backend):
         return prefill  # continue_final_message: the client's partial reply, written in the model's format
 
     def _as_hermes(
-        self, completion: Completion, sent_prefill: str, server_prefill: str, tools: list | None = None
+        self,
+        completion: Completion,
+        sent_prefill: str,
+        server_prefill: str,
+        tools: list | None = None,
+        *,
+        forced: bool = False,
     ) -> Completion:
         # a reply returned as text is the whole reply the model wrote: the format's prefill ("Thought:") included
         # (a forced call's opener is not: the server reads its reply after its own hermes opener)
@@ -54,7 +62,7 @@ class FormatBackend(Backend):
             return as_written  # cut off: returned as the text it is (the server does the same with hermes)
         parsed = self.fmt.parse(sent_prefill + completion.text, tools)
         if parsed.calls:
-            if server_prefill:  # a forced call: its thought is not part of the call the server reads
+            if server_prefill or forced:  # a forced call: its thought is not part of the call the server reads
                 parsed = dataclasses.replace(parsed, content="")
             text = self.hermes.format_reply(parsed)
             text = text[len(server_prefill) :] if server_prefill and text.startswith(server_prefill) else text
@@ -68,6 +76,11 @@ class FormatBackend(Backend):
         if not request.tools:  # a plain chat: nothing to describe or to read back
             return await self.inner.generate(request)
         messages, tools = self.fmt.to_messages(request.messages, request.tools)
+        constraint = request.constraint
+        forced = False
+        if constraint is not None and constraint.response_format is None:  # calls: in this format's syntax
+            constraint = dataclasses.replace(constraint, format=self.fmt.name)
+            forced = constraint.tool_choice not in ("auto", "none")
         prefill = self._prefill(request)
         stop = list(request.params.stop) + [s for s in self.fmt.stop if s not in request.params.stop]
         sent = dataclasses.replace(
@@ -76,9 +89,10 @@ class FormatBackend(Backend):
             tools=tools,
             prefill=prefill,
             params=dataclasses.replace(request.params, stop=stop),
+            constraint=constraint,
         )
         completions = await self.inner.generate(sent)
-        return [self._as_hermes(c, prefill, request.prefill, request.tools) for c in completions]
+        return [self._as_hermes(c, prefill, request.prefill, request.tools, forced=forced) for c in completions]
 
     async def aclose(self) -> None:
         await self.inner.aclose()
