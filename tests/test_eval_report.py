@@ -69,7 +69,7 @@ def test_report_writes_html_markdown_and_plots(run_dir: Path) -> None:
     for name in images:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     markdown = (out / "report.md").read_text()
-    assert "| data | all | smollm2-135m (eval_base) | 4 |" in markdown and "sft/merged (eval)" in markdown
+    assert "| data | all | smollm2-135m (eval_base) | free | 4 |" in markdown and "sft/merged (eval)" in markdown
     assert "<table>" in page.read_text()
 
 
@@ -183,8 +183,8 @@ def test_report_errors(tmp_path: Path) -> None:
 def test_summary_markdown_puts_models_side_by_side() -> None:
     summary = {"models": {"a": {"data": _summary(0.1, 0.2)}, "b": {"data": _summary(0.6, 0.7)}}}
     table = summary_markdown(summary)
-    assert "| benchmark | category | model | n | well_formed | correct |" in table
-    assert "| data | all | a | 4 | 75.0 | 10.0 |" in table and "| data | all | b | 4 | 75.0 | 60.0 |" in table
+    assert "| benchmark | category | model | decoding | n | well_formed | correct |" in table
+    assert "| data | all | a | free | 4 | 75.0 | 10.0 |" in table and "| data | all | b | free | 4 | 75.0 | 60.0 |" in table
 
 
 def _chromium() -> str | None:
@@ -248,7 +248,7 @@ def test_what_a_model_was_not_measured_on_is_not_drawn_or_written_as_zero(tmp_pa
     del base["overall"]["n"]
     table = summary_markdown({"models": combined})
     base_row = next(line for line in table.splitlines() if "| base |" in line)
-    assert base_row.startswith("| data | all | base | – | 75.0 | 10.0 |")
+    assert base_row.startswith("| data | all | base | free | – | 75.0 | 10.0 |")
     assert base_row.endswith("| – |")  # base has no answer_accuracy: a dash, not 0.0
 
     run = tmp_path / "run"
@@ -267,4 +267,4 @@ def test_ste_rates_show_only_on_ste_rows() -> None:
     assert "ste_" not in only_bfcl
     both = summary_markdown({"models": {"m": {"bfcl": {"overall": rates}, "ste": {"overall": rates}}}})
     assert "| ste_well_formed | ste_api_match |" in both
-    assert "| bfcl | all | m | 2 | 50.0 | – | – |" in both and "| ste | all | m | 2 | 50.0 | 0.0 | 100.0 |" in both
+    assert "| bfcl | all | m | free | 2 | 50.0 | – | – |" in both and "| ste | all | m | free | 2 | 50.0 | 0.0 | 100.0 |" in both

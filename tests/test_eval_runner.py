@@ -241,7 +241,7 @@ def test_run_evaluation_writes_items_summary_and_table(data_file: Path, tmp_path
     saved = json.loads((out / "summary.json").read_text())
     assert saved["models"]["model-b"]["data"]["overall"]["correct"] == pytest.approx(0.5)
     table = (out / "summary.md").read_text()
-    assert "| data | all | model-a | 4 |" in table and "| data | all | model-b | 4 |" in table
+    assert "| data | all | model-a | free | 4 |" in table and "| data | all | model-b | free | 4 |" in table
 
 
 def test_unknown_item_judge_verdicts_are_summarised() -> None:
@@ -300,3 +300,53 @@ def test_an_item_whose_prompt_does_not_fit_the_context_is_scored_failed_not_the_
     assert results[1].score.correct and results[3].score.well_formed
     assert summarize(results)["context_full"] == 1
     assert "context_full" not in summarize(results[1:])
+
+
+class ConstrainingBackend(ScriptedBackend):
+    """The scripted double, saying it enforces constraints as the local backend does."""
+
+    constrains = True
+
+
+async def test_constrained_evaluation_sends_an_auto_constraint_and_records_the_mode(data_file: Path) -> None:
+    items = items_from_file(data_file)
+    backend = ConstrainingBackend({})
+    results = await evaluate_items(backend, items, EvalOptions(format="json", constrained=True))
+    assert all(r.constraint is not None for r in backend.requests)
+    constraint = backend.requests[0].constraint
+    assert (constraint.format, constraint.tool_choice, constraint.tool_names) == ("json", "auto", ["calculator"])
+    assert {r.record()["decoding"] for r in results} == {"constrained"}
+    free = await evaluate_items(backend, items, EvalOptions())
+    assert {r.record()["decoding"] for r in free} == {"free"} and backend.requests[-1].constraint is None
+
+
+async def test_constrained_evaluation_of_a_backend_that_cannot_constrain_is_refused(data_file: Path) -> None:
+    with pytest.raises(ConfigError, match="--constrained needs a model run by the local backend; 'scripted' cannot"):
+        await evaluate_items(ScriptedBackend({}), items_from_file(data_file), EvalOptions(constrained=True))
+
+
+def test_the_summary_and_its_table_state_the_decoding_mode(data_file: Path, tmp_path: Path) -> None:
+    from toolschool.evaluate.report import summary_markdown
+
+    settings = {
+        "format": "hermes", "arguments": "exact", "retriever": "bm25", "icl": 0, "max_tokens": 64,
+        "temperature": 0.0, "concurrency": 4, "execute": False, "max_turns": 2, "constrained": True,
+    }  # fmt: skip
+    options = make_options(settings)
+    assert options.constrained and options.decoding == "constrained"
+    benchmarks = resolve_benchmarks([], str(data_file), None)
+    summary = run_evaluation(
+        ["m"], benchmarks, options, tmp_path / "out", make_backend=lambda _: ConstrainingBackend({}), settings=settings
+    )
+    assert summary["models"]["m"]["data"]["decoding"] == "constrained"
+    assert "| data | all | m | constrained | 4 |" in summary_markdown(summary)
+    with pytest.raises(ConfigError, match="it was scored with other settings .*constrained"):
+        run_evaluation(
+            ["m"],
+            benchmarks,
+            make_options({**settings, "constrained": False}),
+            tmp_path / "out",
+            make_backend=lambda _: ConstrainingBackend({}),
+            settings=settings,
+            resume=True,
+        )

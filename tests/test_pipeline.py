@@ -105,7 +105,14 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
         "eval": "done",
         "report": "done",
     }
-    assert [row["model"] for row in result.table] == ["base", "sft", "sft+rl"]
+    # the final model both ways: free (the [eval] default) and grammar-constrained (into eval/constrained/)
+    assert [(row["model"], row["decoding"]) for row in result.table] == [
+        ("base", "free"),
+        ("sft", "free"),
+        ("sft+rl", "free"),
+        ("sft+rl", "constrained"),
+    ]
+    assert (run_config.run_dir() / "eval" / "constrained" / "summary.json").is_file()
     assert all(row["n"] >= 1 for row in result.table)
     assert all(0.0 <= row["well-formed %"] <= 100.0 for row in result.table)
     assert result.report is not None and result.report.is_file()
@@ -287,7 +294,7 @@ def test_standalone_distill_or_eval_into_a_finished_run_stage_is_refused(tmp_pat
 
 def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(tmp_path: Path) -> None:
     """STE's question is whether the student reaches its teacher: the explorer zero-shot is the table's last row."""
-    from toolschool.pipeline import comparison_markdown, comparison_table, eval_models
+    from toolschool.pipeline import comparison_markdown, comparison_table, eval_models, final_model
 
     config = load_config(None, {"run.root": str(tmp_path), "run.name": "r", "pipeline.explorer": "qwen2.5-coder-0.5b"})
     assert eval_models(config) == [("base", "smollm2-135m"), ("explorer (reference)", "qwen2.5-coder-0.5b")]
@@ -304,4 +311,12 @@ def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(
     assert table[1]["model"] == "explorer (reference)" and table[1]["correct %"] == 50.0
     assert table[0]["correct % by category"] == {"chitchat": 0.0, "weekday": 100.0}
     text = comparison_markdown(table)
-    assert "| model | chitchat | weekday |" in text and "| explorer (reference) | 0.0 | 100.0 |" in text
+    assert (
+        "| model | decoding | chitchat | weekday |" in text and "| explorer (reference) | free | 0.0 | 100.0 |" in text
+    )
+    constrained = {"models": {"smollm2-135m": {"data": {**block, "decoding": "constrained"}}}}
+    (row,) = comparison_table(constrained, [("base", "smollm2-135m")])
+    assert row["decoding"] == "constrained"
+    assert "| base | constrained | 100.0 | 75.0 | 50.0 | — | 4 |" in comparison_markdown([row])
+    assert final_model(eval_models(config)) == ("base", "smollm2-135m")
+    assert final_model([("base", "b"), ("sft", "s"), ("sft+rl", "r"), ("explorer (reference)", "e")]) == ("sft+rl", "r")

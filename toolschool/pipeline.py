@@ -9,7 +9,9 @@ ran is not skipped silently: the run is refused with the changed keys and a poin
 
 The eval stage compares the base model, the SFT model and the SFT+RL model on the held-out split of the
 distilled data (`distill/validation.jsonl`, never trained on), executing the predicted calls so that the
-final answers are scored too.
+final answers are scored too; the final model is evaluated both ways, with free and with grammar-constrained
+decoding (`[eval] constrained` picks the mode of the other rows; the other mode's evaluation is in
+`eval/free/` or `eval/constrained/`), and the table's `decoding` column says which row is which.
 """
 
 from __future__ import annotations
@@ -461,12 +463,57 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
                 on_resume_problem=restart,
                 benchmarks_for=benchmarks_for_model,  # a toolken SFT model sees its <tool_NAME> names, as `eval` does
             )
+        # the final model the other way too (constrained vs free decoding), so the table shows what constraints change
+        both_ways = _evaluate_other_decoding(config, models, benchmarks, eval_settings, registry, out_dir, restart)
     finally:
         registry.close()
     table = comparison_table(summary, models)
+    if both_ways is not None:
+        table += comparison_table(*both_ways)
     (out_dir / "comparison.json").write_text(json.dumps(table, indent=2), encoding="utf-8")
     (out_dir / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
     return {"data": str(data), "items": len(benchmarks[0].items), "table": table}
+
+
+def final_model(models: list[tuple[str, str]]) -> tuple[str, str]:
+    """The (label, model) the run ends with: the last trained one (sft+rl, else sft), else the base model."""
+    trained = [pair for pair in models if pair[0] in ("sft+rl", "sft")]
+    return trained[-1] if trained else models[0]
+
+
+def _evaluate_other_decoding(
+    config: ToolschoolConfig,
+    models: list[tuple[str, str]],
+    benchmarks: list[Any],
+    settings: dict[str, Any],
+    registry: Any,
+    out_dir: Path,
+    restart: Callable[[str], None],
+) -> tuple[dict[str, Any], list[tuple[str, str]]] | None:
+    """The final model evaluated with the other decoding (constrained when [eval] constrained is false, free when
+    true) into eval/<mode>/: (its summary, its (label, model)) for the comparison; None for a model the local
+    backend does not run (an endpoint cannot constrain)."""
+    from toolschool.evaluate.session import make_options, run_evaluation
+    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
+    from toolschool.models.spec import parse_model_spec
+
+    label, model = final_model(models)
+    if parse_model_spec(model).kind == "openai":
+        return None
+    other = {**settings, "constrained": not config.eval.constrained, "labels": {model: label}}
+    options = make_options(other, registry=registry)
+    summary = run_evaluation(
+        [model],
+        benchmarks,
+        options,
+        out_dir / options.decoding,
+        make_backend=lambda m: open_model_backend(m, dtype=config.model.dtype, device=config.model.device),
+        settings=other,
+        resume=True,
+        on_resume_problem=restart,
+        benchmarks_for=benchmarks_for_model,
+    )
+    return summary, [(label, model)]
 
 
 def _eval_progress(console: Any) -> AbstractContextManager[Any]:
@@ -505,7 +552,12 @@ def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> 
     for label, model in models:
         block = summary["models"].get(model, {}).get("data", {})
         overall = block.get("overall", block)
-        row: dict[str, Any] = {"model": label, "path": model, "n": int(overall.get("n", 0))}
+        row: dict[str, Any] = {
+            "model": label,
+            "decoding": str(block.get("decoding") or "free"),
+            "path": model,
+            "n": int(overall.get("n", 0)),
+        }
         for column, key in TABLE_COLUMNS:
             value = overall.get(key)
             row[column] = None if value is None else round(100 * float(value), 1)
@@ -519,18 +571,26 @@ def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> 
 
 
 def comparison_markdown(table: list[dict[str, Any]]) -> str:
-    header = ["model", *(c for c, _ in TABLE_COLUMNS), "items"]
+    header = ["model", "decoding", *(c for c, _ in TABLE_COLUMNS), "items"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for row in table:
-        cells = [row["model"], *("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS), str(row["n"])]
+        values = ("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS)
+        cells = [row["model"], row.get("decoding", "free"), *values, str(row["n"])]
         lines.append("| " + " | ".join(cells) + " |")
     categories = sorted({c for row in table for c in row.get("correct % by category", {})})
     if categories:
         lines += ["", "correct % by category:", ""]
-        lines += ["| model | " + " | ".join(categories) + " |", "|" + "|".join(["---"] * (len(categories) + 1)) + "|"]
+        lines += [
+            "| model | decoding | " + " | ".join(categories) + " |",
+            "|" + "|".join(["---"] * (len(categories) + 2)) + "|",
+        ]
         for row in table:
             by = row.get("correct % by category", {})
-            cells = [row["model"], *("—" if c not in by else f"{by[c]:.1f}" for c in categories)]
+            cells = [
+                row["model"],
+                row.get("decoding", "free"),
+                *("—" if c not in by else f"{by[c]:.1f}" for c in categories),
+            ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

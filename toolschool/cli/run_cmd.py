@@ -46,12 +46,13 @@ def run(
     if result.table:
         table = Table(title=f"held-out evaluation — {result.run_dir}")
         table.add_column("model")
+        table.add_column("decoding")
         for column, _ in TABLE_COLUMNS:
             table.add_column(column, justify="right")
         table.add_column("items", justify="right")
         for row in result.table:
             cells = ["—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS]
-            table.add_row(row["model"], *cells, str(row["n"]))
+            table.add_row(row["model"], row.get("decoding", "free"), *cells, str(row["n"]))
         console.print(table)
     stage_line = ", ".join(
         f"{o.stage} {o.status} ({o.seconds:.0f}s)" for o in result.outcomes if o.status != "disabled"

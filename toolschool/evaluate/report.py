@@ -55,19 +55,23 @@ def _shown(bench: str, metric: str, rates: dict[str, float]) -> float | None:
 
 
 def summary_rows(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows): one row per (benchmark, category, model); rates in percent."""
-    entries: list[tuple[str, str, str, dict[str, float]]] = []
+    """(header, rows): one row per (benchmark, category, model); rates in percent; `decoding` says how the model's
+    replies were generated (constrained or free; summaries from before constrained decoding were free)."""
+    entries: list[tuple[str, str, str, str, dict[str, float]]] = []
     for model, benches in summary.get("models", {}).items():
         for bench, block in benches.items():
-            entries.append((bench, "all", model, block.get("overall", {})))
+            decoding = str(block.get("decoding") or "free")
+            entries.append((bench, "all", model, decoding, block.get("overall", {})))
             for category, rates in (block.get("by_category") or {}).items():
                 if bench == "bfcl":  # per-category BFCL accuracy is the leaderboard's unit; STE APIs are many
-                    entries.append((bench, category, model, rates))
-    metrics = [m for m in TABLE_METRICS if any(_shown(bench, m, rates) is not None for bench, _, _, rates in entries)]
-    header = ["benchmark", "category", "model", "n", *metrics]
+                    entries.append((bench, category, model, decoding, rates))
+    metrics = [
+        m for m in TABLE_METRICS if any(_shown(bench, m, rates) is not None for bench, _, _, _, rates in entries)
+    ]
+    header = ["benchmark", "category", "model", "decoding", "n", *metrics]
     rows = [
-        [bench, category, model, _count(rates.get("n")), *[_pct(_shown(bench, m, rates)) for m in metrics]]
-        for bench, category, model, rates in sorted(entries, key=lambda e: (e[0], e[1] != "all", e[1]))
+        [bench, category, model, decoding, _count(rates.get("n")), *[_pct(_shown(bench, m, rates)) for m in metrics]]
+        for bench, category, model, decoding, rates in sorted(entries, key=lambda e: (e[0], e[1] != "all", e[1]))
     ]
     return header, rows
 

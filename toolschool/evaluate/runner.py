@@ -18,10 +18,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import get_format
 from toolschool.chat.toolkens import calls_named_as_offered
 from toolschool.chat.types import ParsedReply
-from toolschool.errors import DataError
+from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.items import EvalItem
 from toolschool.evaluate.metrics import ArgMode, ItemScore, aggregate, answer_matches, per_tool_accuracy, score_item
 from toolschool.evaluate.retrieval import DemoPool, with_demonstrations
@@ -42,6 +43,12 @@ class EvalOptions:
     execute: bool = False
     registry: Any = None  # toolschool.tools.registry.ToolRegistry, needed for execute
     max_turns: int = 4  # replies per item with execute
+    constrained: bool = False  # replies grammar-constrained (tool_choice auto): a call always parses and validates
+
+    @property
+    def decoding(self) -> str:
+        """The decoding mode the report and summary state: "constrained" or "free"."""
+        return "constrained" if self.constrained else "free"
 
 
 @dataclass
@@ -56,6 +63,7 @@ class ItemResult:
     transcript: list[dict[str, Any]] = field(default_factory=list)  # execute: the whole conversation
     final_answer: str | None = None
     seconds: float = 0.0
+    decoding: str = "free"  # how the replies were generated (EvalOptions.decoding)
 
     def record(self) -> dict[str, Any]:
         """One JSON line of the per-item output."""
@@ -78,6 +86,7 @@ class ItemResult:
             "expected_answer": self.item.expected_answer if self.transcript else None,
             "final_answer": self.final_answer,
             "transcript": self.transcript or None,
+            "decoding": self.decoding,
             "seconds": round(self.seconds, 3),
         }
 
@@ -120,7 +129,10 @@ async def _generate(
     params = SamplingParams(
         max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
     )
-    completions = await backend.generate(GenerationRequest(sent, sent_tools, params, prefill=fmt.prefill))
+    # constrained: free text or a call that parses, names an offered tool and fits its schema (tool_choice auto)
+    constraint = Constraint.for_tools(fmt.name, item.tools, "auto") if options.constrained else None
+    request = GenerationRequest(sent, sent_tools, params, prefill=fmt.prefill, constraint=constraint)
+    completions = await backend.generate(request)
     return sent, sent_tools, completions[0].text if completions else ""
 
 
@@ -147,7 +159,7 @@ async def evaluate_item(backend: Backend, item: EvalItem, options: EvalOptions) 
     verdict = item.judge(parsed) if item.judge is not None else None
     if verdict is not None:
         _arguments_by_judge(score, verdict)
-    result = ItemResult(item, sent, sent_tools, raw, parsed, score, verdict)
+    result = ItemResult(item, sent, sent_tools, raw, parsed, score, verdict, decoding=options.decoding)
     if options.execute and not is_context_full(parsed):
         await _execute(backend, fmt, item, messages, parsed, result, options)
     result.seconds = time.perf_counter() - started
@@ -224,6 +236,12 @@ async def evaluate_items(
             f"item '{wrong.id}' is written in the '{written_in(wrong)}' format (meta.format), but the evaluation "
             f"uses --format {options.format}",
             hint=f"pass --format {written_in(wrong)}, or evaluate the dataset's canonical (hermes) file",
+        )
+    if options.constrained and not getattr(backend, "constrains", False):
+        raise ConfigError(
+            f"--constrained needs a model run by the local backend; '{getattr(backend, 'name', 'the model')}' cannot "
+            "constrain its replies (an OpenAI-compatible endpoint)",
+            hint="evaluate it with --no-constrained (eval.constrained = false)",
         )
     gate = asyncio.Semaphore(max(1, options.concurrency))
 

@@ -121,6 +121,7 @@ def make_options(settings: dict[str, Any], registry: Any = None) -> EvalOptions:
         execute=settings["execute"],
         registry=registry,
         max_turns=settings["max_turns"],
+        constrained=bool(settings.get("constrained", False)),
     )
 
 
@@ -304,6 +305,8 @@ def fingerprint(model: str, options: EvalOptions, settings: dict[str, Any] | Non
     (its name, and a folder's weight files), the settings that change how an item is prompted and scored, and with
     ICL the demonstrations (file, retriever, content). What is evaluated is checked item by item (`item_digest`)."""
     state: dict[str, Any] = {"model": model, **{key: getattr(options, key) for key in RESUME_KEYS}}
+    if options.constrained:  # recorded only when on: a state written before constrained decoding existed was free
+        state["constrained"] = True
     if (files := model_files(model)) is not None:
         state["model_files"] = files
     if options.icl_k:
@@ -354,6 +357,7 @@ def _restore(item: EvalItem, record: dict[str, Any]) -> ItemResult:
         transcript=record.get("transcript") or [],
         final_answer=record.get("final_answer"),
         seconds=float(record.get("seconds") or 0.0),
+        decoding=str(record.get("decoding") or "free"),
     )
 
 
@@ -507,6 +511,7 @@ async def _run_model(
             results = await evaluate_into(path, bench.items, options, state, done, backend, on_done=callback)
             seconds = time.perf_counter() - started
             block = summarize(results)
+            block["decoding"] = options.decoding
             block["seconds"] = round(seconds, 3)
             block["items_per_second"] = round(left / seconds, 4) if left and seconds > 0 else 0.0
             if left < len(results):
