@@ -111,6 +111,11 @@ def test_chitchat_filters() -> None:
     bare = '{"name": "weekday", "arguments": {"date": "2024-05-01"}}'
     assert chitchat_reply_problem(bare, False, BUILTIN) == "reply holds a tool call"
     assert chitchat_reply_problem("Keep a regular bedtime.", False, BUILTIN) is None
+    looping = "It is a classic. It is loved by many. It is a classic."
+    assert chitchat_reply_problem(looping, False, BUILTIN) == "reply repeats itself"
+    looping = "A source of inspiration for many people, and a source of inspiration for many people today."
+    assert chitchat_reply_problem(looping, False, BUILTIN) == "reply repeats itself"
+    assert chitchat_reply_problem("Yes. I love books. Yes, really: books are great.", False, BUILTIN) is None
     assert chitchat_count(0.1, 40) == 4 and chitchat_count(0.1, 3) == 1 and chitchat_count(0.0, 40) == 0
 
 

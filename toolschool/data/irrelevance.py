@@ -7,10 +7,11 @@ Two kinds, both answered in plain text with the tools still offered:
   (`same_request_key`) called, and any tool that runs code (a python tool can stand in for every other). When
   nothing is left to offer the line is not built. The reply is a fixed, natural template that says no offered tool
   fits and names what is missing (the tool's name and what its description says it does), picked by the seed.
-- **chit-chat**: the judge/explorer model imagines a message that needs no tool (one topic per request, from a fixed
-  list, for variety) and answers it in a fresh context without tools. A request is dropped when it is empty, long,
-  holds a digit (it may need a calculation), copies the prompt, or repeats another; a reply when it is empty, cut
-  off at `chitchat_max_tokens`, or holds a tool call. Requests and replies are cached like every distill reply.
+- **chit-chat**: the explorer model imagines a message that needs no tool (one topic per request, from a fixed list,
+  for variety) and answers it in a fresh context without tools. A request is dropped when it is empty, long, holds a
+  digit (it may need a calculation), copies the prompt, or repeats another; a reply when it is empty, cut off at
+  `chitchat_max_tokens`, holds a tool call, or repeats itself (a sentence or six words in a row twice). Requests and
+  replies are cached like every distill reply.
 
 Both go to the split of the request they come from (irrelevance) or are split by the validation fraction
 (chit-chat), so no request is in both splits.
@@ -218,6 +219,17 @@ def chitchat_request_problem(text: str, cut: bool, echo: list[EchoSource], seen:
     return None
 
 
+def _repeats_itself(text: str) -> bool:
+    """A sentence said twice, or a run of six words said twice: what a small model's loop looks like ("a source of
+    inspiration and inspiration for many people. ... a source of inspiration and inspiration ...")."""
+    sentences = [same_request_key(s) for s in re.split(r"(?<=[.!?])\s+", text) if same_request_key(s)]
+    if len(sentences) != len(set(sentences)):
+        return True
+    words = same_request_key(text).split()
+    runs = [tuple(words[i : i + 6]) for i in range(len(words) - 5)]
+    return len(runs) != len(set(runs))
+
+
 def chitchat_reply_problem(text: str, cut: bool, tools: list[dict[str, Any]]) -> str | None:
     if not text.strip():
         return "empty reply"
@@ -225,6 +237,8 @@ def chitchat_reply_problem(text: str, cut: bool, tools: list[dict[str, Any]]) ->
         return "reply cut off at chitchat_max_tokens"
     if "<tool_call>" in text or get_format(DEFAULT_FORMAT).parse(text, tools).calls:
         return "reply holds a tool call"
+    if _repeats_itself(text):
+        return "reply repeats itself"
     return None
 
 
