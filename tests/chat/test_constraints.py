@@ -102,3 +102,17 @@ def test_bad_tool_choice_and_response_format_are_one_line_errors() -> None:
 def test_describe_names_the_mode() -> None:
     assert Constraint.for_tools("react", [CALC], "calculator").describe() == "react, tool_choice=calculator"
     assert Constraint.for_response_format({"type": "json_object"}).describe() == "response_format=json_object"
+
+
+def test_hermes_free_text_cannot_hold_a_bare_json_call(compiler) -> None:
+    """hermes reads a reply that is a bare JSON call object as a call; under a constraint such text is no way
+    around the grammar: free text may not hold a "name" key, calls inside <tool_call> may."""
+    bare = '{"name": "calculator", "arguments": {"expression": 4}}'
+    for choice in ("auto", "none"):
+        assert not accepts(compiler, Constraint.for_tools("hermes", [CALC], choice), bare)
+        assert not accepts(compiler, Constraint.for_tools("hermes", [CALC], choice), "```json\n" + bare + "\n```")
+    named = {"type": "function", "function": {"name": "greet", "parameters": {
+        "type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}}}  # fmt: skip
+    call = get_format("hermes").format_reply({"role": "assistant", "content": "Sure.", "tool_calls": [
+        {"type": "function", "function": {"name": "greet", "arguments": {"name": "Ada"}}}]})  # fmt: skip
+    assert accepts(compiler, Constraint.for_tools("hermes", [named], "auto"), call)

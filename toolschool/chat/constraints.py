@@ -32,6 +32,9 @@ from toolschool.errors import ConfigError
 TOOL_CHOICES = ("auto", "required", "none")
 _HERMES_OPEN = "<tool_call>"
 _HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's brace, then the closing tag
+# hermes also reads a reply that is a bare or fenced JSON call object naming an offered tool (Qwen writes them):
+# free text must not hold one, or an unconstrained call would slip through as text; its "name" key is left out.
+_BARE_CALL_KEY = '"name"'
 # A final answer in the json format: the one object format_reply writes for it.
 _JSON_FINAL = {
     "type": "object",
@@ -186,7 +189,7 @@ def _call_prefix(fmt: str, name: str) -> str:
 
 def _hermes(constraint: Constraint) -> dict[str, Any]:
     if constraint.tool_choice == "none" or not constraint.tools:
-        return {"type": "any_text", "excludes": [_HERMES_OPEN]}
+        return {"type": "any_text", "excludes": [_HERMES_OPEN, _BARE_CALL_KEY]}
     tags = [
         {
             "type": "tag",
@@ -211,6 +214,7 @@ def _hermes(constraint: Constraint) -> dict[str, Any]:
         "triggers": [_HERMES_OPEN],
         "tags": tags,
         "stop_after_first": not constraint.parallel_tool_calls,
+        "excludes": [_BARE_CALL_KEY],  # text around the calls is no call the parser would read (bare JSON)
     }
 
 
