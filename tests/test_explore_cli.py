@@ -297,6 +297,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
         (["--stm-slots", "1"], "stm_slots = 2, this run has 1"),
         (["--temperature", "0.1"], "temperature = 0.7, this run has 0.1"),
         (["--seed", "5"], "seed = 0, this run has 5"),
+        (["--no-constrained", "x"], "constrained = True, this run has False"),
         (["--module", "TOOLS_PY"], "offered tools = ['calculator', 'python', "),
     ],
 )
@@ -316,7 +317,7 @@ def test_resume_with_settings_that_shape_a_trial_is_refused_and_keeps_the_saved_
         )
         flags = [flags[0], str(module)]
     again = {**first, flags[0]: flags[1]}
-    args = [*common, "--resume", *(a for pair in again.items() for a in pair)]
+    args = [*common, "--resume", *(a for pair in again.items() for a in pair if a != "x")]  # "x": a flag alone
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "cannot resume: the trial log was written with" in result.output and message in result.output

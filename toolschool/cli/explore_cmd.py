@@ -49,6 +49,11 @@ def explore(
     concurrency: int = typer.Option(None, help="Episodes at once; the local backend batches them (default 16)."),
     format: str = typer.Option(None, "--format", help="hermes | json | react (default hermes)."),
     temperature: float = typer.Option(None, help="Sampling temperature."),
+    constrained: bool = typer.Option(
+        None,
+        "--constrained/--no-constrained",
+        help="Grammar-constrained trial replies: a call always parses and fits its schema (default: on).",
+    ),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Tokens per model turn."),
     no_exec_feedback: bool = typer.Option(None, "--no-exec-feedback", help="Ablation: hide execution results."),
     no_stm: bool = typer.Option(
@@ -85,6 +90,7 @@ def explore(
         "explore.concurrency": concurrency,
         "explore.format": format,
         "explore.temperature": temperature,
+        "explore.constrained": constrained,
         "explore.max_tokens": max_tokens,
         "explore.no_exec_feedback": no_exec_feedback,
         "explore.no_stm": no_stm,
