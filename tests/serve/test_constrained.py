@@ -201,3 +201,19 @@ async def test_a_model_trained_in_a_text_format_is_constrained_in_its_own_syntax
         assert choice.message.content is None and len(choice.message.tool_calls) == 1
         assert choice.message.tool_calls[0].function.name == "flag"
         jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), _schema("flag"))
+
+
+async def test_a_response_format_schema_the_library_cannot_compile_is_a_400_naming_it(base_url: str) -> None:
+    schema = {"type": "object", "properties": {"id": {"type": "string", "pattern": "(?<=a)b"}}}
+    with pytest.raises(BadRequestError) as caught:
+        await _client(base_url).chat.completions.create(
+            model="tiny",
+            messages=HI,
+            response_format={"type": "json_schema", "json_schema": {"name": "ticket", "schema": schema}},
+            max_tokens=20,
+        )
+    assert caught.value.body["param"] == "response_format"
+    assert caught.value.body["message"].startswith(
+        "response_format json_schema 'ticket': its JSON schema cannot be compiled into a grammar at "
+        "properties.id.pattern: Regex parsing error"
+    )

@@ -39,9 +39,9 @@ _LOCATION = re.compile(r"^\s*\[[\d:]+\]\s*\S+:\d+:\s*")
 class ConstraintError(ToolschoolError):
     """A constraint cannot be compiled into a grammar (a schema construct the library does not support)."""
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, param: str = "tools") -> None:
         super().__init__(message, hint=hint)
-        self.param = "tools"  # the request field at fault, for the server's 400
+        self.param = param  # the request field at fault, for the server's 400
 
 
 def _library_message(exc: BaseException) -> str:
@@ -80,7 +80,8 @@ class GrammarCompiler:
             compiled = self._compiler.compile_structural_tag(json.dumps(structure, ensure_ascii=False))
         except Exception as exc:  # noqa: BLE001 - the library raises RuntimeError/ValueError with its reason
             raise ConstraintError(
-                f"the {constraint.describe()} constraint cannot be compiled into a grammar: {_library_message(exc)}"
+                f"the {constraint.describe()} constraint cannot be compiled into a grammar: {_library_message(exc)}",
+                param=_param(constraint),
             ) from None
         with self._lock:
             self.compiles += 1
@@ -98,14 +99,14 @@ class GrammarCompiler:
         schema is compiled alone first, so one the library refuses is named (tool, path, construct)."""
         grammars = {}
         for what, schema in constraint.schemas():
-            grammars[_schema_key(schema)] = self._schema_grammar(what, schema)
+            grammars[_schema_key(schema)] = self._schema_grammar(what, schema, _param(constraint))
         structure = constraint.structure()
         for schema in _schemas_in(structure):  # the format's own (the json format's final answer)
             if _schema_key(schema) not in grammars:
-                grammars[_schema_key(schema)] = self._schema_grammar(f"the {constraint.format} format", schema)
+                grammars[_schema_key(schema)] = self._schema_grammar(f"the {constraint.format} format", schema, "tools")
         return _replace_schemas(structure, grammars)
 
-    def _schema_grammar(self, what: str, schema: dict[str, Any]) -> str:
+    def _schema_grammar(self, what: str, schema: dict[str, Any], param: str) -> str:
         key = _schema_key(schema)
         with self._lock:
             cached = self._schema_grammars.get(key)
@@ -119,6 +120,7 @@ class GrammarCompiler:
             raise ConstraintError(
                 f"{what}: its JSON schema cannot be compiled into a grammar{at}: {_library_message(exc)}",
                 hint="simplify that part of the schema, or generate without constraints (--no-constrained)",
+                param=param,
             ) from None
         with self._lock:
             self._schema_grammars[key] = ebnf
@@ -129,6 +131,11 @@ class GrammarCompiler:
             json.dumps(schema, ensure_ascii=False), any_whitespace=False, separators=SEPARATORS
         )
         return str(grammar)
+
+
+def _param(constraint: Constraint) -> str:
+    """The request field a constraint comes from (the server names it in its 400)."""
+    return "response_format" if constraint.response_format is not None else "tools"
 
 
 def _schema_key(schema: Any) -> str:
