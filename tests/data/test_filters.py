@@ -106,6 +106,9 @@ def test_names_enums_time_zones_and_earlier_results() -> None:
     assert reason("What time is it in Paris?", "get_time", {"timezone": "Asia/Tokyo"}, tools) == TEXT
     assert reason("Population of lisbon?", "lookup", {"city": "Lisbon"}, tools) is None
     assert reason("Population of the capital of Portugal?", "lookup", {"city": "Lisbon"}, tools) == TEXT
+    # a name with parentheses is a name, not an arithmetic expression whose numbers alone are checked
+    assert reason("Population of Paris?", "lookup", {"city": "Lyon (France)"}, tools) == TEXT
+    assert reason("What is 17 plus 25?", "lookup", {"city": "(17 + 25)"}, tools) is None
     # a second call may use what the first returned
     assert reason("Double the result", "calculator", {"expression": "42*2"}, [], results=("42",)) is None
 

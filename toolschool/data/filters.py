@@ -221,7 +221,10 @@ def dates_in(text: str) -> set[dt.date]:
 
 # ---------------------------------------------------------------------------------------------- grounding
 
-_EXPRESSION = re.compile(r"[\d\s.,+\-*/%()^eE]*[+\-*/%^][\d\s.,+\-*/%()^eE]*|[\w\s.,+\-*/%()^]*\(.*\)")
+# An arithmetic expression in any string argument: numbers, operators, parentheses and the calculator's functions
+# and constants, with at least one operator or function call ("Paris (France)" is not one).
+_EXPRESSION_PART = r"(?:[\d\s.,+\-*/%()^]|\b(?:sqrt|abs|round|floor|ceil|log10|log|exp|sin|cos|tan|min|max|pi|e)\b)"
+_EXPRESSION = re.compile(rf"{_EXPRESSION_PART}*(?:[+\-*/%^]|\b[a-z0-9]+\(){_EXPRESSION_PART}*")
 _UNIT_STOPWORDS = frozenset(
     "a an and are as at be by can do for from how i in into is it many me much of on or per s so the there this to "
     "what when which will with you your my convert conversion equal equals".split()
