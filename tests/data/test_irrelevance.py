@@ -208,3 +208,24 @@ def test_the_cli_prints_the_yield(tmp_path: Path) -> None:
     output = " ".join(result.output.split())
     assert "distill yield per filter" in output and "grounding" in output and "round_trip" in output
     assert "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) = 1 of 4 lines (25 %)" in output
+
+
+def test_the_cli_flags_of_the_filters_and_no_tool_lines(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from toolschool.cli import app
+
+    invented = calc_trial(7, "What is 2 * 3?", "2*4", "8")
+    log = tmp_path / "trials.jsonl"
+    log.write_text("".join(json.dumps(t) + "\n" for t in [*good_trials(), invented]))
+    out = tmp_path / "o"
+    flags = ["--no-require-grounded", "--irrelevance-fraction", "0", "--chitchat-fraction", "0", "--no-round-trip"]
+    result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), *flags])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["total"]["grounded"] == 5 and summary["no_tool"]["lines"] == 0
+    assert summary["options"]["irrelevance_fraction"] == 0.0 and summary["options"]["round_trip"] is False
+    result = CliRunner().invoke(
+        app, ["distill", "--trials", str(log), "--out", str(out), "--irrelevance-fraction", "2"]
+    )
+    assert result.exit_code == 2 and "irrelevance_fraction" in result.output

@@ -213,6 +213,21 @@ def distill(
     trials: str = typer.Option(None, help="Trial log (default: runs/NAME/explore/trials.jsonl)."),
     judge_model: str = typer.Option(None, help="LLM judge (model spec); default: rules only."),
     paraphrase_model: str = typer.Option(None, help="Paraphrasing model (model spec)."),
+    explorer_model: str = typer.Option(
+        None, help="Model of the round trip and chit-chat (model spec); default: the run's explorer, else the judge."
+    ),
+    round_trip: bool = typer.Option(
+        None, "--round-trip/--no-round-trip", help="Keep a trial only when the explorer model writes its call again."
+    ),
+    require_grounded: bool = typer.Option(
+        None,
+        "--require-grounded/--no-require-grounded",
+        help="Keep a trial only when every call value is stated in its request.",
+    ),
+    irrelevance_fraction: float = typer.Option(
+        None, help="No-tool lines from kept requests without the tools that fit, per tool-call line."
+    ),
+    chitchat_fraction: float = typer.Option(None, help="Chit-chat lines per tool-call line (needs an explorer model)."),
     target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
     max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),
     dedupe_threshold: float = typer.Option(None, help="Token-set Jaccard at which two queries are duplicates."),
@@ -238,6 +253,11 @@ def distill(
         "distill.trials": trials,
         "distill.judge_model": judge_model,
         "distill.paraphrase_model": paraphrase_model,
+        "distill.explorer_model": explorer_model,
+        "distill.round_trip": round_trip,
+        "distill.require_grounded": require_grounded,
+        "distill.irrelevance_fraction": irrelevance_fraction,
+        "distill.chitchat_fraction": chitchat_fraction,
         "distill.target_per_tool": target_per_tool,
         "distill.max_paraphrases": max_paraphrases,
         "distill.dedupe_threshold": dedupe_threshold,
@@ -262,7 +282,7 @@ def distill(
     unread = summary["judge_no_verdict"]
     if unread:
         err_console.print(
-            f"[yellow]{unread} of {summary['total']['rules']} judge replies gave no Yes/No for every criterion and "
+            f"[yellow]{unread} of {summary['total']['no_echo']} judge replies gave no Yes/No for every criterion and "
             f"were not kept (their text is under `raw` in {escape(str(out_dir / 'judgments.jsonl'))}): a judge model "
             "that follows the reply format gives each a verdict[/yellow]",
             highlight=False,
