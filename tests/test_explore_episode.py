@@ -468,3 +468,20 @@ def test_a_broken_personas_override_is_refused_with_the_file(tmp_path) -> None:
     (tmp_path / "personas.json").write_text('{"people": ["x"]}')
     with pytest.raises(ConfigError, match="personas.json: not a personas file"):
         PromptSet("hermes", tmp_path).personas()
+
+
+async def test_a_constraining_backend_is_asked_for_a_request_in_prose(tmp_path) -> None:
+    """Qwen2.5-Coder offered tools answers "write a request that needs this tool" with a call object: where the
+    backend constrains, the imagined request is held to prose (no call, no JSON object) and the trial to calls."""
+    from toolschool.chat.constraints import Constraint
+
+    backend = ScriptedBackend()
+    backend.constrains = True
+    ctx = make_ctx(tmp_path, backend, episodes=1, stm_slots=1)
+    await run_episode(ctx, "calculator", 0, {})
+    imagined = imagination_requests(backend)
+    assert [r.constraint for r in imagined] == [Constraint.prose()]
+    trial = next(r for r in backend.requests if "Now answer the request" in r.messages[-1]["content"])
+    assert trial.constraint == Constraint.for_tools("hermes", SCHEMAS, "auto")
+    backend.constrains = False
+    assert ctx.imagine_constraint() is None

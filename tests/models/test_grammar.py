@@ -149,3 +149,14 @@ def test_sampling_chooses_from_the_mask_and_reports_the_raw_log_prob() -> None:
     tokens, logprobs = sample_next(logits, [0.0, 0.0], [1.0, 1.0], [None, None], masked)
     assert tokens == [1, 1]
     assert logprobs[0] == pytest.approx(torch.log_softmax(logits[0], -1)[1].item())
+
+
+def test_prose_holds_no_call_json_object_or_code_fence(backend) -> None:
+    """What exploration asks for when the explorer writes a user's request (a code model otherwise writes a call)."""
+    compiler = backend.grammar_compiler()
+    prose = compiler.compile(Constraint.prose())
+    for text in ("What day of the week was 2021-03-04?", "Convert 5 km to miles, please {quickly}."):
+        assert compiler.matcher(prose).accept_string(text), text
+    for text in ('{"name": "weekday", "arguments": {}}', "Sure: <tool_call>", "```json\n[1]"):
+        assert not compiler.matcher(prose).accept_string(text), text
+    assert Constraint.prose().describe() == "prose" and Constraint.prose().schemas() == []

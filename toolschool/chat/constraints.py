@@ -35,6 +35,8 @@ _HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's
 # hermes also reads a reply that is a bare or fenced JSON call object naming an offered tool (Qwen writes them):
 # free text must not hold one, or an unconstrained call would slip through as text; its "name" key is left out.
 _BARE_CALL_KEY = '"name"'
+# What prose (`Constraint.prose`) never holds: a call's tag, a JSON object's first key, a code fence.
+_PROSE_EXCLUDES = (_HERMES_OPEN, '{"', "```")
 # A final answer in the json format: the one object format_reply writes for it.
 _JSON_FINAL = {
     "type": "object",
@@ -59,6 +61,7 @@ class Constraint:
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    plain_text: bool = False  # prose only: no call, no JSON object, no code fence (see `prose`)
 
     @classmethod
     def for_tools(
@@ -90,6 +93,13 @@ class Constraint:
         json_reply_schema(response_format)  # refuse a malformed one now, with its message
         return cls(response_format=dict(response_format))
 
+    @classmethod
+    def prose(cls) -> Constraint:
+        """Plain text that holds no call and no JSON object or code fence: what exploration asks for when the
+        explorer writes a user's request. A code model offered tools (Qwen2.5-Coder) otherwise answers "write a
+        request that needs this tool" with a call object, which is no request at all."""
+        return cls(plain_text=True)
+
     @property
     def tool_names(self) -> list[str]:
         return [s["function"]["name"] for s in self.tools]
@@ -98,6 +108,8 @@ class Constraint:
         """A short label for logs and reports, e.g. 'hermes, tool_choice=auto' or 'response_format=json_schema'."""
         if self.response_format is not None:
             return f"response_format={self.response_format.get('type')}"
+        if self.plain_text:
+            return "prose"
         return f"{self.format}, tool_choice={self.tool_choice}"
 
     def key(self) -> str:
@@ -109,12 +121,16 @@ class Constraint:
         the response format's; `models.grammar` compiles each alone first, to name the one it cannot compile."""
         if self.response_format is not None:
             return [(_response_format_label(self.response_format), json_reply_schema(self.response_format))]
+        if self.plain_text:
+            return []
         return [(f"tool '{name}'", _parameters(s)) for name, s in zip(self.tool_names, self.tools, strict=True)]
 
     def structure(self) -> dict[str, Any]:
         """The structural tag of the reply (text after the format's prefill)."""
         if self.response_format is not None:
             body: dict[str, Any] = _schema(json_reply_schema(self.response_format))
+        elif self.plain_text:
+            body = {"type": "any_text", "excludes": list(_PROSE_EXCLUDES)}
         else:
             body = _BUILDERS[self.format](self)
         return {"type": "structural_tag", "format": body}

@@ -164,6 +164,11 @@ class ExploreContext:
         choice = tool if self.settings.force_call and turn == 0 else "auto"
         return Constraint.for_tools(self.fmt.name, self.tool_schemas, choice)
 
+    def imagine_constraint(self) -> Constraint | None:
+        """What an imagined request may be, when decoding is constrained: prose (`Constraint.prose`), never a call
+        or a JSON object; None when decoding is free."""
+        return Constraint.prose() if self.decoding == "constrained" else None
+
     def schema_of(self, tool: str) -> dict[str, Any]:
         for schema in self.tool_schemas:
             if schema["function"]["name"] == tool:
@@ -413,6 +418,7 @@ async def run_trial(
             stop=IMAGINE_STOP,
             prefill="",
             max_tokens=settings.max_tokens,
+            constraint=ctx.imagine_constraint(),
         )
         query_raw = completion.text
         query = clean_query(query_raw)
