@@ -10,7 +10,7 @@ result of the same conversation (a two-step trial's second call may use the firs
 - numbers by value (`1,200` = `1200.0`), also written in words ("twelve", "a dozen"), negated (a direction word such
   as "before" or "ago" is the sign), or scaled by what a word of the request implies ("double" 2, "percent" 100,
   "weeks" 7, "hours" 60 ...); a calculator expression's numbers and a python program's number literals each so
-  (python also takes small constants, |n| <= 10, and n +/- 1 of a stated integer: `range(1, n + 1)`);
+  (python also takes small constants, |n| <= 10, and inside `range(...)` a stated integer +/- 1: `range(1, n + 1)`);
 - dates in any spelling the request uses ("March 4, 2021", "4 March 2021", "3/4/2021", "2021-03-04"; a day without
   its year takes a year the request states), never a relative one ("today");
 - units through `toolschool.evaluate.metrics.same_unit` (the unit_convert tool's own reading: "kilometres" = "km");

@@ -293,7 +293,7 @@ async def build_chitchat(
         return clean_request(text), cut
 
     imagined = await asyncio.gather(*(imagine(i) for i in range(asked)))
-    echo = [EchoSource("chit-chat prompt", s) for s in template_sentences(CHITCHAT_REQUEST_FILE.read_text())]
+    echo = [EchoSource("chit-chat prompt", s) for s in template_sentences(CHITCHAT_REQUEST_FILE.read_text("utf-8"))]
     seen = set(known_requests)
     requests: list[str] = []
     for text, cut in imagined:
