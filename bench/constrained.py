@@ -1,0 +1,228 @@
+"""What grammar-constrained decoding costs and what it buys, through the local backend.
+
+Throughput (`--throughput-model`, default smollm2-135m): the same requests (a question with the six built-in tools
+offered, greedy, `--max-tokens` each) generated free, constrained to tool_choice "auto" (free text or a valid call)
+and constrained to "required" (a valid call, every token inside the grammar's JSON), one request at a time and 16
+at once. Tokens/s counts generated tokens over wall time, prefill included; the prefix cache is emptied before each
+timed run; each figure is the median of `--repeats` runs, the modes interleaved so load drifts hit them alike. The
+ratio to free decoding is the cost (target: at most 15 % slower).
+
+Accuracy (`--models`, default every embedded model installed): the built-in held-out set (`[pipeline] eval_data =
+"builtin"`: `--per-tool` items per built-in tool (6), 2 of each no-tool kind, seed 0) evaluated free and
+constrained (tool_choice auto, hermes format, greedy) with `toolschool eval`'s runner: well-formed %, correct
+tool %, correct % (definitions: docs/metrics.md).
+
+    .venv/bin/python bench/constrained.py                     # writes bench/results/constrained.json
+    .venv/bin/python bench/constrained.py --models smollm2-135m --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import machine  # bench/ is the script's folder, first on sys.path
+
+from toolschool.chat.constraints import Constraint
+from toolschool.chat.formats import get_format
+from toolschool.models.backend import GenerationRequest, SamplingParams
+from toolschool.models.embedded import embedded_model, installed_parts, is_embedded
+from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
+
+OUT = Path(__file__).parent / "results" / "constrained.json"
+EMBEDDED = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+TOOLS = [builtin_schema(name) for name in BUILTIN_NAMES]
+QUESTIONS = [
+    "What is 1234 * 5678?",
+    "What day of the week was 2024-02-29?",
+    "How many days are there between 2023-01-01 and 2023-12-25?",
+    "Convert 12 miles to kilometers.",
+    "What date is 45 days after 2024-03-10?",
+    "Write a Python program that prints the first 10 square numbers.",
+    "What is the square root of 7 times pi?",
+    "How many pounds is 80 kg?",
+    "What weekday is 1999-12-31?",
+    "Compute (17 + 25) * 3 / 7.",
+    "Add 100 days to 2020-01-01.",
+    "How far is a marathon in miles?",
+    "Print the sum of the numbers from 1 to 100 with Python.",
+    "What is 2 to the power of 20?",
+    "How many days from 2000-01-01 to 2024-01-01?",
+    "Convert 30 degrees Celsius to Fahrenheit.",
+]
+MODES = ("free", "auto", "required")
+
+
+def installed_models() -> list[str]:
+    out = []
+    for name in EMBEDDED:
+        if is_embedded(name):
+            found, parts = installed_parts(embedded_model(name))
+            if found == parts:
+                out.append(name)
+    return out
+
+
+def load_average() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# -- throughput ------------------------------------------------------------------------------------------------------
+
+
+def _request(question: str, mode: str, max_tokens: int) -> GenerationRequest:
+    hermes = get_format("hermes")
+    messages, tools = hermes.to_messages([{"role": "user", "content": question}], TOOLS)
+    constraint = None if mode == "free" else Constraint.for_tools("hermes", TOOLS, mode)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+    return GenerationRequest(messages=messages, tools=tools, params=params, constraint=constraint)
+
+
+async def _timed(backend: Any, requests: list[GenerationRequest], concurrent: bool) -> tuple[float, int]:
+    backend.prefix_cache.clear()
+    start = time.perf_counter()
+    if concurrent:
+        results = await asyncio.gather(*(backend.generate(r) for r in requests))
+    else:
+        results = [await backend.generate(r) for r in requests]
+    seconds = time.perf_counter() - start
+    return seconds, sum(c.num_tokens for completions in results for c in completions)
+
+
+async def throughput(model: str, repeats: int, max_tokens: int, sequential: int) -> dict[str, Any]:
+    from toolschool.models.backends import make_backend
+
+    backend = make_backend(model, dtype="fp32", max_batch_size=16)
+    try:
+        # compile each constraint and warm the model once, untimed
+        for mode in MODES:
+            await backend.generate(_request(QUESTIONS[0], mode, 4))
+        runs: dict[str, dict[str, list[dict[str, float]]]] = {m: {"1": [], "16": []} for m in MODES}
+        for _ in range(repeats):
+            for concurrency, questions in (("1", QUESTIONS[:sequential]), ("16", QUESTIONS)):
+                for mode in MODES:
+                    requests = [_request(q, mode, max_tokens) for q in questions]
+                    seconds, tokens = await _timed(backend, requests, concurrent=concurrency == "16")
+                    runs[mode][concurrency].append(
+                        {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 3)}
+                    )
+                    print(f"  {mode:8s} x{concurrency:2s}: {tokens} tokens in {seconds:.1f} s", flush=True)
+    finally:
+        await backend.aclose()
+    median = {
+        mode: {c: round(statistics.median(r["tokens_per_s"] for r in rs), 2) for c, rs in per.items()}
+        for mode, per in runs.items()
+    }
+    slower = {
+        mode: {c: round(100 * (1 - median[mode][c] / median["free"][c]), 1) for c in ("1", "16")}
+        for mode in ("auto", "required")
+    }
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "requests": {"1": sequential, "16": len(QUESTIONS)},
+        "tokens_per_s_median": median,
+        "percent_slower_than_free": slower,
+        "target_percent_slower_at_most": 15,
+        "runs": runs,
+    }
+
+
+# -- accuracy ----------------------------------------------------------------------------------------------------------
+
+
+def accuracy(model: str, data: Path, max_tokens: int, out_dir: Path) -> dict[str, Any]:
+    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
+    from toolschool.evaluate.toolkens import open_model_backend
+
+    benchmarks = resolve_benchmarks([], str(data), None)
+    figures: dict[str, Any] = {}
+    for constrained in (False, True):
+        settings = {
+            "format": "hermes", "arguments": "exact", "retriever": "bm25", "icl": 0, "max_tokens": max_tokens,
+            "temperature": 0.0, "concurrency": 16, "execute": False, "max_turns": 1, "constrained": constrained,
+        }  # fmt: skip
+        options = make_options(settings)
+        started = time.perf_counter()
+        summary = run_evaluation(
+            [model],
+            benchmarks,
+            options,
+            out_dir / f"{model}-{options.decoding}",
+            make_backend=lambda m: open_model_backend(m, dtype="fp32", device=None),
+            settings=settings,
+        )
+        overall = summary["models"][model]["data"]["overall"]
+        figures[options.decoding] = {
+            "n": int(overall["n"]),
+            **{k: round(100 * float(overall[k]), 1) for k in ("well_formed", "correct_tool", "correct")},
+            "seconds": round(time.perf_counter() - started, 1),
+        }
+        print(f"  {model} {options.decoding}: {figures[options.decoding]}", flush=True)
+    return figures
+
+
+def heldout_file(folder: Path, per_tool: int) -> Path:
+    from toolschool.data.dataset import write_jsonl
+    from toolschool.data.heldout import builtin_heldout
+    from toolschool.tools.registry import build_registry
+
+    with build_registry(toolbox=["builtin"]) as registry:
+        lines = builtin_heldout(registry, per_tool=per_tool, no_tool=2, seed=0)
+    path = folder / "heldout.jsonl"
+    write_jsonl(path, lines)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--throughput-model", default="smollm2-135m", help="'' to skip the throughput part")
+    parser.add_argument("--models", default=None, help="comma-separated embedded models for accuracy ('' skips it)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=48, help="per request, throughput part")
+    parser.add_argument("--sequential", type=int, default=6, help="requests sent one at a time, throughput part")
+    parser.add_argument("--eval-max-tokens", type=int, default=192)
+    parser.add_argument("--per-tool", type=int, default=6, help="held-out items per built-in tool, accuracy part")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results.update({"machine": machine.describe(), "load_average_1m_before": load_average()})
+
+    def save() -> None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+    if args.throughput_model:
+        print(f"throughput: {args.throughput_model}", flush=True)
+        results["throughput"] = asyncio.run(
+            throughput(args.throughput_model, args.repeats, args.max_tokens, args.sequential)
+        )
+        results["throughput"]["load_average_1m_after"] = load_average()
+        save()
+    models = installed_models() if args.models is None else [m for m in args.models.split(",") if m]
+    if models:
+        with tempfile.TemporaryDirectory() as tmp:
+            data = heldout_file(Path(tmp), args.per_tool)
+            accuracy_results = results.setdefault("heldout_accuracy", {})
+            accuracy_results["data"] = (
+                f"built-in held-out set: {args.per_tool} items per built-in tool, 2 per no-tool kind, seed 0"
+            )
+            accuracy_results["max_tokens"] = args.eval_max_tokens
+            for model in models:
+                print(f"accuracy: {model}", flush=True)
+                accuracy_results[model] = accuracy(model, data, args.eval_max_tokens, Path(tmp))
+                accuracy_results[model]["load_average_1m_after"] = load_average()
+                save()
+    save()
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
