@@ -1312,7 +1312,8 @@ def nothing_to_train(summary: dict[str, Any]) -> tuple[str, str] | None:
                 why += f" ({unread} of its replies gave no Yes/No for every criterion: see `raw` in judgments.jsonl)"
             return (
                 first + why,
-                "point --judge-model ([distill] judge_model) at a stronger model, or distill without one",
+                "point --judge-model ([distill] judge_model) at a stronger model, or distill without one (the round "
+                "trip still checks each trial with the explorer model)",
             )
     tool_lines = total["final"] - summary["per_tool"].get(NO_TOOL, {}).get("final", 0)
     why = f"all {tool_lines} kept examples went to the validation split"
