@@ -738,3 +738,17 @@ def test_the_calls_so_far_are_those_whose_tool_is_known() -> None:
     assert calls_so_far(call.replace('{"expression": "1+1"}', '"{}"'), tools) == [PartialCall("calculator", "", False)]
     assert calls_so_far('<tool_call>\n[{"name": "calculator", "arguments": {}}]', tools) == []
     assert calls_so_far('<tool_call>\n{"arguments": {}, "name": "calculator"}', tools) == []
+
+
+def test_a_forced_call_with_an_integer_past_4300_digits_is_refused_not_a_server_error() -> None:
+    """Issue 31: partial_calls raised ValueError on it and the stream ended with 'generation failed'."""
+    body = {"messages": HI, "tools": [CALC], "tool_choice": "required", "max_tokens": 20}
+    reply = 'calculator", "arguments": {"expression": ' + "9" * 5000 + "}}\n</tool_call>"
+    with running_server(StreamingScript([(reply, "stop")]), "scripted") as url:
+        events = asyncio.run(_sse(url, body))
+    error = events[-2]["error"]
+    assert error["type"] == "invalid_request_error" and "generation failed" not in error["message"]
+    assert "4300 digits" in error["message"]
+    calls = [e["choices"][0]["delta"]["tool_calls"][0] for e in events[1:-2]]
+    assert calls[0]["function"] == {"name": "calculator", "arguments": ""}  # streamed up to the number, no further
+    assert "".join(c["function"]["arguments"] for c in calls[1:]) == '{"expression": '
