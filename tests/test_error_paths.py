@@ -450,7 +450,8 @@ def test_model_settings_that_do_not_exist() -> None:
 
     with pytest.raises(ConfigError, match="unknown dtype 'int3' — use auto, bf16, fp16 or fp32"):
         parse_dtype("int3", "cpu")
-    with pytest.raises(ModelLoadError, match="unknown embedded model 'nano' — choose one of: smollm2-135m"):
+    choices = "qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m"
+    with pytest.raises(ModelLoadError, match=f"unknown embedded model 'nano' — choose one of: {choices}"):
         ensure_embedded("nano")
     with pytest.raises(ModelLoadError, match="model 'openai:http://h:1/v1#m' is an OpenAI-compatible endpoint"):
         resolve_chain(parse_model_spec("openai:http://h:1/v1#m"))

@@ -165,14 +165,14 @@ def validate_cmd(
 def heldout_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="JSONL file to write."),
     per_tool: int = typer.Option(6, "--per-tool", min=1, help="Requests per built-in tool."),
-    seed: int = typer.Option(0, help="Seed of the request templates (a run's [run] seed)."),
+    seed: int = typer.Option(0, help="Seed of the request templates (a run's seed)."),
     no_tool: int = typer.Option(
         0, "--no-tool", min=0, help="Also this many requests of each no-tool kind (chitchat, irrelevance)."
     ),
 ) -> None:
     """Write the built-in held-out test set: templated requests for each built-in tool, gold calls, real results.
 
-    The same items the main job scores with [pipeline] eval_data = "builtin" (for the same seed and per-tool count,
+    The same items the main job scores with \\[pipeline] eval_data = "builtin" (for the same seed and per-tool count,
     before it leaves out the run's training requests); for measuring only, never for training."""
     from toolschool.data.dataset import write_jsonl
     from toolschool.data.heldout import builtin_heldout
