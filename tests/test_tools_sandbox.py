@@ -31,7 +31,9 @@ def run(code: str, limits: SandboxLimits = LIMITS):
 
 def test_this_machine_runs_the_bubblewrap_sandbox() -> None:
     # `make install` installs bubblewrap; the suite must exercise the real boundary, not the weak fallback.
-    assert containment()["isolation"] == "bwrap"
+    layers = containment()
+    assert layers["isolation"] == "bwrap"
+    assert all(call in layers["seccomp"] for call in ("unshare", "mount", "ptrace", "setns", "bpf"))
 
 
 def test_runs_code_and_returns_stdout() -> None:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from toolschool.errors import ToolschoolError
 from toolschool.tools import _bwrap
-from toolschool.tools._seccomp import seccomp_filter
+from toolschool.tools._seccomp import denied_syscalls, seccomp_filter
 
 _BOOT_SOURCE = (Path(__file__).with_name("_sandbox_boot.py")).read_text(encoding="utf-8")
 CPU_VERDICT_SHARE = 0.75  # of the CPU limit that wait4 must count for a SIGXCPU/SIGKILL death to be the limit
@@ -403,7 +403,7 @@ def containment() -> dict[str, str]:
         "user": "a dynamic uid of its own, no capabilities (bubblewrap run as root)"
         if as_root
         else "unprivileged user namespace without nested user namespaces, no capabilities",
-        "seccomp": "deny list of namespace, mount, ptrace, bpf, keyring and io_uring calls"
+        "seccomp": f"refused: {', '.join(denied_syscalls())}"
         if seccomp_filter() is not None
         else "none (no filter for this architecture)",
     }
