@@ -155,8 +155,33 @@ def test_prose_holds_no_call_json_object_or_code_fence(backend) -> None:
     """What exploration asks for when the explorer writes a user's request (a code model otherwise writes a call)."""
     compiler = backend.grammar_compiler()
     prose = compiler.compile(Constraint.prose())
-    for text in ("What day of the week was 2021-03-04?", "Convert 5 km to miles, please {quickly}."):
+    for text in ("What day of the week was 2021-03-04?", "Convert 5 km to miles, please (quickly): 'now'!"):
         assert compiler.matcher(prose).accept_string(text), text
-    for text in ('{"name": "weekday", "arguments": {}}', "Sure: <tool_call>", "```json\n[1]"):
+    refused = ('{"name": "weekday", "arguments": {}}', "Sure: <tool_call>", "```json", "**Tool:** x", "a\nb")
+    for text in refused:
         assert not compiler.matcher(prose).accept_string(text), text
     assert Constraint.prose().describe() == "prose" and Constraint.prose().schemas() == []
+
+
+def test_auto_takes_a_bare_call_object_only_to_an_offered_tool_and_schema(backend) -> None:
+    """Qwen2.5 writes its calls as a bare object: "auto" reads it as a call, held to the tools (as the hermes reader
+    reads it), instead of pushing the model into garbage; tagged calls and plain text stay open."""
+    compiler = backend.grammar_compiler()
+    auto = compiler.compile(Constraint.for_tools("hermes", [PICK, CALC], "auto"))
+    accepted = [
+        '{"name": "calculator", "arguments": {"expression": "2+2"}}',
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1"}}\n</tool_call>',
+        "Blue is a fine colour.",
+    ]
+    for text in accepted:
+        matcher = compiler.matcher(auto)
+        assert matcher.accept_string(text), text
+    assert compiler.matcher(auto).accept_string(accepted[0]) and get_format("hermes").parse(accepted[0], [CALC]).calls
+    refused = [
+        '{"name": "sin", "arguments": {"value": 2}}',  # no offered tool
+        '{"name": "pick", "arguments": {"colour": "pink"}}',  # not the tool's schema
+        '{"name": "calculator", "arguments": {"expression": "2"}} and then some text',
+        '{"name}: calculator',
+    ]
+    for text in refused:
+        assert not compiler.matcher(auto).accept_string(text), text

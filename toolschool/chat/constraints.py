@@ -35,8 +35,9 @@ _HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's
 # hermes also reads a reply that is a bare or fenced JSON call object naming an offered tool (Qwen writes them):
 # free text must not hold one, or an unconstrained call would slip through as text; its "name" key is left out.
 _BARE_CALL_KEY = '"name"'
-# What prose (`Constraint.prose`) never holds: a call's tag, a JSON object's first key, a code fence.
-_PROSE_EXCLUDES = (_HERMES_OPEN, '{"', "```")
+# What prose (`Constraint.prose`) never holds: a call's tag, braces, code quotes, Markdown emphasis or headings,
+# a line break: one line of plain words (a request as a user types it).
+_PROSE_EXCLUDES = (_HERMES_OPEN, "{", "}", "`", "**", "#", "\n")
 # A final answer in the json format: the one object format_reply writes for it.
 _JSON_FINAL = {
     "type": "object",
@@ -225,13 +226,27 @@ def _hermes(constraint: Constraint) -> dict[str, Any]:
             "at_least_one": True,
             "stop_after_first": not constraint.parallel_tool_calls,
         }
-    return {
+    tagged = {
         "type": "triggered_tags",
         "triggers": [_HERMES_OPEN],
         "tags": tags,
         "stop_after_first": not constraint.parallel_tool_calls,
-        "excludes": [_BARE_CALL_KEY],  # text around the calls is no call the parser would read (bare JSON)
+        # text around the calls is no call the parser would read (bare JSON) and starts no JSON object
+        "excludes": [_BARE_CALL_KEY, '{"'],
     }
+    # Or the whole reply is the bare call object(s) the hermes reader also reads (what Qwen2.5 models write), held
+    # to an offered tool and its schema: a model that writes its calls that way is not pushed into garbage.
+    bare = {
+        "type": "tags_with_separator",
+        "tags": [
+            {**tag, "begin": tag["begin"].removeprefix(_HERMES_OPEN + "\n"), "end": "}"}
+            for tag in tags
+        ],
+        "separator": "\n",
+        "at_least_one": True,
+        "stop_after_first": not constraint.parallel_tool_calls,
+    }
+    return {"type": "or", "elements": [bare, tagged]}
 
 
 def _json(constraint: Constraint) -> dict[str, Any]:
