@@ -120,12 +120,12 @@ def test_help_names_the_toml_section_the_command_reads(args, section) -> None:
 
 
 def _readme_command_examples() -> list[tuple[list[str], str]]:
-    """(command path, example line) for each command line of the README's "## Commands" block."""
+    """(command path, example line) for each command line of docs/pipeline.md's "## Every command, by example"."""
     import re
     import shlex
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    block = readme.split("## Commands", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "pipeline.md").read_text(encoding="utf-8")
+    block = page.split("## Every command, by example", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     examples = []
     for line in block.splitlines():
         for command in line.split("; "):
@@ -306,9 +306,11 @@ def _readme_command_lines() -> list[list[str]]:
     import re
     import shlex
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    root = Path(__file__).resolve().parent.parent
+    pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]  # the README and the reference it points to
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     found = []
-    for block in re.findall(r"```[a-z]*\n(.*?)```", readme, re.S):
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
             for command in line.split("; "):
                 match = re.search(r"(?:^|\s)toolschool\s+(.*)$", re.sub(r"\s+#.*$", "", command).strip())
@@ -318,8 +320,8 @@ def _readme_command_lines() -> list[list[str]]:
 
 
 def test_every_readme_command_line_names_flags_that_exist() -> None:
-    """Each `toolschool ...` line of the README, with --help appended: a flag it names that the command lacks (or a
-    command that does not exist) is a usage error instead of the help."""
+    """Each `toolschool ...` line of the README and docs/, with --help appended: a flag it names that the command
+    lacks (or a command that does not exist) is a usage error instead of the help."""
     lines = _readme_command_lines()
     assert len(lines) > 40
     for args in lines:

@@ -1,6 +1,6 @@
 """Examples shown at the end of each command's `--help`: the README's command lines, so that `toolschool sft
 --help` shows how the flags are used together, not only their list (tests/test_scenario_config.py keeps the
-README's "Commands" block and these in step)."""
+"Every command, by example" block of docs/pipeline.md and these in step)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "dataset validate": ("toolschool dataset validate data/calc_python/hermes/train.jsonl",),
     "dataset stats": ("toolschool dataset stats data/calc_python/json/train.jsonl --json",),
+    "dataset heldout": ("toolschool dataset heldout --out heldout.jsonl --per-tool 6 --no-tool 4",),
     "sft": (
         "toolschool sft --train data/hermes/train.jsonl --validation data/hermes/validation.jsonl --num-steps 100",
         "toolschool sft run.toml --batching padding_free",
@@ -71,6 +72,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         """toolschool tools call calculator '{"expression": "1234 * 5678"}'""",
         'toolschool tools call get_current_time \'{"timezone": "Asia/Tokyo"}\' --mcp mcp-server-time',
     ),
+    "models list": ("toolschool models list",),
+    "models install": ("toolschool models install qwen2.5-coder-1.5b",),
     "models info": ('toolschool models info --model smollm2-135m --prompt "What is 1234 * 5678?"',),
     "serve": (
         "toolschool serve --model runs/default/sft/merged --served-name default --port 8000",
