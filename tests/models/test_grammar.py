@@ -155,9 +155,10 @@ def test_prose_holds_no_call_json_object_or_code_fence(backend) -> None:
     """What exploration asks for when the explorer writes a user's request (a code model otherwise writes a call)."""
     compiler = backend.grammar_compiler()
     prose = compiler.compile(Constraint.prose())
-    for text in ("What day of the week was 2021-03-04?", "Convert 5 km to miles, please (quickly): 'now'!"):
+    for text in ('"What day of the week was 2021-03-04?"', "\"Convert 5 km to miles, please (quickly): 'now'!\""):
         assert compiler.matcher(prose).accept_string(text), text
-    refused = ('{"name": "weekday", "arguments": {}}', "Sure: <tool_call>", "```json", "**Tool:** x", "a\nb")
+    refused = ('{"name": "weekday", "arguments": {}}', '"Sure: <tool_call>', '"```json', '"**Tool:** x', '"a\nb')
+    refused += ("Sure, here is a request: ", '"Two" "quotes"')
     for text in refused:
         assert not compiler.matcher(prose).accept_string(text), text
     assert Constraint.prose().describe() == "prose" and Constraint.prose().schemas() == []

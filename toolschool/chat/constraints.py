@@ -35,9 +35,10 @@ _HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's
 # hermes also reads a reply that is a bare or fenced JSON call object naming an offered tool (Qwen writes them):
 # free text must not hold one, or an unconstrained call would slip through as text; its "name" key is left out.
 _BARE_CALL_KEY = '"name"'
-# What prose (`Constraint.prose`) never holds: a call's tag, braces, code quotes, Markdown emphasis or headings,
-# a line break: one line of plain words (a request as a user types it).
-_PROSE_EXCLUDES = (_HERMES_OPEN, "{", "}", "`", "**", "#", "\n")
+# Prose (`Constraint.prose`) is one quoted line of plain words, a request as a user types it: the opening quote
+# starts the request itself (not "Sure, here's a request: ..."), and it holds no call tag, braces, code quotes,
+# Markdown emphasis or headings, line break, nor a quote before the closing one.
+_PROSE_EXCLUDES = ('"', _HERMES_OPEN, "{", "}", "`", "**", "#", "\n")
 # A final answer in the json format: the one object format_reply writes for it.
 _JSON_FINAL = {
     "type": "object",
@@ -96,8 +97,8 @@ class Constraint:
 
     @classmethod
     def prose(cls) -> Constraint:
-        """Plain text that holds no call and no JSON object or code fence: what exploration asks for when the
-        explorer writes a user's request. A code model offered tools (Qwen2.5-Coder) otherwise answers "write a
+        """One quoted line of plain text that holds no call, JSON object or code fence: what exploration asks for
+        when the explorer writes a user's request. A code model offered tools (Qwen2.5-Coder) otherwise answers "write a
         request that needs this tool" with a call object, which is no request at all."""
         return cls(plain_text=True)
 
@@ -131,7 +132,7 @@ class Constraint:
         if self.response_format is not None:
             body: dict[str, Any] = _schema(json_reply_schema(self.response_format))
         elif self.plain_text:
-            body = {"type": "any_text", "excludes": list(_PROSE_EXCLUDES)}
+            body = _sequence(_const('"'), {"type": "any_text", "excludes": list(_PROSE_EXCLUDES)}, _const('"'))
         else:
             body = _BUILDERS[self.format](self)
         return {"type": "structural_tag", "format": body}
