@@ -125,21 +125,23 @@ class ConstrainingBackend(ScriptedBackend):
 
 async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_logs_the_mode(tmp_path) -> None:
     """force_call is a named tool_choice on the first reply, every later reply may call any tool or answer (auto),
-    nothing is prefilled, imagination and reflection are free text, and the trial says how it was decoded."""
+    nothing is prefilled, the imagined request is prose, the reflection free text, and the trial says how it was
+    decoded."""
     backend = ConstrainingBackend(hermes_policy)
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
     (record,) = read_trials(tmp_path / TRIALS_FILE)
     assert record["decoding"] == "constrained"
-    constrained = [r for r in backend.requests if r.constraint is not None]
+    prose = [r for r in backend.requests if r.constraint is not None and r.constraint.plain_text]
+    constrained = [r for r in backend.requests if r.constraint is not None and not r.constraint.plain_text]
     assert [r.constraint.tool_choice for r in constrained] == ["calculator", "auto"]
     assert all(
         r.constraint.format == "hermes" and r.constraint.tool_names == [s["function"]["name"] for s in SCHEMAS]
         for r in constrained
     )
     assert not any(r.prefill for r in backend.requests)
-    assert len(backend.requests) == len(constrained) + 2  # the imagined query and the reflection are free
+    assert len(prose) == 1 and len(backend.requests) == len(constrained) + 2  # the query (prose), the reflection
 
 
 async def test_exploration_without_constraints_logs_free_decoding(tmp_path) -> None:
