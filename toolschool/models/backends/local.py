@@ -98,6 +98,7 @@ class GenerationStats:
     reused_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead of a forward pass
     prefill_passes: int = 0  # forward passes spent on prefill (several prompts can share one)
     shared_prefix_steps: int = 0  # decode steps whose attention read shared prompt prefixes once (`cascade`)
+    mask_seconds: float = 0.0  # constrained rows' grammar work: filling and applying token masks, advancing matchers
 
 
 KV = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values), [1, H, positions, D] each
@@ -585,15 +586,22 @@ class LocalBackend(Backend):
         self.max_rows_seen = max(self.max_rows_seen, len(rows))
         matchers = [r.matcher for r in rows]
         constrained = self._masks is not None and any(m is not None for m in matchers)
+        masked_BV = None
+        if constrained:
+            started = time.perf_counter()
+            masked_BV = self._masks.masked(self._logits_BV, matchers)  # type: ignore[union-attr]
+            self.stats.mask_seconds += time.perf_counter() - started
         tokens, logprobs = sample_next(
             self._logits_BV,
             [r.pending.request.params.temperature for r in rows],
             [r.pending.request.params.top_p for r in rows],
             [r.generator for r in rows],
-            self._masks.masked(self._logits_BV, matchers) if constrained else None,  # type: ignore[union-attr]
+            masked_BV,
         )
         if constrained:
+            started = time.perf_counter()
             RowMasks.advance(matchers, tokens)
+            self.stats.mask_seconds += time.perf_counter() - started
         keep: list[int] = []
         streamed: dict[int, tuple[_Pending, list[tuple[int, int | Completion]]]] = {}
         for i, row in enumerate(rows):
