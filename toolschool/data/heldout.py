@@ -83,22 +83,37 @@ TEMPLATES: dict[str, Callable[[random.Random], tuple[str, dict[str, Any]]]] = {
 # itself. "irrelevance": a request for a tool the set does not have (weather, mail, bookings...; as BFCL's
 # irrelevance category), where the right reply says so instead of misusing a tool that is there.
 _TOPICS = ["the sea", "autumn", "a lighthouse", "coffee", "a city at night", "snow", "an old bicycle", "the moon"]
-_CAPITALS = [("France", "Paris"), ("Japan", "Tokyo"), ("Canada", "Ottawa"), ("Kenya", "Nairobi"), ("Peru", "Lima"),
-             ("Norway", "Oslo")]
+_CAPITALS = [
+    ("France", "Paris"),
+    ("Japan", "Tokyo"),
+    ("Canada", "Ottawa"),
+    ("Kenya", "Nairobi"),
+    ("Peru", "Lima"),
+    ("Norway", "Oslo"),
+]
 _CHITCHAT: list[Callable[[random.Random], tuple[str, str]]] = [
     lambda r: ("Hi! How are you doing today?", "I'm doing well, thank you! How can I help you?"),
     lambda r: (f"Write a short poem about {r.choice(_TOPICS)}.", "Here is a short poem for you."),
-    lambda r: (f"Tell me a fun fact about {r.choice(['octopuses', 'honey', 'Saturn', 'penguins', 'volcanoes'])}.",
-               "Here is a fun fact."),
-    lambda r: (f"Can you suggest a name for my new {r.choice(['cat', 'puppy', 'goldfish', 'robot', 'band'])}?",
-               "How about one of these names?"),
-    lambda r: (lambda country, capital: (f"What is the capital of {country}?", f"The capital of {country} is "
-                                         f"{capital}."))(*r.choice(_CAPITALS)),
+    lambda r: (
+        f"Tell me a fun fact about {r.choice(['octopuses', 'honey', 'Saturn', 'penguins', 'volcanoes'])}.",
+        "Here is a fun fact.",
+    ),
+    lambda r: (
+        f"Can you suggest a name for my new {r.choice(['cat', 'puppy', 'goldfish', 'robot', 'band'])}?",
+        "How about one of these names?",
+    ),
+    lambda r: (
+        lambda country, capital: (f"What is the capital of {country}?", f"The capital of {country} is {capital}.")
+    )(*r.choice(_CAPITALS)),
     lambda r: (f"Give me {r.choice(['two', 'three', 'four'])} tips for sleeping better.", "Here are a few tips."),
-    lambda r: (f"Thanks a lot for your help with {r.choice(['my homework', 'the trip', 'that recipe'])}!",
-               "You're welcome! Happy to help."),
-    lambda r: (f"Explain in one sentence what {r.choice(['photosynthesis', 'gravity', 'a rainbow', 'DNA'])} is.",
-               "Here is a one-sentence explanation."),
+    lambda r: (
+        f"Thanks a lot for your help with {r.choice(['my homework', 'the trip', 'that recipe'])}!",
+        "You're welcome! Happy to help.",
+    ),
+    lambda r: (
+        f"Explain in one sentence what {r.choice(['photosynthesis', 'gravity', 'a rainbow', 'DNA'])} is.",
+        "Here is a one-sentence explanation.",
+    ),
 ]
 _CITIES = ["Lisbon", "Oslo", "Nairobi", "Lima", "Osaka", "Toronto", "Madrid", "Hanoi"]
 
