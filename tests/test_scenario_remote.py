@@ -141,8 +141,8 @@ def test_the_report_names_the_runs_models_by_their_role_and_the_data_they_were_s
 
     run = _pipeline_run(tmp_path)
     markdown = (build_report(run).parent / "report.md").read_text(encoding="utf-8")
-    assert "| data | all | base (smollm2-135m) | 4 |" in markdown
-    assert "| data | all | sft+rl (runs/demo/rl/merged) | 4 |" in markdown
+    assert "| data | all | base (smollm2-135m) | free | 4 |" in markdown
+    assert "| data | all | sft+rl (runs/demo/rl/merged) | free | 4 |" in markdown
     assert "`runs/demo/eval/heldout.jsonl`" in markdown and "calls executed" in markdown
 
 

@@ -492,13 +492,14 @@ def _evaluate_other_decoding(
 ) -> tuple[dict[str, Any], list[tuple[str, str]]] | None:
     """The final model evaluated with the other decoding (constrained when [eval] constrained is false, free when
     true) into eval/<mode>/: (its summary, its (label, model)) for the comparison; None for a model the local
-    backend does not run (an endpoint cannot constrain)."""
+    backend does not run (an endpoint cannot constrain), and for constraining a toolken model (it writes its calls
+    as `<tool_NAME>` tokens, which the formats' grammars do not describe)."""
     from toolschool.evaluate.session import make_options, run_evaluation
-    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
+    from toolschool.evaluate.toolkens import benchmarks_for_model, model_toolkens, open_model_backend
     from toolschool.models.spec import parse_model_spec
 
     label, model = final_model(models)
-    if parse_model_spec(model).kind == "openai":
+    if parse_model_spec(model).kind == "openai" or (not config.eval.constrained and model_toolkens(model)):
         return None
     other = {**settings, "constrained": not config.eval.constrained, "labels": {model: label}}
     options = make_options(other, registry=registry)
