@@ -24,6 +24,25 @@ WEATHER = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
+# A tool whose arguments a random model can finish within a few tokens (a few words, a boolean, one digit): what
+# the constrained-decoding tests offer.
+PICK = {
+    "type": "function",
+    "function": {
+        "name": "pick",
+        "description": "Pick a colour.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "colour": {"enum": ["red", "green", "blue"]},
+                "bright": {"type": "boolean"},
+                "size": {"type": "integer", "minimum": 1, "maximum": 9},
+            },
+            "required": ["colour", "bright", "size"],
+            "additionalProperties": False,
+        },
+    },
+}
 HI = [{"role": "user", "content": "hi"}]
 
 

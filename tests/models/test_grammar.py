@@ -8,7 +8,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import torch
-from helpers import CALC
+from helpers import CALC, PICK
 
 from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import get_format
@@ -19,24 +19,6 @@ from toolschool.models.grammar import ConstraintError
 
 pytest.importorskip("xgrammar")
 
-# Arguments a random model can finish: every value is one of a few words, a boolean or a small integer.
-PICK = {
-    "type": "function",
-    "function": {
-        "name": "pick",
-        "description": "Pick a colour.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "colour": {"enum": ["red", "green", "blue"]},
-                "bright": {"type": "boolean"},
-                "size": {"type": "integer", "minimum": 1, "maximum": 9},
-            },
-            "required": ["colour", "bright", "size"],
-            "additionalProperties": False,
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")

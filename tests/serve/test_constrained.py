@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+from helpers import PICK
 from openai import AsyncOpenAI, BadRequestError
 from serve_fixtures import backend, base_url  # noqa: F401 - fixtures
 
@@ -15,24 +16,6 @@ from toolschool.serve.app import BadRequest, ChatCompletionRequest, to_generatio
 pytest.importorskip("xgrammar")
 
 HI = [{"role": "user", "content": "pick a colour"}]
-# Arguments a random model can finish within max_tokens: a few words, a boolean, one digit.
-PICK = {
-    "type": "function",
-    "function": {
-        "name": "pick",
-        "description": "Pick a colour.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "colour": {"enum": ["red", "green", "blue"]},
-                "bright": {"type": "boolean"},
-                "size": {"type": "integer", "minimum": 1, "maximum": 9},
-            },
-            "required": ["colour", "bright", "size"],
-            "additionalProperties": False,
-        },
-    },
-}
 FLAG = {
     "type": "function",
     "function": {
