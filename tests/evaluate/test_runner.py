@@ -1,4 +1,4 @@
-"""Session 8 review of the evaluation stage: each test pins a defect found and fixed in this review."""
+"""The evaluation stage: each test pins a defect found and fixed when the stage was used as a user would."""
 
 from __future__ import annotations
 

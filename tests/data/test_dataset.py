@@ -1,4 +1,4 @@
-"""Session 8 review of the dataset area: loaders, `dataset stats`, `build-calc-python` and the built-in held-out set,
+"""The dataset area: loaders, `dataset stats`, `build-calc-python` and the built-in held-out set,
 checked as a Hugging Face datasets / OpenAI user would use them."""
 
 from __future__ import annotations

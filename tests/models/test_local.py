@@ -1,4 +1,4 @@
-"""Session-8 review of the local backend and model loading: defects found by using them as a vLLM / HF user would."""
+"""The local backend and model loading: defects found by using them as a vLLM / HF user would."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Review 8 of SFT: validation scores like evaluation, shared-prefix edge cases, labels in every batching mode."""
+"""SFT: validation scores like evaluation, shared-prefix edge cases, labels in every batching mode."""
 
 from __future__ import annotations
 

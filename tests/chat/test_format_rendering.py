@@ -1,4 +1,4 @@
-"""Review 8 of the chat formats: defects found by using render / parse / the wire helpers as a demanding user would."""
+"""The chat formats: defects found by using render / parse / the wire helpers as a demanding user would."""
 
 from __future__ import annotations
 

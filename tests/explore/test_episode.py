@@ -1,4 +1,4 @@
-"""Session 8 review of exploration: defects found by using the stage as a demanding user would."""
+"""Exploration: defects found by using the stage as a demanding user would."""
 
 from __future__ import annotations
 
