@@ -218,9 +218,12 @@ async def run_exploration(
         }
         progress.start()
 
+    logged = list(ctx.log.existing)  # every trial of the log, the ones this run writes appended: rounds plan from it
+
     def on_trial(record: dict[str, Any]) -> None:
         nonlocal trials_run
         trials_run += 1
+        logged.append(record)
         tool = record["tool"]
         tried[tool] = tried.get(tool, 0) + 1
         if progress is None or overall is None or per_tool is None:
@@ -278,9 +281,8 @@ async def run_exploration(
             await asyncio.gather(*(guarded(tool, episode) for tool, episode in plan))
         failed: set[tuple[str, int]] = set()
         while target:
-            records = read_trials(ctx.log.path)
             round_plan = plan_round(
-                tools, settings, completed_slots(records), verified_counts(records, tools), concurrency, failed
+                tools, settings, completed_slots(logged), verified_counts(logged, tools), concurrency, failed
             )
             if not round_plan:
                 break
