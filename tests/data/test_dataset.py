@@ -13,7 +13,7 @@ from toolschool.cli import app
 from toolschool.data.dataset import dataset_stats, load_dataset_jsonl, load_examples
 from toolschool.errors import DataError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "data"
 GSM8K = FIXTURES / "gsm8k_sample.jsonl"
 CRUX = FIXTURES / "cruxeval_sample.jsonl"
 FLAN = FIXTURES / "flan_sample.json"
