@@ -101,3 +101,9 @@ def hanging_and_doubling_tools(release: Any, started: list[Any]) -> ToolRegistry
     registry.add(FunctionTool(stall), "test")
     registry.add(FunctionTool(double), "test")
     return registry
+
+
+def after_result(message: dict) -> bool:
+    """Whether a scripted explorer is asked for its final answer: the last message is a tool result, or the
+    prompt exploration sends once a trial's calls are spent (prompts/hermes/answer.jinja)."""
+    return message["role"] == "tool" or "Now reply to the person who asked" in str(message.get("content") or "")

@@ -6,7 +6,7 @@ import json
 import tomllib
 
 import pytest
-from helpers import hanging_and_doubling_tools
+from helpers import after_result, hanging_and_doubling_tools
 from test_explore_episode import ScriptedBackend
 from typer.testing import CliRunner
 
@@ -20,7 +20,7 @@ runner = CliRunner()
 def calculator_policy(request, counter):
     last = request.messages[-1]
     content = last.get("content") or ""
-    if last["role"] == "tool":
+    if after_result(last):
         return f"The result is {content}."
     if content.rstrip().endswith("User request:"):
         counter["q"] += 1
@@ -255,7 +255,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
     def policy(request, counter):
         last = request.messages[-1]
         content = last.get("content") or ""
-        if last["role"] == "tool":
+        if after_result(last):
             return f"Result: {content}"
         if content.rstrip().endswith("User request:"):
             return "Please do it."

@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import pytest
+from helpers import after_result
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.explore.episode import (
@@ -90,7 +91,7 @@ def scripted_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         return f'User request: "What is {counter["q"]} * 7?"'
     if last["role"] == "user" and "Yes" in content and "No" in content:
         return "Yes, I did."
-    if last["role"] == "tool":
+    if after_result(last):
         return f"The answer is {content}."
     query = re.search(r"Request.*?: What is (\d+) \* 7\?", content)
     if query:
@@ -389,9 +390,12 @@ def test_memory_window_and_pending_entries() -> None:
     memory.add("t", "q1", True)
     memory.add("t", "q2", False)
     entry = memory.add("t", "q3", pending=True)
-    assert memory.shown("t") == [{"query": "q2", "solved": "No"}, {"query": "q3", "solved": "not yet known"}]
+    assert memory.shown("t") == [
+        {"query": "q2", "solved": "No", "values": None},
+        {"query": "q3", "solved": "not yet known", "values": None},
+    ]
     LongTermMemory.resolve(entry, None)
-    assert memory.shown("t", with_outcome=False)[-1] == {"query": "q3", "solved": "unknown"}
+    assert memory.shown("t", with_outcome=False)[-1] == {"query": "q3", "solved": "unknown", "values": None}
 
 
 async def test_cancelling_an_episode_as_its_tool_call_returns_is_not_swallowed() -> None:

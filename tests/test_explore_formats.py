@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from helpers import after_result
 from test_explore_episode import SCHEMAS, ScriptedBackend, make_ctx
 
 from toolschool.chat.formats import get_format
@@ -47,7 +48,7 @@ async def test_react_trial_is_rendered_and_parsed_like_the_paper(tmp_path) -> No
 
 def hermes_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
     last = request.messages[-1]
-    if last["role"] == "tool":
+    if after_result(last):
         return "It is 42."
     if last["content"].rstrip().endswith("User request:"):
         return "What is 6 * 7?"
@@ -86,7 +87,7 @@ def test_model_view_keeps_verbatim_turns_of_text_formats() -> None:
 
 def forced_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
     last = request.messages[-1]
-    if last["role"] == "tool":
+    if after_result(last):
         return "It is 42."
     if last["content"].rstrip().endswith("User request:"):
         return "What is 6 * 7?"
@@ -125,8 +126,8 @@ class ConstrainingBackend(ScriptedBackend):
 
 async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_logs_the_mode(tmp_path) -> None:
     """force_call is a named tool_choice on the first reply, every later reply may call any tool or answer (auto),
-    nothing is prefilled, the imagined request is prose, the reflection free text, and the trial says how it was
-    decoded."""
+    nothing is prefilled, the imagined request is prose, the reflection "Yes" or "No", and the trial says how it
+    was decoded."""
     backend = ConstrainingBackend(hermes_policy)
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
     ctx.fmt = get_format("hermes")
@@ -134,14 +135,30 @@ async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_l
     (record,) = read_trials(tmp_path / TRIALS_FILE)
     assert record["decoding"] == "constrained"
     prose = [r for r in backend.requests if r.constraint is not None and r.constraint.plain_text]
-    constrained = [r for r in backend.requests if r.constraint is not None and not r.constraint.plain_text]
+    reflections = [r for r in backend.requests if r.constraint is not None and r.constraint.options]
+    constrained = [r for r in backend.requests if r.constraint is not None and r.constraint.tools]
     assert [r.constraint.tool_choice for r in constrained] == ["calculator", "auto"]
     assert all(
         r.constraint.format == "hermes" and r.constraint.tool_names == [s["function"]["name"] for s in SCHEMAS]
         for r in constrained
     )
     assert not any(r.prefill for r in backend.requests)
-    assert len(prose) == 1 and len(backend.requests) == len(constrained) + 2  # the query (prose), the reflection
+    assert len(prose) == 1 and [r.constraint.options for r in reflections] == [("Yes", "No")]
+    assert len(backend.requests) == len(constrained) + 2  # the query (prose), the reflection
+
+
+async def test_the_reply_after_the_last_call_is_an_answer_without_json(tmp_path) -> None:
+    """Once a trial's calls are spent, exploration asks for the answer (answer.jinja) and, constrained, the reply
+    is text that holds no call or JSON object: a small explorer shown a result otherwise repeats its call."""
+    backend = ConstrainingBackend(hermes_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True, max_turns=1)
+    ctx.fmt = get_format("hermes")
+    await run_episode(ctx, "calculator", 0, {})
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    answers = [r for r in backend.requests if r.constraint is not None and r.constraint.answer_text]
+    assert len(answers) == 1
+    assert "final answer" in answers[0].messages[-1]["content"] and answers[0].messages[-2]["role"] == "tool"
+    assert record["final_answer"] and record["steps"][-1]["executed"] is False
 
 
 async def test_exploration_without_constraints_logs_free_decoding(tmp_path) -> None:

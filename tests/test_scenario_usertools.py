@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from helpers import after_result
 from typer.testing import CliRunner
 
 from toolschool.cli import app
@@ -122,7 +123,7 @@ class GoldCaller(Backend):
     async def generate(self, request: GenerationRequest) -> list[Completion]:
         self.requests += 1
         last = request.messages[-1]
-        if last["role"] == "tool":
+        if after_result(last):
             return [Completion(text=f"It costs {last['content']}.")]
         user = next(m["content"] for m in request.messages if m["role"] == "user")
         weight, country = user.split(" a ")[1].split(" kg parcel to ")

@@ -11,7 +11,7 @@ import difflib
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -174,6 +174,12 @@ class ExploreSection(Section):
     demonstrations: int = Field(
         2, ge=0, description="worked examples (made-up tools) shown first in each episode; 0: none"
     )
+    imagine: Literal["direct", "values_first"] = Field(
+        "direct",
+        description="how a request is imagined: direct (the explorer writes it, as in STE) | values_first (it "
+        "picks argument values for the tool, held to its schema, then writes the request a person with those "
+        "values would send; the worked examples show that step)",
+    )
     force_call: bool = Field(
         False, description="each trial's first reply is a call to the explored tool (a named tool_choice)"
     )
@@ -302,7 +308,13 @@ class DistillSection(Section):
         128, ge=1, description="tokens per paraphrase (a reply cut off there is rejected)"
     )
     require_grounded: bool = Field(
-        True, description="keep a trial only when every call value is stated in (or derivable from) its request"
+        True,
+        description="keep a trial only when every call value is stated in (or derivable from) its request",
+    )
+    require_answer: bool = Field(
+        False,
+        description="keep a trial only when its final answer states the tool's result, where that is short (a "
+        "number, a date, a word), as eval's answer accuracy reads it",
     )
     round_trip: bool = Field(
         True,

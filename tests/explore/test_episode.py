@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
+from helpers import after_result
 from test_explore_episode import FakeRegistry, ScriptedBackend, make_ctx
 
 from toolschool.chat.formats import get_format
 from toolschool.errors import ToolschoolError
-from toolschool.explore.episode import run_episode
+from toolschool.explore.episode import parse_values, repeats_seen_values, run_episode, seen_values
 from toolschool.explore.log import TRIALS_FILE, read_trials
 from toolschool.explore.runner import check_resumable, run_exploration
-from toolschool.explore.summary import summarize
+from toolschool.explore.summary import is_verified, summarize
 from toolschool.models.backend import ContextLengthError, GenerationRequest
 from toolschool.tools.base import Observation
 
@@ -43,7 +45,7 @@ async def test_parallel_calls_in_one_reply_count_against_max_turns(tmp_path) -> 
             return "What are 1+1, 2+2, 3+3, 4+4 and 5+5?"
         if _is_reflection(content):
             return "Yes"
-        if last["role"] == "tool":
+        if after_result(last):
             return "They are 2, 4, 6, 8 and 10."
         return _hermes_calls("1+1", "2+2", "3+3", "4+4", "5+5")
 
@@ -113,7 +115,7 @@ async def test_a_tool_with_huge_output_does_not_stop_the_episode(tmp_path) -> No
             return f"What is {counter['q']} * 7?"
         if _is_reflection(content):
             return "Yes"
-        if last["role"] == "tool":
+        if after_result(last):
             return "Many sevens."
         return _hermes_calls("1 * 7")
 
@@ -175,7 +177,7 @@ async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_
             return "What is 6 * 7?"
         if _is_reflection(content):
             return "No"
-        if last["role"] == "tool":
+        if after_result(last):
             return "I could not tell."
         return _hermes_calls("6 * 7")
 
@@ -252,7 +254,7 @@ async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_n
             return f"What is {counter['q']} * 7?"
         if _is_reflection(content):
             return "Yes"
-        if last["role"] == "tool":
+        if after_result(last):
             return "Done."
         calls["n"] += 1
         padding = "x" * (5000 if calls["n"] == 1 else 0)  # the first trial's reply alone overflows what follows
@@ -396,7 +398,7 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
             return "Show a smiley."
         if _is_reflection(content):
             return "Yes"
-        if last["role"] == "tool":
+        if after_result(last):
             return "Here it is."
         return 'CALL calculator {"expression": "\\ud83d"}'
 
@@ -488,3 +490,91 @@ def test_json_format_prompts_ask_for_the_json_format_not_hermes_tags() -> None:
         assert parsed.error is None and parsed.calls[0]["function"]["name"] == "calculator", (name, parsed)
         answered = json_format.parse(final.group(0))
         assert answered.error is None and answered.final is not None, (name, answered)
+
+
+def _values_first_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    """Values, then a request stating them (or not: "vague" values), then the call read from it."""
+    last = request.messages[-1]
+    content = last.get("content") or ""
+    if "as a JSON object" in content:  # imagine_values
+        counter["q"] += 1
+        return '{"expression": "%d * 7"}' % counter["q"] if counter["q"] != 2 else '{"expression": "2 * 9"}'
+    if "Write the short message" in content:  # imagine_request
+        expression = json.loads(content.split("With these values: ", 1)[1].split("\n", 1)[0])["expression"]
+        return f'"What is {expression}?"'
+    if _is_reflection(content):
+        return "No"
+    if after_result(last):
+        return "It is 7."
+    asked = re.search(r"Request: What is (\d+) \* (\d+)\?", content)
+    if asked:  # the explorer misreads "2 * 9" as "2 * 7"
+        return f'CALL calculator {{"expression": "{asked.group(1)} * 7"}}'
+    return "I am not sure."
+
+
+async def test_values_first_imagination_writes_the_request_from_values_and_checks_the_call(tmp_path) -> None:
+    """imagine = "values_first": the explorer picks the values, writes the request in a side conversation (no tools
+    rendered, the worked examples as earlier turns), the trial's conversation holds only the request, and the trial
+    is judged by whether the call read from the request has the values (no Yes/No is asked)."""
+    backend = ScriptedBackend(_values_first_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=2, max_turns=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    first, second = read_trials(tmp_path / TRIALS_FILE)
+    assert first["imagined_values"] == {"expression": "1 * 7"} and first["query"] == "What is 1 * 7?"
+    assert first["intent_matched"] is True and first["solved"] is None and is_verified(first)
+    assert not any(_is_reflection(str(r.messages[-1].get("content"))) for r in backend.requests)
+    assert second["imagined_values"] == {"expression": "2 * 9"} and second["intent_matched"] is False
+    assert not is_verified(second)
+    assert not any("With these values" in str(m.get("content")) for m in first["messages"])
+    assert first["messages"][0]["content"].endswith("Request: What is 1 * 7?")
+    side = [r for r in backend.requests if "With these values" in str(r.messages[-1].get("content"))]
+    assert all(r.tools in (None, []) for r in side)
+    assert any("Lisbon" in str(m.get("content")) for m in side[0].messages[:-1])  # the made-up worked examples
+    # the long-term memory lists the values already tried, for the next values
+    values_prompts = [r for r in backend.requests if "as a JSON object" in str(r.messages[-1].get("content"))]
+    assert '- {"expression": "1 * 7"}' in values_prompts[1].messages[-1]["content"]
+
+
+async def test_values_first_without_a_values_object_logs_an_empty_query(tmp_path) -> None:
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        return "no JSON here"
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["status"] == "empty_query" and record["imagined_values"] is None and not record["steps"]
+
+
+def test_parse_values_reads_the_first_json_object() -> None:
+    assert parse_values('Sure: {"a": 1} and {"b": 2}') == {"a": 1}
+    assert parse_values("[1, 2]") is None and parse_values("{broken") is None
+
+
+def test_values_already_tried_are_drawn_again() -> None:
+    """Short text values (units) that all repeat earlier ones ask for another draw; new numbers alone do not."""
+    memory = [{"query": "q", "solved": "Yes", "values": '{"value": 5, "from_unit": "km", "to_unit": "mile"}'}]
+    seen = seen_values(memory)
+    assert repeats_seen_values({"value": 7, "from_unit": "KM", "to_unit": "mile"}, seen)
+    assert not repeats_seen_values({"value": 7, "from_unit": "kg", "to_unit": "mile"}, seen)
+    assert not repeats_seen_values({"expression": "4 * 5608"}, seen_values([]))
+
+
+async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> None:
+    replies = iter(['{"expression": "1 * 7"}', '{"expression": "1 * 7"}', '{"expression": "3 * 7"}'])
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if "as a JSON object" in content:
+            return next(replies)
+        return _values_first_policy(request, counter)
+
+    backend = ScriptedBackend(policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=2, max_turns=1, imagine="values_first", temperature=0.5)
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    first, second = read_trials(tmp_path / TRIALS_FILE)
+    assert first["imagined_values"] == {"expression": "1 * 7"} and second["imagined_values"] == {"expression": "3 * 7"}
+    drawn = [r.params.temperature for r in backend.requests if "as a JSON object" in r.messages[-1]["content"]]
+    assert drawn == [0.5, 0.5, 0.8]

@@ -146,6 +146,22 @@ def test_prose_holds_no_call_json_object_or_code_fence(backend) -> None:
     assert Constraint.prose().describe() == "prose" and Constraint.prose().schemas() == []
 
 
+def test_an_answer_holds_no_call_json_object_or_fence_and_one_of_is_exact(backend) -> None:
+    """What an exploration trial's reply is once its calls are spent, and the constrained Yes/No reflection."""
+    compiler = backend.grammar_compiler()
+    answer = compiler.compile(Constraint.answer())
+    for text in ("It was a Saturday.", 'The converter says "3.1 miles".\nSafe travels!'):
+        assert compiler.matcher(answer).accept_string(text), text
+    for text in ('{"name": "weekday", "arguments": {}}', "<tool_call>", "```python", "Sure: {"):
+        assert not compiler.matcher(answer).accept_string(text), text
+    yes_no = compiler.compile(Constraint.one_of("Yes", "No"))
+    assert compiler.matcher(yes_no).accept_string("Yes") and compiler.matcher(yes_no).accept_string("No")
+    assert not compiler.matcher(yes_no).accept_string("Yes, I did")
+    assert Constraint.answer().describe() == "answer" and Constraint.one_of("Yes", "No").describe() == "one of Yes, No"
+    with pytest.raises(ValueError, match="at least one option"):
+        Constraint.one_of()
+
+
 def test_auto_takes_a_bare_call_object_only_to_an_offered_tool_and_schema(backend) -> None:
     """Qwen2.5 writes its calls as a bare object: "auto" reads it as a call, held to the tools (as the hermes reader
     reads it), instead of pushing the model into garbage; tagged calls and plain text stay open."""

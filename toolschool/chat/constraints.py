@@ -39,6 +39,8 @@ _BARE_CALL_KEY = '"name"'
 # starts the request itself (not "Sure, here's a request: ..."), and it holds no call tag, braces, code quotes,
 # Markdown emphasis or headings, line break, nor a quote before the closing one.
 _PROSE_EXCLUDES = ('"', _HERMES_OPEN, "{", "}", "`", "**", "#", "\n")
+# A final answer: no call, JSON object or code fence (newlines and quotes are fine).
+_ANSWER_EXCLUDES = (_HERMES_OPEN, "{", "}", "```")
 # A final answer in the json format: the one object format_reply writes for it.
 _JSON_FINAL = {
     "type": "object",
@@ -64,6 +66,8 @@ class Constraint:
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
     plain_text: bool = False  # prose only: no call, no JSON object, no code fence (see `prose`)
+    answer_text: bool = False  # an answer in text: no call, JSON object or code fence (see `answer`)
+    options: tuple[str, ...] = ()  # exactly one of these strings (see `one_of`)
 
     @classmethod
     def for_tools(
@@ -102,6 +106,21 @@ class Constraint:
         request that needs this tool" with a call object, which is no request at all."""
         return cls(plain_text=True)
 
+    @classmethod
+    def answer(cls) -> Constraint:
+        """A final answer in text, any number of lines, holding no call, JSON object or code fence: what an
+        exploration trial's reply is once its calls are spent. Stricter than tool_choice "none" (which only rules
+        out the format's calls): a small code model shown a tool result otherwise writes the call again, or a
+        mangled copy of it."""
+        return cls(answer_text=True)
+
+    @classmethod
+    def one_of(cls, *options: str) -> Constraint:
+        """Exactly one of `options` (e.g. "Yes", "No" for a self-reflection)."""
+        if not options:
+            raise ValueError("one_of needs at least one option")
+        return cls(options=tuple(options))
+
     @property
     def tool_names(self) -> list[str]:
         return [s["function"]["name"] for s in self.tools]
@@ -112,6 +131,10 @@ class Constraint:
             return f"response_format={self.response_format.get('type')}"
         if self.plain_text:
             return "prose"
+        if self.answer_text:
+            return "answer"
+        if self.options:
+            return "one of " + ", ".join(self.options)
         return f"{self.format}, tool_choice={self.tool_choice}"
 
     def key(self) -> str:
@@ -123,7 +146,7 @@ class Constraint:
         the response format's; `models.grammar` compiles each alone first, to name the one it cannot compile."""
         if self.response_format is not None:
             return [(_response_format_label(self.response_format), json_reply_schema(self.response_format))]
-        if self.plain_text:
+        if self.plain_text or self.answer_text or self.options:
             return []
         return [(f"tool '{name}'", _parameters(s)) for name, s in zip(self.tool_names, self.tools, strict=True)]
 
@@ -133,6 +156,10 @@ class Constraint:
             body: dict[str, Any] = _schema(json_reply_schema(self.response_format))
         elif self.plain_text:
             body = _sequence(_const('"'), {"type": "any_text", "excludes": list(_PROSE_EXCLUDES)}, _const('"'))
+        elif self.answer_text:
+            body = {"type": "any_text", "excludes": list(_ANSWER_EXCLUDES)}
+        elif self.options:
+            body = _choice([_const(option) for option in self.options])
         else:
             body = _BUILDERS[self.format](self)
         return {"type": "structural_tag", "format": body}

@@ -91,6 +91,7 @@ class ExploreSettings:
     max_tokens: int = 256
     reflection_max_tokens: int = 16
     demonstrations: int = 2
+    imagine: str = "direct"  # "direct" | "values_first" (see imagine_request)
     force_call: bool = False
     constrained: bool = True  # trial replies grammar-constrained (`decoding`), where the backend can
     max_observation_chars: int = 2000
@@ -119,6 +120,7 @@ class ExploreSettings:
             temperature=section.temperature,
             max_tokens=section.max_tokens,
             demonstrations=section.demonstrations,
+            imagine=section.imagine,
             force_call=section.force_call,
             constrained=section.constrained,
             max_observation_chars=section.max_observation_chars,
@@ -155,14 +157,40 @@ class ExploreContext:
         schema) when asked and the backend can, else "free"."""
         return "constrained" if self.settings.constrained and self.backend.constrains else "free"
 
-    def trial_constraint(self, tool: str, turn: int) -> Constraint | None:
+    def trial_constraint(self, tool: str, turn: int, calls_left: int | None = None) -> Constraint | None:
         """What a trial's reply may be: with `force_call`, the first one is a call to the explored tool (a named
-        tool_choice); otherwise free text or a valid call to an offered tool (auto): calling stays the explorer's
-        choice. None when decoding is free."""
+        tool_choice); once the trial's calls are spent (`calls_left` 0), an answer without a call (a call could
+        not run, and a small explorer otherwise repeats the call it just made); otherwise free
+        text or a valid call to an offered tool (auto): calling stays the explorer's choice. None when decoding
+        is free."""
         if self.decoding != "constrained":
             return None
-        choice = tool if self.settings.force_call and turn == 0 else "auto"
+        if self.settings.force_call and turn == 0:
+            choice = tool
+        elif calls_left is not None and calls_left <= 0:
+            # the answer: in hermes, plain text that holds no JSON object either; in json and react their final
+            # answer is a form of their own, which tool_choice "none" leaves
+            if self.fmt.name == "hermes":
+                return Constraint.answer()
+            choice = "none"
+        else:
+            choice = "auto"
         return Constraint.for_tools(self.fmt.name, self.tool_schemas, choice)
+
+    def reflect_constraint(self) -> Constraint | None:
+        """The self-reflection, when decoding is constrained: "Yes" or "No" (a small explorer otherwise answers
+        with a call object or a paragraph); None when decoding is free."""
+        return Constraint.one_of("Yes", "No") if self.decoding == "constrained" else None
+
+    def values_constraint(self, tool: str) -> Constraint | None:
+        """What imagined argument values may be (imagine = "values_first"): a JSON object that fits the tool's
+        schema, when decoding is constrained; None when decoding is free."""
+        if self.decoding != "constrained":
+            return None
+        parameters = self.schema_of(tool).get("parameters") or {"type": "object"}
+        return Constraint.for_response_format(
+            {"type": "json_schema", "json_schema": {"name": tool, "schema": parameters}}
+        )
 
     def imagine_constraint(self) -> Constraint | None:
         """What an imagined request may be, when decoding is constrained: prose (`Constraint.prose`), never a call
@@ -272,14 +300,18 @@ class _Trial:
         prefill: str,
         max_tokens: int,
         constraint: Constraint | None = None,
+        with_tools: bool = True,
+        temperature: float | None = None,
     ) -> Completion:
+        """One reply to `conversation`; `with_tools` False: the offered tools are not rendered (a side conversation
+        that needs no tools, e.g. values-first imagination, skips prefilling their schemas)."""
         ctx = self.ctx
         key = f"{ctx.settings.seed}/{self.tool}/{self.episode}/{self.slot}/{self._generations}"
         self._generations += 1
-        messages, tools = model_view(ctx.fmt, conversation, ctx.tool_schemas)
+        messages, tools = model_view(ctx.fmt, conversation, ctx.tool_schemas if with_tools else [])
         params = SamplingParams(
             n=1,
-            temperature=ctx.settings.temperature,
+            temperature=ctx.settings.temperature if temperature is None else temperature,
             max_tokens=max_tokens,
             stop=list(stop),
             seed=zlib.crc32(key.encode()),
@@ -412,18 +444,28 @@ async def run_trial(
     reflection: str | None = None
     solved: bool | None = None
     context_error: str | None = None
+    imagined_values: dict[str, Any] | None = None
     try:
-        completion = await trial.generate(
-            [*conversation, {"role": "user", "content": shown_prompt}],
-            stop=IMAGINE_STOP,
-            prefill="",
-            max_tokens=settings.max_tokens,
-            constraint=ctx.imagine_constraint(),
-        )
-        query_raw = completion.text
-        query = clean_query(query_raw)
-        trial.messages += [{"role": "user", "content": kept_prompt}, _verbatim(query)]
-        entry = ctx.memory.add(tool, query, pending=True) if query else None
+        if settings.imagine == "values_first":
+            imagined_values, query_raw = await _imagine_from_values(ctx, trial, memory, persona, variables)
+            query = clean_query(query_raw)
+            if query:
+                values_text = json.dumps(imagined_values, ensure_ascii=False)
+                entry = ctx.memory.add(tool, query, pending=True, values=values_text)
+            # the trial's conversation holds the request only, as a user would send it: the values it was written
+            # from stay out, so the call that follows is read from the request
+        else:
+            completion = await trial.generate(
+                [*conversation, {"role": "user", "content": shown_prompt}],
+                stop=IMAGINE_STOP,
+                prefill="",
+                max_tokens=settings.max_tokens,
+                constraint=ctx.imagine_constraint(),
+            )
+            query_raw = completion.text
+            query = clean_query(query_raw)
+            trial.messages += [{"role": "user", "content": kept_prompt}, _verbatim(query)]
+            entry = ctx.memory.add(tool, query, pending=True) if query else None
         reflection, solved = await _attempt(ctx, trial, conversation, query, first, variables)
     except ContextLengthError as exc:
         # The conversation no longer fits the model: this trial ends here and is logged as it stands (the
@@ -437,6 +479,7 @@ async def run_trial(
         ctx.memory.resolve(entry, solved)
 
     status = "context_full" if context_error is not None else "ok" if query else "empty_query"
+    intent_matched = None if imagined_values is None else _intent_matched(tool, imagined_values, trial.steps)
     record = {
         "tool": tool,
         "episode": episode,
@@ -444,6 +487,8 @@ async def run_trial(
         "status": status,
         "query": query,
         "query_raw": query_raw,
+        "imagined_values": imagined_values,
+        "intent_matched": intent_matched,
         "steps": trial.steps,
         "final_answer": trial.final_answer,
         "reflection": reflection,
@@ -466,6 +511,118 @@ async def run_trial(
     if ctx.on_trial is not None:
         ctx.on_trial(record)
     return record
+
+
+def parse_values(text: str) -> dict[str, Any] | None:
+    """Imagined argument values: the first JSON object of the reply (constrained, the whole reply is one);
+    None when there is none."""
+    start = text.find("{")
+    while start != -1:
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[start:])
+        except json.JSONDecodeError:
+            start = text.find("{", start + 1)
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+def _intent_matched(tool: str, values: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+    """imagine = "values_first": whether the first call to the explored tool, read from the request alone, has
+    the values the request was written from (equal by the metrics' semantic rules). A request that leads back to
+    its own values states them plainly; one that does not is vague, or the explorer misread it."""
+    from toolschool.evaluate.metrics import arguments_match
+
+    calls = [c for step in steps for c in step.get("calls", []) if c.get("name") == tool]
+    return bool(calls) and arguments_match(tool, calls[0].get("arguments"), values, mode="semantic")
+
+
+# Values-first imagination draws again (hotter) when every short text value repeats one already tried.
+VALUES_ATTEMPTS = 3
+VALUES_TEMPERATURE_STEP = 0.3
+_SHORT_TEXT = 40
+
+
+def seen_values(memory: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """Per argument, the short text values (units, names, dates...) of the values already tried (the long-term
+    memory's `values`)."""
+    seen: dict[str, set[str]] = {}
+    for item in memory:
+        values = parse_values(item.get("values") or "")
+        for key, value in (values or {}).items():
+            if isinstance(value, str) and len(value) <= _SHORT_TEXT:
+                seen.setdefault(key, set()).add(value.strip().casefold())
+    return seen
+
+
+def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bool:
+    """Whether every short text value of `values` was already tried for its argument (and there is at least one):
+    a small explorer given the memory still picks the description's example units again and again ("km" to
+    "mile"); numbers alone do not count, the situation's numbers vary them."""
+    texts = [(k, v) for k, v in values.items() if isinstance(v, str) and len(v) <= _SHORT_TEXT]
+    return bool(texts) and all(v.strip().casefold() in seen.get(k, set()) for k, v in texts)
+
+
+def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
+    """The worked examples (made-up tools, `demonstrations.json`) as earlier turns of the request-writing step:
+    their values and the request written from them. All of them, whatever `demonstrations` is: they show a small
+    explorer what a person's request sounds like, and their tools are not the explored ones, so there is no
+    sentence to copy."""
+    messages: list[dict[str, Any]] = []
+    for example in ctx.prompts.demonstrations():
+        prompt = ctx.prompts.render(
+            "imagine_request",
+            persona="a user",
+            description=example["description"],
+            values=json.dumps(example["arguments"], ensure_ascii=False),
+        )
+        messages += [{"role": "user", "content": prompt}, _verbatim(json.dumps(example["query"], ensure_ascii=False))]
+    return messages
+
+
+async def _imagine_from_values(
+    ctx: ExploreContext, trial: _Trial, memory: list[dict[str, str]], persona: str, variables: dict[str, Any]
+) -> tuple[dict[str, Any] | None, str]:
+    """imagine = "values_first": the explorer picks argument values for the tool (held to its schema when
+    decoding is constrained), then writes the request a person with those values would send, in a fresh
+    conversation of its own. Why: a small explorer asked for a request with values writes vague or
+    developer-style ones ("Write a function to..."), but fills a schema with concrete values well and turns values
+    into a question well. Returns (values, raw request); no values: (None, "")."""
+    system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
+    situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot)
+    prompt = ctx.prompts.render("imagine_values", memory=memory, persona=persona, situation=situation, **variables)
+    seen = seen_values(memory)
+    values = None
+    for attempt in range(VALUES_ATTEMPTS):
+        completion = await trial.generate(
+            [system, {"role": "user", "content": prompt}],
+            stop=[],
+            prefill="",
+            max_tokens=ctx.settings.max_tokens,
+            constraint=ctx.values_constraint(trial.tool),
+            with_tools=False,
+            temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
+        )
+        values = parse_values(completion.text)
+        if values is None or not repeats_seen_values(values, seen):
+            break
+    if values is None:
+        return None, ""
+    request_prompt = ctx.prompts.render(
+        "imagine_request",
+        persona=persona,
+        description=variables["description"],
+        values=json.dumps(values, ensure_ascii=False),
+    )
+    completion = await trial.generate(
+        [system, *request_examples(ctx), {"role": "user", "content": request_prompt}],
+        stop=IMAGINE_STOP + ["\n"],
+        prefill="",
+        max_tokens=ctx.settings.max_tokens,
+        constraint=ctx.imagine_constraint(),
+        with_tools=False,
+    )
+    return values, completion.text
 
 
 async def _attempt(
@@ -493,7 +650,14 @@ async def _attempt(
             # to decide to call a tool still writes arguments and learns from their execution. Constrained, that
             # and every other call is valid by construction; free (a backend that cannot constrain), the reply
             # starts with the format's call opener and the model writes the arguments as it will.
-            constraint = ctx.trial_constraint(trial.tool, turn)
+            budget_left = calls_left if turn < settings.max_turns else 0
+            if turn > 0 and budget_left <= 0:
+                # the calls are spent: say so, and ask for the answer (a small explorer shown a result otherwise
+                # calls again, or stops without a word)
+                results = [m["content"] for m in trial.messages if m.get("role") == "tool"]
+                prompt = ctx.prompts.render("answer", result=results[-1] if results else "", **variables)
+                trial.messages.append({"role": "user", "content": prompt})
+            constraint = ctx.trial_constraint(trial.tool, turn, budget_left)
             forced = settings.force_call and turn == 0 and constraint is None
             prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
             completion = await trial.generate(
@@ -531,14 +695,15 @@ async def _attempt(
                 step["error"] = any(c["observation"]["is_error"] for c in step["calls"])
                 trial.messages += [parsed.as_message(), *tool_messages]
             trial.steps.append(step)
-        # 3. reflect
-        if not ablations.no_reflection:
+        # 3. reflect (values first, the intent check judges the trial instead: no Yes/No is asked)
+        if not ablations.no_reflection and settings.imagine != "values_first":
             trial.messages.append({"role": "user", "content": ctx.prompts.render("reflect", **variables)})
             completion = await trial.generate(
                 [*conversation, *trial.messages],
                 stop=[],
                 prefill="",
                 max_tokens=min(settings.reflection_max_tokens, settings.max_tokens),
+                constraint=ctx.reflect_constraint(),
             )
             reflection = completion.text.strip()
             solved = parse_reflection(reflection)

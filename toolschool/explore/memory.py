@@ -8,6 +8,7 @@ which is what the sequential original gets for free.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,7 @@ class MemoryEntry:
     query: str
     solved: bool | None = None  # None: reflection off, unclear, or trial still running
     pending: bool = False
+    values: str | None = None  # imagine = "values_first": the argument values the query was written from (JSON)
 
     def label(self, *, with_outcome: bool) -> str:
         if self.pending:
@@ -39,11 +41,19 @@ class LongTermMemory:
         memory = cls(max_shown)
         for record in records:
             if record.get("query"):
-                memory.add(record["tool"], record["query"], record.get("solved"))
+                values = record.get("imagined_values")
+                memory.add(
+                    record["tool"],
+                    record["query"],
+                    record.get("solved"),
+                    values=None if values is None else json.dumps(values, ensure_ascii=False),
+                )
         return memory
 
-    def add(self, tool: str, query: str, solved: bool | None = None, *, pending: bool = False) -> MemoryEntry:
-        entry = MemoryEntry(query=query, solved=solved, pending=pending)
+    def add(
+        self, tool: str, query: str, solved: bool | None = None, *, pending: bool = False, values: str | None = None
+    ) -> MemoryEntry:
+        entry = MemoryEntry(query=query, solved=solved, pending=pending, values=values)
         self._entries.setdefault(tool, []).append(entry)
         return entry
 
@@ -62,8 +72,9 @@ class LongTermMemory:
         return list(self._entries.get(tool, []))
 
     def shown(self, tool: str, *, with_outcome: bool = True) -> list[dict[str, str]]:
-        """What the imagination prompt lists: `[{query, solved}]`, most recent `max_shown` when limited."""
+        """What the imagination prompt lists: `[{query, solved, values}]` (`values`: JSON text, or None), most
+        recent `max_shown` when limited."""
         entries = self._entries.get(tool, [])
         if self.max_shown > 0:
             entries = entries[-self.max_shown :]
-        return [{"query": e.query, "solved": e.label(with_outcome=with_outcome)} for e in entries]
+        return [{"query": e.query, "solved": e.label(with_outcome=with_outcome), "values": e.values} for e in entries]

@@ -35,13 +35,19 @@ def normalise_query(query: str) -> str:
 
 def is_verified(record: dict[str, Any]) -> bool:
     """A trial exploration counts toward `target_per_tool`: its calls ran without a parse or execution error, it
-    ended with a final answer, and the explorer judged it solved (where the reflection ran: with the reflection
-    ablated, `solved` is None and the other two decide). Distill checks far more; this is what exploring can see."""
+    ended with a final answer, and it was judged solved: with imagine = "values_first", by whether the call read
+    from the request has the values the request was written from (`intent_matched`: a check, where a small
+    explorer's Yes/No is little better than chance); otherwise by the explorer's own reflection (with the
+    reflection ablated, `solved` is None and the other two decide). Distill checks far more; this is what
+    exploring can see."""
     steps = record.get("steps", [])
     calls = [c for s in steps for c in s.get("calls", [])]
     clean = bool(calls) and not any(s.get("parse_error") for s in steps)
     clean = clean and not any(c["observation"]["is_error"] for c in calls)
-    return clean and record.get("final_answer") is not None and record.get("solved") is not False
+    judged = record.get("intent_matched")
+    if judged is None:
+        judged = record.get("solved") is not False
+    return clean and record.get("final_answer") is not None and judged
 
 
 def trial_counts(record: dict[str, Any]) -> dict[str, int]:

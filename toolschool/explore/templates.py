@@ -22,10 +22,13 @@ TEMPLATE_NAMES = (
     "system",  # system message of every exploration conversation
     "imagine",  # first query of a conversation; gets the long-term memory
     "imagine_followup",  # later queries of an episode: build on what was discovered
+    "imagine_values",  # imagine = "values_first": argument values for the tool; gets the long-term memory
+    "imagine_request",  # imagine = "values_first": the request a person with those values would send
     "trial",  # ask to solve the query just imagined (first trial of a conversation)
     "trial_followup",  # same for later trials
     "parse_error",  # fed back when a reply could not be parsed
     "no_feedback",  # what the model sees instead of observations in the no-execution-feedback ablation
+    "answer",  # after the last call the trial allows: reply with the final answer now
     "call_limit",  # the answer to a call past the trial's budget of max_turns calls (not run)
     "reflect",  # "did you fulfil the query? Yes or No"
 )
@@ -41,10 +44,13 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "system": ("tool",),
     "imagine": (*_TOOL_VARIABLES, "memory", "persona"),
     "imagine_followup": (*_TOOL_VARIABLES, "memory", "persona"),
+    "imagine_values": (*_TOOL_VARIABLES, "memory", "persona", "situation"),
+    "imagine_request": ("description", "persona", "values"),
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
     "no_feedback": (),
+    "answer": (*_TOOL_VARIABLES, "result"),
     "call_limit": ("max_turns", "tool"),
     "reflect": _TOOL_VARIABLES,
 }
@@ -67,6 +73,9 @@ _SAMPLE_VALUES: dict[str, Any] = {
     "query": "A request.",
     "error": "the reply could not be parsed",
     "persona": "a baker scaling a recipe",
+    "values": '{"x": "a value"}',
+    "result": "42",
+    "situation": "today is 2024-05-01; numbers at hand: 7, 250, 1200",
 }
 
 
@@ -164,6 +173,24 @@ class PromptSet:
                 raise ConfigError(f'{path}: "personas" must be a non-empty list of non-empty strings', hint=hint)
             self._personas = [p.strip() for p in personas]
         return list(self._personas)
+
+    @staticmethod
+    def situation(seed: int, tool: str, episode: int, slot: int) -> str:
+        """Details of one trial's situation for values-first imagination: a date and three numbers of different
+        sizes, drawn by a hash of where the trial stands. Why: a small explorer picking argument values otherwise
+        takes the description's own example every time ("5 km to mile", "1234 * 5678"), and a student trained on
+        one value per tool learns the value, not how to read it from a request. They are offered ("you may use"),
+        not imposed: units, names and text stay the explorer's choice."""
+        import datetime as dt
+        import hashlib
+        import random
+
+        key = hashlib.sha256(f"situation/{seed}/{tool}/{episode}/{slot}".encode()).digest()
+        rng = random.Random(int.from_bytes(key[:8], "big"))
+        date = dt.date(2015, 1, 1) + dt.timedelta(days=rng.randrange(16 * 365))
+        numbers = [rng.randint(2, 12), rng.randint(13, 400), rng.randint(401, 9999)]
+        rng.shuffle(numbers)
+        return f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
 
     def persona(self, seed: int, tool: str, episode: int, slot: int) -> str:
         """The persona of one trial: drawn from `personas()` by a hash of where the trial stands, so a resumed run
