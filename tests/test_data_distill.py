@@ -1034,3 +1034,31 @@ def test_paraphrase_max_tokens_in_the_toml_is_checked_with_the_key_and_the_bound
     path.write_text("[distill]\nparaphrase_max_tokens = 48\nmax_tokens = 200\n")
     config = load_config(path)
     assert (config.distill.paraphrase_max_tokens, config.distill.max_tokens) == (48, 200)
+
+
+def test_a_values_first_trial_is_judged_by_its_intent_check_not_its_reflection() -> None:
+    """A trial imagined values first: the call read from the request must have those values; the explorer's own
+    Yes/No (near chance for a small explorer) is then not what decides."""
+    assert trial_to_candidate(_ok_trial(intent_matched=True, solved=False))[1] is None
+    reason = trial_to_candidate(_ok_trial(intent_matched=False, solved=True))[1]
+    assert reason == "the call read from the request lacks the values it was written from"
+
+
+def test_require_answer_keeps_a_final_answer_that_states_the_result() -> None:
+    assert trial_to_candidate(_ok_trial(), require_answer=True)[1] is None  # "6 * 7 = 42" states 42
+    wrong = _ok_trial(final_answer="It is a Monday.")
+    assert trial_to_candidate(wrong)[1] is None  # only when asked for
+    assert trial_to_candidate(wrong, require_answer=True)[1] == "the final answer does not state the tool's result"
+
+
+def test_require_answer_drops_a_request_that_already_states_the_result() -> None:
+    stated = _ok_trial(query="6 * 7 is 42, right?")
+    assert trial_to_candidate(stated, require_answer=True)[1] == "the request states the tool's result"
+    printed = _ok_trial(
+        tool="python",
+        query="Run print('hi') and tell me what it says: hi?",
+        steps=_steps([call("python", {"code": "print('hi')"}, "hi")]),
+        final_answer="It prints hi.",
+        tools=[*TOOLS, {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+    )
+    assert trial_to_candidate(printed, require_answer=True)[1] is None  # the result is a literal of the call

@@ -6,7 +6,9 @@ and printed by `toolschool distill`:
 
 1. **rules** — keep a trial whose final answer follows a call that executed without error, and in which the
    explored tool itself was called successfully, unless the explorer's own reflection said it did not fulfil the
-   request (`require_solved`: unless it said it did). The training conversation is the clean path: the query,
+   request (`require_solved`: unless it said it did), and (`require_answer`) whose final answer states a short tool
+   result as eval's answer accuracy reads it, and whose request does not already state it; a trial imagined values first (`[explore] imagine`) is judged
+   instead by whether the call read from the request had the values the request was written from. The training conversation is the clean path: the query,
    the steps whose calls all executed, the final answer (failed attempts are not taught).
 2. **grounding** (`require_grounded`) — every argument value of every call is stated in, or derivable from, the
    request (or an earlier result of the same conversation): numbers, dates in any spelling, units, names, a
@@ -69,6 +71,7 @@ from toolschool.data.filters import (
 from toolschool.data.irrelevance import ChitchatOptions, build_chitchat, build_irrelevance, chitchat_count
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
+from toolschool.evaluate.metrics import answer_matches
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
 
 STEPS = (
@@ -197,8 +200,12 @@ def read_trial_log(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     return records, note
 
 
-def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -> tuple[Candidate | None, str | None]:
-    """The clean conversation of a trial, or the rule it fails."""
+def trial_to_candidate(
+    trial: dict[str, Any], *, require_solved: bool = False, require_answer: bool = False
+) -> tuple[Candidate | None, str | None]:
+    """The clean conversation of a trial, or the rule it fails. `require_answer`: a short tool result (a number,
+    a date, a word) must be what the final answer states, as the metrics' answer accuracy reads it, and not what
+    the request already states (unless a call argument holds it too, e.g. a string a program prints)."""
     tool = str(trial.get("tool"))
     if trial.get("status", "ok") != "ok":
         return None, f"status {trial.get('status')}"
@@ -210,7 +217,11 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
         return None, "no final answer"
     if require_solved and trial.get("solved") is not True:
         return None, "not self-reported as solved"
-    if trial.get("solved") is False:
+    intent = trial.get("intent_matched")
+    if intent is False:
+        return None, "the call read from the request lacks the values it was written from"
+    if intent is None and trial.get("solved") is False:
+        # values-first trials are judged by that check instead: a small explorer's Yes/No is near chance
         return None, "the explorer's reflection said it was not solved"
     steps = trial.get("steps") or []
     if any(s.get("skipped_calls") for s in steps):  # answered "not run": the clean path cannot show that
@@ -224,6 +235,7 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
     messages: list[dict[str, Any]] = [{"role": "user", "content": query}]
     calls: list[dict[str, Any]] = []
     last_result: str | None = None
+    last_value: Any = None
     n = 0
     for step in call_steps:
         if step.get("executed") is False or step.get("parse_error") or not all(_call_ok(c) for c in step["calls"]):
@@ -241,10 +253,19 @@ def trial_to_candidate(trial: dict[str, Any], *, require_solved: bool = False) -
             results.append({"role": "tool", "tool_call_id": call_id, "name": call.get("name"), "content": str(text)})
             calls.append({"name": call.get("name"), "arguments": arguments})
             last_result = str(text).strip()
+            value = observation.get("value")
+            last_value = value if isinstance(value, int | float) and not isinstance(value, bool) else last_result
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         messages.extend(results)
     if not any(c["name"] == tool for c in calls):
         return None, "the explored tool was not called successfully"
+    short = last_result is not None and len(last_result) <= EXPECTED_ANSWER_MAX_CHARS
+    if require_answer and short and not answer_matches(final, last_value):
+        return None, "the final answer does not state the tool's result"
+    if require_answer and short and answer_matches(query, last_value):
+        in_arguments = any(answer_matches(json.dumps(c["arguments"]), last_value) for c in calls)
+        if not in_arguments:  # "Adding 2 days to 2023-04-21 results in 2023-04-23." asks for nothing
+            return None, "the request states the tool's result"
     messages.append({"role": "assistant", "content": final.strip()})
     tools = trial.get("tools") or []
     example = {"messages": messages, "tools": tools, "meta": {}}
@@ -683,6 +704,7 @@ class DistillOptions:
     dtype: str | None = "auto"  # how a local judge/paraphraser loads: the run's [model] dtype and device
     device: str | None = None
     require_grounded: bool = True  # every call value stated in (or derivable from) the request
+    require_answer: bool = False  # the final answer states a short tool result
     round_trip: bool = True  # with a judge: its model must write the call again from the request and tools alone
     round_trip_max_tokens: int = 256  # per round-trip reply (one call)
     irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
@@ -1063,7 +1085,9 @@ async def adistill(
             raise DataError(f"{where}: {problem}", hint="fix or remove that trial; every other trial is kept")
         tool = str(trial.get("tool"))
         counts[tool]["trials"] += 1
-        candidate, reason = trial_to_candidate(trial, require_solved=opts.require_solved)
+        candidate, reason = trial_to_candidate(
+            trial, require_solved=opts.require_solved, require_answer=opts.require_answer
+        )
         if candidate is not None and candidate.id in seen_trials:
             candidate, reason = None, "duplicate trial line"
         if candidate is None:
@@ -1241,6 +1265,7 @@ async def adistill(
             "max_tokens": opts.max_tokens,
             "paraphrase_max_tokens": opts.paraphrase_max_tokens,
             "require_grounded": opts.require_grounded,
+            "require_answer": opts.require_answer,
             "round_trip": opts.round_trip and explorer is not None,
             "round_trip_max_tokens": opts.round_trip_max_tokens,
             "irrelevance_fraction": opts.irrelevance_fraction,
@@ -1456,6 +1481,7 @@ def run_distill_stage(
         dtype=config.model.dtype,
         device=config.model.device,
         require_grounded=d.require_grounded,
+        require_answer=d.require_answer,
         round_trip=d.round_trip,
         round_trip_max_tokens=d.round_trip_max_tokens,
         irrelevance_fraction=d.irrelevance_fraction,
