@@ -157,7 +157,7 @@ async def test_the_reply_after_the_last_call_is_an_answer_without_json(tmp_path)
     (record,) = read_trials(tmp_path / TRIALS_FILE)
     answers = [r for r in backend.requests if r.constraint is not None and r.constraint.answer_text]
     assert len(answers) == 1
-    assert "final answer" in answers[0].messages[-1]["content"] and answers[0].messages[-2]["role"] == "tool"
+    assert "gives the result (" in answers[0].messages[-1]["content"] and answers[0].messages[-2]["role"] == "tool"
     assert record["final_answer"] and record["steps"][-1]["executed"] is False
 
 

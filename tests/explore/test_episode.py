@@ -498,7 +498,7 @@ def _values_first_policy(request: GenerationRequest, counter: dict[str, int]) ->
     content = last.get("content") or ""
     if "as a JSON object" in content:  # imagine_values
         counter["q"] += 1
-        return '{"expression": "%d * 7"}' % counter["q"] if counter["q"] != 2 else '{"expression": "2 * 9"}'
+        return f'{{"expression": "{counter["q"]} * 7"}}' if counter["q"] != 2 else '{"expression": "2 * 9"}'
     if "Write the short message" in content:  # imagine_request
         expression = json.loads(content.split("With these values: ", 1)[1].split("\n", 1)[0])["expression"]
         return f'"What is {expression}?"'
@@ -577,4 +577,4 @@ async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> Non
     first, second = read_trials(tmp_path / TRIALS_FILE)
     assert first["imagined_values"] == {"expression": "1 * 7"} and second["imagined_values"] == {"expression": "3 * 7"}
     drawn = [r.params.temperature for r in backend.requests if "as a JSON object" in r.messages[-1]["content"]]
-    assert drawn == [0.5, 0.5, 0.8]
+    assert drawn == [0.5, 0.5, 0.65]

@@ -20,7 +20,6 @@ from toolschool.models.grammar import ConstraintError
 pytest.importorskip("xgrammar")
 
 
-
 @pytest.fixture(scope="module")
 def backend(tiny_model_dir: Path):
     b = make_backend(str(tiny_model_dir), dtype="fp32", max_batch_size=8)

@@ -266,10 +266,7 @@ def _hermes(constraint: Constraint) -> dict[str, Any]:
     # to an offered tool and its schema: a model that writes its calls that way is not pushed into garbage.
     bare = {
         "type": "tags_with_separator",
-        "tags": [
-            {**tag, "begin": tag["begin"].removeprefix(_HERMES_OPEN + "\n"), "end": "}"}
-            for tag in tags
-        ],
+        "tags": [{**tag, "begin": tag["begin"].removeprefix(_HERMES_OPEN + "\n"), "end": "}"} for tag in tags],
         "separator": "\n",
         "at_least_one": True,
         "stop_after_first": not constraint.parallel_tool_calls,

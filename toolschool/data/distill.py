@@ -7,9 +7,10 @@ and printed by `toolschool distill`:
 1. **rules** — keep a trial whose final answer follows a call that executed without error, and in which the
    explored tool itself was called successfully, unless the explorer's own reflection said it did not fulfil the
    request (`require_solved`: unless it said it did), and (`require_answer`) whose final answer states a short tool
-   result as eval's answer accuracy reads it, and whose request does not already state it; a trial imagined values first (`[explore] imagine`) is judged
-   instead by whether the call read from the request had the values the request was written from. The training conversation is the clean path: the query,
-   the steps whose calls all executed, the final answer (failed attempts are not taught).
+   result as eval's answer accuracy reads it, and whose request does not already state it; a trial imagined values
+   first (`[explore] imagine`) is judged instead by whether the call read from the request had the values the
+   request was written from. The training conversation is the clean path: the query, the steps whose calls all
+   executed, the final answer (failed attempts are not taught).
 2. **grounding** (`require_grounded`) — every argument value of every call is stated in, or derivable from, the
    request (or an earlier result of the same conversation): numbers, dates in any spelling, units, names, a
    calculator expression's numbers, a python program's literals (`toolschool.data.filters`).

@@ -539,7 +539,7 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[dict[str, Any
 
 # Values-first imagination draws again (hotter) when every short text value repeats one already tried.
 VALUES_ATTEMPTS = 3
-VALUES_TEMPERATURE_STEP = 0.3
+VALUES_TEMPERATURE_STEP = 0.15
 _SHORT_TEXT = 40
 
 

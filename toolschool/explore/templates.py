@@ -167,8 +167,10 @@ class PromptSet:
                 personas = json.loads(path.read_text(encoding="utf-8"))["personas"] if path else []
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
                 raise ConfigError(f"{path}: not a personas file ({exc})", hint=hint) from None
-            if not isinstance(personas, list) or not personas or not all(
-                isinstance(p, str) and p.strip() for p in personas
+            if (
+                not isinstance(personas, list)
+                or not personas
+                or not all(isinstance(p, str) and p.strip() for p in personas)
             ):
                 raise ConfigError(f'{path}: "personas" must be a non-empty list of non-empty strings', hint=hint)
             self._personas = [p.strip() for p in personas]
