@@ -255,6 +255,14 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], timeout: float) -> floa
     raise SystemExit(f"the server was not ready after {timeout:.0f} s")
 
 
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -314,11 +322,7 @@ def main() -> None:
         rss_after = rss_mb(server.pid)
         healthy = httpx.post(url, json=well_formed(0, 2) | {"stream": False}, timeout=600).status_code == 200
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_server(server)
         server_log.close()
     log_text = Path(server_log.name).read_text(errors="replace")
     errors_logged = sum(1 for line in log_text.splitlines() if "Traceback" in line or "ERROR" in line)
