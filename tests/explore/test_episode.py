@@ -34,19 +34,33 @@ def _is_reflection(content: str) -> bool:
     return '"Yes" or "No"' in content
 
 
+def _next(counter: dict[str, int]) -> int:
+    counter["q"] += 1
+    return counter["q"]
+
+
+def _scripted(request: GenerationRequest, query: Any, answer: str) -> str | None:
+    """The replies most scripted explorers share: `query` (text, or a function called for each new query) when asked
+    to imagine, "Yes" when asked to reflect, `answer` after a tool result; None for the rest (the calls)."""
+    last = request.messages[-1]
+    content = last.get("content") or ""
+    if _is_imagination(content):
+        return query() if callable(query) else query
+    if _is_reflection(content):
+        return "Yes"
+    if after_result(last):
+        return answer
+    return None
+
+
 async def test_parallel_calls_in_one_reply_count_against_max_turns(tmp_path) -> None:
     """--max-turns is "tool calls per trial" (CLI help, config, the prompt: "You may make up to N calls"): a reply
     holding five calls must not run five when two are allowed. The others are answered, not run."""
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        last = request.messages[-1]
-        content = last.get("content") or ""
-        if _is_imagination(content):
-            return "What are 1+1, 2+2, 3+3, 4+4 and 5+5?"
-        if _is_reflection(content):
-            return "Yes"
-        if after_result(last):
-            return "They are 2, 4, 6, 8 and 10."
+        scripted = _scripted(request, "What are 1+1, 2+2, 3+3, 4+4 and 5+5?", "They are 2, 4, 6, 8 and 10.")
+        if scripted is not None:
+            return scripted
         return _hermes_calls("1+1", "2+2", "3+3", "4+4", "5+5")
 
     registry = FakeRegistry()
@@ -108,15 +122,9 @@ async def test_a_tool_with_huge_output_does_not_stop_the_episode(tmp_path) -> No
     episode go on (before: the next request overflowed the context and the episode stopped, on every resume)."""
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        last = request.messages[-1]
-        content = last.get("content") or ""
-        if _is_imagination(content):
-            counter["q"] += 1
-            return f"What is {counter['q']} * 7?"
-        if _is_reflection(content):
-            return "Yes"
-        if after_result(last):
-            return "Many sevens."
+        scripted = _scripted(request, lambda: f"What is {_next(counter)} * 7?", "Many sevens.")
+        if scripted is not None:
+            return scripted
         return _hermes_calls("1 * 7")
 
     ctx = make_ctx(tmp_path, SmallContextBackend(policy), registry=HugeRegistry(), episodes=1, stm_slots=2)
@@ -247,15 +255,9 @@ async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_n
     calls = {"n": 0}
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        last = request.messages[-1]
-        content = last.get("content") or ""
-        if _is_imagination(content):
-            counter["q"] += 1
-            return f"What is {counter['q']} * 7?"
-        if _is_reflection(content):
-            return "Yes"
-        if after_result(last):
-            return "Done."
+        scripted = _scripted(request, lambda: f"What is {_next(counter)} * 7?", "Done.")
+        if scripted is not None:
+            return scripted
         calls["n"] += 1
         padding = "x" * (5000 if calls["n"] == 1 else 0)  # the first trial's reply alone overflows what follows
         return f'CALL calculator {{"expression": "1 * 7", "pad": "{padding}"}}'
@@ -392,14 +394,9 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
             return Observation("smile \ud83d", None)
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        last = request.messages[-1]
-        content = last.get("content") or ""
-        if _is_imagination(content):
-            return "Show a smiley."
-        if _is_reflection(content):
-            return "Yes"
-        if after_result(last):
-            return "Here it is."
+        scripted = _scripted(request, "Show a smiley.", "Here it is.")
+        if scripted is not None:
+            return scripted
         return 'CALL calculator {"expression": "\\ud83d"}'
 
     registry = ToolRegistry()
