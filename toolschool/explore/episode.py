@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from toolschool.chat.constraints import Constraint
+from toolschool.chat.formats.base import decode_json_prefix
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
@@ -519,8 +520,8 @@ def parse_values(text: str) -> dict[str, Any] | None:
     start = text.find("{")
     while start != -1:
         try:
-            value, _ = json.JSONDecoder().raw_decode(text[start:])
-        except json.JSONDecodeError:
+            value, _ = decode_json_prefix(text, start)
+        except ValueError:
             start = text.find("{", start + 1)
             continue
         return value if isinstance(value, dict) else None
