@@ -116,3 +116,38 @@ def test_hermes_free_text_cannot_hold_a_bare_json_call(compiler) -> None:
     call = get_format("hermes").format_reply({"role": "assistant", "content": "Sure.", "tool_calls": [
         {"type": "function", "function": {"name": "greet", "arguments": {"name": "Ada"}}}]})  # fmt: skip
     assert accepts(compiler, Constraint.for_tools("hermes", [named], "auto"), call)
+
+
+def test_hermes_auto_offers_a_valid_call_pretty_printed_in_a_json_fence(compiler) -> None:
+    """Qwen2.5 writes a call as `json.dumps(call, indent=2)` in a ```json fence; "auto" offers that form (held to an
+    offered tool and its schema), and the hermes reader reads it as the call."""
+    call = {"name": "calculator", "arguments": {"expression": "2+2"}}
+    fenced = "```json\n" + json.dumps(call, indent=2) + "\n```"
+    auto = Constraint.for_tools("hermes", [CALC, WEATHER], "auto")
+    assert accepts(compiler, auto, fenced)
+    parsed = get_format("hermes").parse(fenced, [CALC, WEATHER])
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parsed.calls] == [
+        ("calculator", {"expression": "2+2"})
+    ]
+    invalid = {"name": "calculator", "arguments": {"expression": 4}}
+    unknown = {"name": "search", "arguments": {"query": "x"}}
+    for wrong in (invalid, unknown):
+        assert not accepts(compiler, auto, "```json\n" + json.dumps(wrong, indent=2) + "\n```")
+    assert not accepts(compiler, Constraint.for_tools("hermes", [CALC], "none"), fenced)
+
+
+def test_fenced_form_resolves_definitions_and_is_left_out_for_other_references(compiler) -> None:
+    """Parameters nested under "arguments" keep their `$defs` references (hoisted to the root); a reference
+    elsewhere inside the parameters would no longer resolve, so that tool set gets no fenced form."""
+    with_defs = {"type": "function", "function": {"name": "book", "parameters": {
+        "type": "object", "properties": {"seat": {"$ref": "#/$defs/seat"}}, "required": ["seat"],
+        "$defs": {"seat": {"type": "string", "enum": ["aisle", "window"]}}}}}  # fmt: skip
+    auto = Constraint.for_tools("hermes", [with_defs], "auto")
+    good = {"name": "book", "arguments": {"seat": "aisle"}}
+    assert accepts(compiler, auto, "```json\n" + json.dumps(good, indent=2) + "\n```")
+    bad = {"name": "book", "arguments": {"seat": "floor"}}
+    assert not accepts(compiler, auto, "```json\n" + json.dumps(bad, indent=2) + "\n```")
+    relative = {"type": "function", "function": {"name": "pair", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}}}  # fmt: skip
+    assert "```json" not in Constraint.for_tools("hermes", [relative], "auto").key()
+    assert "```json" in auto.key()

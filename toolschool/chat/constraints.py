@@ -17,7 +17,9 @@ arguments object), so the constraint and the formats' parsers cannot drift apart
   `Final Answer: TEXT`; a named tool's call is the format's call opener with its set thought, as a forced call
   was written before constraints.
 ARGS is a JSON object valid against the tool's `parameters` schema. JSON is held to the layout the formats write
-and the models were trained on (`json.dumps`: `", "` and `": "`, no other whitespace).
+and the models were trained on (`json.dumps`: `", "` and `": "`, no other whitespace), except the one form held to
+`json.dumps(indent=2)`: hermes "auto" also offers a call object in a ```json fence, pretty-printed, because that is
+how Qwen2.5 models write a call (held to the compact layout they leave the grammar for free text and never call).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ _HERMES_END = "}\n</tool_call>"  # after the arguments object: the call object's
 # hermes also reads a reply that is a bare or fenced JSON call object naming an offered tool (Qwen writes them):
 # free text must not hold one, or an unconstrained call would slip through as text; its "name" key is left out.
 _BARE_CALL_KEY = '"name"'
+_FENCE_OPEN = "```json\n"
+_FENCE_INDENT = 2
 # Prose (`Constraint.prose`) is one quoted line of plain words, a request as a user types it: the opening quote
 # starts the request itself (not "Sure, here's a request: ..."), and it holds no call tag, braces, code quotes,
 # Markdown emphasis or headings, line break, nor a quote before the closing one.
@@ -205,8 +209,51 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
     return parameters if isinstance(parameters, dict) and parameters else {"type": "object", "properties": {}}
 
 
-def _schema(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": schema}
+def _schema(schema: dict[str, Any], indent: int | None = None) -> dict[str, Any]:
+    """A JSON-schema value; with `indent`, in `json.dumps(indent=...)` layout (a key only `models.grammar` reads:
+    it replaces every schema node by its compiled grammar before the structure reaches the library)."""
+    node: dict[str, Any] = {"type": "json_schema", "json_schema": schema}
+    if indent is not None:
+        node["indent"] = indent
+    return node
+
+
+def _fenced_call_schema(tools: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The schema of one call object `{"name": NAME, "arguments": ARGS}` naming one of `tools`, or None when a
+    tool's parameters refer inside themselves other than through `$defs` / `definitions` (hoisted to the root
+    here, so their references still resolve once the parameters are nested under "arguments")."""
+    options: list[dict[str, Any]] = []
+    defs: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        parameters = dict(_parameters(tool))
+        for section in ("$defs", "definitions"):
+            if section in parameters:
+                hoisted = defs.setdefault(section, {})
+                for name, sub in parameters.pop(section).items():
+                    if hoisted.get(name, sub) != sub:
+                        return None  # two tools define the same name differently
+                    hoisted[name] = sub
+        if any(not ref.startswith(("#/$defs/", "#/definitions/")) for ref in _refs(parameters)):
+            return None
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool["function"]["name"]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    schema: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**schema, **defs}
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [ref for key, value in node.items() if key != "$ref" for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
 
 
 def _const(text: str) -> dict[str, Any]:
@@ -271,7 +318,14 @@ def _hermes(constraint: Constraint) -> dict[str, Any]:
         "at_least_one": True,
         "stop_after_first": not constraint.parallel_tool_calls,
     }
-    return {"type": "or", "elements": [bare, tagged]}
+    forms = [bare, tagged]
+    # Or one call object pretty-printed in a ```json fence (the other way Qwen2.5 writes a call; hermes reads it).
+    fenced = _fenced_call_schema(_called(constraint))
+    if fenced is not None:
+        forms.insert(
+            1, {"type": "tag", "begin": _FENCE_OPEN, "content": _schema(fenced, _FENCE_INDENT), "end": "\n```"}
+        )
+    return {"type": "or", "elements": forms}
 
 
 def _json(constraint: Constraint) -> dict[str, Any]:

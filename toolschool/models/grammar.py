@@ -12,8 +12,9 @@ than llguidance at batch 16, the cost paid at every constrained token; its compi
 is paid once per distinct tool set; its grammar literals match the tokenizer's special tokens (Qwen's
 `<tool_call>` is one token), and its structural tags express "free text, then calls" directly.
 
-JSON values are held to the layout the formats write (`json.dumps`: `", "` / `": "`, no other whitespace):
-the structure's JSON-schema nodes are replaced by grammars compiled that way before the structure is compiled.
+JSON values are held to the layout the formats write (`json.dumps`: `", "` / `": "`, no other whitespace, or
+`json.dumps(indent=N)` where a node says `"indent": N`): the structure's JSON-schema nodes are replaced by grammars
+compiled that way before the structure is compiled.
 A schema the library cannot compile is a `ConstraintError` naming the tool (or response format), where in its
 schema, and the construct, before any generation starts.
 """
@@ -99,21 +100,22 @@ class GrammarCompiler:
         schema is compiled alone first, so one the library refuses is named (tool, path, construct)."""
         grammars = {}
         for what, schema in constraint.schemas():
-            grammars[_schema_key(schema)] = self._schema_grammar(what, schema, _param(constraint))
+            grammars[_schema_key(schema, None)] = self._schema_grammar(what, schema, _param(constraint))
         structure = constraint.structure()
-        for schema in _schemas_in(structure):  # the format's own (the json format's final answer)
-            if _schema_key(schema) not in grammars:
-                grammars[_schema_key(schema)] = self._schema_grammar(f"the {constraint.format} format", schema, "tools")
+        for schema, indent in _schemas_in(structure):  # the format's own, and the layouts other than compact
+            if _schema_key(schema, indent) not in grammars:
+                what = f"the {constraint.format} format"
+                grammars[_schema_key(schema, indent)] = self._schema_grammar(what, schema, "tools", indent)
         return _replace_schemas(structure, grammars)
 
-    def _schema_grammar(self, what: str, schema: dict[str, Any], param: str) -> str:
-        key = _schema_key(schema)
+    def _schema_grammar(self, what: str, schema: dict[str, Any], param: str, indent: int | None = None) -> str:
+        key = _schema_key(schema, indent)
         with self._lock:
             cached = self._schema_grammars.get(key)
         if cached is not None:
             return cached
         try:
-            ebnf = self._ebnf(schema)
+            ebnf = self._ebnf(schema, indent)
         except Exception as exc:  # noqa: BLE001 - see ConstraintError
             where = _failing_path(schema, self._ebnf)
             at = f" at {where}" if where else ""
@@ -126,9 +128,10 @@ class GrammarCompiler:
             self._schema_grammars[key] = ebnf
         return ebnf
 
-    def _ebnf(self, schema: Any) -> str:
+    def _ebnf(self, schema: Any, indent: int | None = None) -> str:
+        layout = {"separators": SEPARATORS} if indent is None else {"indent": indent, "separators": (",", ": ")}
         grammar = self._xgr.Grammar.from_json_schema(
-            json.dumps(schema, ensure_ascii=False), any_whitespace=False, separators=SEPARATORS
+            json.dumps(schema, ensure_ascii=False), any_whitespace=False, **layout
         )
         return str(grammar)
 
@@ -138,14 +141,15 @@ def _param(constraint: Constraint) -> str:
     return "response_format" if constraint.response_format is not None else "tools"
 
 
-def _schema_key(schema: Any) -> str:
-    return json.dumps(schema, sort_keys=True, ensure_ascii=False)
+def _schema_key(schema: Any, indent: int | None) -> str:
+    return json.dumps([schema, indent], sort_keys=True, ensure_ascii=False)
 
 
-def _schemas_in(node: Any) -> list[Any]:
+def _schemas_in(node: Any) -> list[tuple[Any, int | None]]:
+    """(schema, indent) of every JSON-schema node in a structure."""
     if isinstance(node, dict):
         if node.get("type") == "json_schema" and "json_schema" in node:
-            return [node["json_schema"]]
+            return [(node["json_schema"], node.get("indent"))]
         return [schema for value in node.values() for schema in _schemas_in(value)]
     if isinstance(node, list):
         return [schema for value in node for schema in _schemas_in(value)]
@@ -155,7 +159,7 @@ def _schemas_in(node: Any) -> list[Any]:
 def _replace_schemas(node: Any, grammars: dict[str, str]) -> Any:
     if isinstance(node, dict):
         if node.get("type") == "json_schema" and "json_schema" in node:
-            return {"type": "grammar", "grammar": grammars[_schema_key(node["json_schema"])]}
+            return {"type": "grammar", "grammar": grammars[_schema_key(node["json_schema"], node.get("indent"))]}
         return {k: _replace_schemas(v, grammars) for k, v in node.items()}
     if isinstance(node, list):
         return [_replace_schemas(v, grammars) for v in node]
