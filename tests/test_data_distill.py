@@ -239,8 +239,9 @@ def first_call_replies(trials: list[dict]) -> dict[str, str]:
 
 class ScriptedBackend(Backend):
     """A test double: answers judge prompts with a fixed verdict, paraphrase prompts from a script, a round trip
-    (the request alone, with tools) from `calls` (default: the trial's own first call), and chit-chat prompts from
-    `chitchat` (requests) with `answers` (replies, in turn)."""
+    (the request alone, with tools) from `calls` (default: the trial's own first call), chit-chat prompts from
+    `chitchat` (requests) with `answers` (replies, in turn), and out-of-scope prompts from `out_of_scope` (default:
+    nothing, so no such line is made)."""
 
     name = "scripted"
 
@@ -253,6 +254,7 @@ class ScriptedBackend(Backend):
         calls: dict[str, str] | None = None,
         chitchat: tuple[str, ...] = ("Any tips for sleeping better?", "Tell me something nice about cats."),
         answers: tuple[str, ...] = ("Keep a regular bedtime and a dark, quiet room.",),
+        out_of_scope: tuple[str, ...] = ("",),
     ) -> None:
         self.paraphrases = paraphrases
         self.reject = reject
@@ -260,6 +262,7 @@ class ScriptedBackend(Backend):
         self.calls = {**first_call_replies(good_trials()), **(calls or {})}
         self.chitchat = chitchat
         self.answers = answers
+        self.out_of_scope = out_of_scope
         self.requests: list[GenerationRequest] = []
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
@@ -267,6 +270,9 @@ class ScriptedBackend(Backend):
         prompt = request.messages[-1]["content"]
         if request.tools:  # a round trip: the request alone, with the tools
             return [Completion(text=self.calls.get(prompt, "I cannot tell."))]
+        if "asking it to" in prompt:  # an out-of-scope request
+            index = sum("asking it to" in r.messages[-1]["content"] for r in self.requests) - 1
+            return [Completion(text=self.out_of_scope[index % len(self.out_of_scope)])]
         if prompt.startswith("Write one short message"):
             index = sum(r.messages[-1]["content"].startswith("Write one short message") for r in self.requests) - 1
             return [Completion(text=self.chitchat[index % len(self.chitchat)])]
@@ -329,8 +335,10 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     judgments = [json.loads(line) for line in (opts.out / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 4 and any(j["faithful"]["reason"] == "invented a number" for j in judgments)
     card = (opts.out / "README.md").read_text()
-    # trials, rules, grounded, no_echo, judge, round_trip, dedupe, paraphrases, irrelevance, chitchat, final
-    assert "| calculator | 7 | 3 | 3 | 3 | 2 | 2 | 1 | 1 | 0 | 0 | 2 |" in card and "judged No on faithful: 1" in card
+    # trials, rules, grounded, no_echo, judge, round_trip, dedupe, paraphrases, irrelevance, chitchat, out_of_scope,
+    # final
+    assert "| calculator | 7 | 3 | 3 | 3 | 2 | 2 | 1 | 1 | 0 | 0 | 0 | 2 |" in card
+    assert "judged No on faithful: 1" in card
     assert "| judge | 4 | 1 | 3 | judged No on faithful: 1 |" in card  # the yield: 4 trials reached the judge
     assert summary["no_tool"]["chitchat"] == 1 and summary["per_tool"]["(no tool)"]["chitchat"] == 1
 
@@ -350,7 +358,7 @@ def test_rules_only_and_errors(tmp_path: Path) -> None:
     # a model
     assert summary["no_tool"] == {
         "irrelevance": 1, "irrelevance_per_tool": summary["no_tool"]["irrelevance_per_tool"], "chitchat": 0,
-        "chitchat_wanted": 0, "lines": 1, "share": 0.25,
+        "chitchat_wanted": 0, "out_of_scope": 0, "out_of_scope_wanted": 0, "lines": 1, "share": 0.25,
     }  # fmt: skip
     assert "none (rules only)" in (opts.out / "README.md").read_text()
     with pytest.raises(DataError, match="target_per_tool=5 needs a paraphrasing model"):

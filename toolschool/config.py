@@ -334,6 +334,13 @@ class DistillSection(Section):
         le=1.0,
         description="chit-chat lines the explorer_model imagines and answers without tools, per tool-call line",
     )
+    out_of_scope_fraction: float = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="requests for a service no offered tool gives, imagined by the explorer_model and answered that "
+        "no tool can, per tool-call line",
+    )
     chitchat_max_tokens: int = Field(
         96, ge=1, description="tokens per chit-chat request or answer (an answer cut off there is dropped)"
     )

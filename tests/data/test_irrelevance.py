@@ -14,6 +14,8 @@ from toolschool.data.cache import ReplyCache
 from toolschool.data.dataset import load_dataset_jsonl, same_request_key, validate_example
 from toolschool.data.distill import NO_TOOL, DistillOptions, distill
 from toolschool.data.irrelevance import (
+    OUT_OF_SCOPE,
+    OUT_OF_SCOPE_REPLIES,
     REFUSALS,
     ChitchatOptions,
     build_chitchat,
@@ -22,6 +24,7 @@ from toolschool.data.irrelevance import (
     chitchat_reply_problem,
     chitchat_request_problem,
     refusal_reply,
+    shared_tool_word,
     what_it_does,
 )
 from toolschool.errors import ConfigError, DataError
@@ -187,9 +190,15 @@ def test_no_tool_options_are_checked_and_read_from_the_config(tmp_path: Path) ->
     with pytest.raises(DataError, match="chitchat_max_tokens=0 must be a whole number of tokens >= 1"):
         distill(good_trials(), DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", chitchat_max_tokens=0))
     path = tmp_path / "run.toml"
-    path.write_text("[distill]\nirrelevance_fraction = 0.3\nchitchat_fraction = 0\nround_trip = false\n")
+    with pytest.raises(DataError, match=r"out_of_scope_fraction=-0.1 must be a number in \[0, 1\]"):
+        distill(good_trials(), DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", out_of_scope_fraction=-0.1))
+    path.write_text(
+        "[distill]\nirrelevance_fraction = 0.3\nchitchat_fraction = 0\nout_of_scope_fraction = 0.4\n"
+        "round_trip = false\n"
+    )
     config = load_config(path)
     assert (config.distill.irrelevance_fraction, config.distill.chitchat_fraction) == (0.3, 0.0)
+    assert config.distill.out_of_scope_fraction == 0.4
     assert config.distill.round_trip is False and config.distill.require_grounded is True
     path.write_text("[distill]\nchitchat_fraction = 2\n")
     with pytest.raises(ConfigError, match="chitchat_fraction"):
@@ -207,7 +216,10 @@ def test_the_cli_prints_the_yield(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     output = " ".join(result.output.split())
     assert "distill yield per filter" in output and "grounding" in output and "round_trip" in output
-    assert "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) = 1 of 4 lines (25 %)" in output
+    assert (
+        "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) + 0 out of scope (of 0) = 1 of 4 lines (25 %)"
+        in output
+    )
 
 
 def test_the_cli_flags_of_the_filters_and_no_tool_lines(tmp_path: Path) -> None:
@@ -229,3 +241,55 @@ def test_the_cli_flags_of_the_filters_and_no_tool_lines(tmp_path: Path) -> None:
         app, ["distill", "--trials", str(log), "--out", str(out), "--irrelevance-fraction", "2"]
     )
     assert result.exit_code == 2 and "irrelevance_fraction" in result.output
+
+
+def test_out_of_scope_requests_that_may_fit_a_tool_are_dropped() -> None:
+    assert shared_tool_word("Please order me a pizza for 4 people.", BUILTIN) is None
+    assert shared_tool_word("Convert my photo to black and white.", BUILTIN) == "convert"  # unit_convert's words
+    assert shared_tool_word("What day is my dentist appointment?", BUILTIN) == "day"  # the date tools'
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city."}}
+    assert shared_tool_word("Will it rain in Oslo? I need the weather.", [weather]) == "weather"  # name split at _
+    kept = chitchat_request_problem(
+        "Order me a pizza for 4 people.", False, [], set(), digits_allowed=True, tools=BUILTIN
+    )
+    dropped = chitchat_request_problem("Add my dentist to my calendar.", False, [], set(), tools=BUILTIN)
+    assert kept is None and dropped == "request shares a word with an offered tool (it may fit)"
+
+
+def test_out_of_scope_lines_are_imagined_filtered_and_refused_without_a_model_answer(tmp_path: Path) -> None:
+    backend = ScriptedBackend(
+        {},
+        out_of_scope=("Message: Please order me a large pizza for 4 people.", "Convert this photo to a sketch.",
+                      "Turn on the lights in the kitchen.", "Write one short message that a user might send"),
+    )  # fmt: skip
+    opts = ChitchatOptions(count=2, temperature=0.8, max_tokens=40, seed=0, concurrency=4)
+    cache = ReplyCache(tmp_path / "cache.jsonl")
+    lines, dropped = asyncio.run(build_chitchat(backend, cache, opts, [BUILTIN], set(), kind=OUT_OF_SCOPE))
+    assert [line["messages"][0]["content"] for line in lines] == [
+        "Please order me a large pizza for 4 people.",
+        "Turn on the lights in the kitchen.",
+    ]
+    assert all(line["messages"][1]["content"] in OUT_OF_SCOPE_REPLIES for line in lines)
+    assert {line["meta"]["source"] for line in lines} == {"distill-out-of-scope"}
+    assert [line["meta"]["id"] for line in lines] == ["out_of_scope/0", "out_of_scope/1"]
+    assert all(validate_example(line) is None and line["tools"] == BUILTIN for line in lines)
+    assert dropped["request shares a word with an offered tool (it may fit)"] >= 1
+    assert dropped["request copies the prompt"] >= 1
+    assert not [r for r in backend.requests if r.messages[0]["role"] == "system"]  # no model answers them
+    assert all("asking it to" in r.messages[-1]["content"] for r in backend.requests)
+
+
+def test_distill_counts_out_of_scope_lines_in_the_summary_and_card(tmp_path: Path) -> None:
+    trials = [calc_trial(i, f"What is {i + 11} * {i + 3}?", f"{i + 11}*{i + 3}", str((i + 11) * (i + 3)))
+              for i in range(10)]  # fmt: skip
+    for t in trials:
+        t["tools"] = TOOLS
+    backend = ScriptedBackend({}, calls=_calls(trials), out_of_scope=("Please book me a taxi to the station.",
+                                                                      "Switch off the hallway lights."))  # fmt: skip
+    opts = DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", seed=0, judge_model="s", out_of_scope_fraction=0.2)
+    summary = distill(trials, opts, judge=backend)
+    assert summary["no_tool"]["out_of_scope"] == 2 and summary["no_tool"]["out_of_scope_wanted"] == 2
+    assert summary["per_tool"][NO_TOOL]["out_of_scope"] == 2 and summary["options"]["out_of_scope_fraction"] == 0.2
+    assert summary["dropped"]["out_of_scope"][NO_TOOL]["request repeats another"] >= 1
+    card = (tmp_path / "o" / "README.md").read_text()
+    assert "- out of scope: 2 of 2 wanted" in card

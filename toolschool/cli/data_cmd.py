@@ -228,6 +228,9 @@ def distill(
         None, help="No-tool lines from kept requests without the tools that fit, per tool-call line."
     ),
     chitchat_fraction: float = typer.Option(None, help="Chit-chat lines per tool-call line (needs an explorer model)."),
+    out_of_scope_fraction: float = typer.Option(
+        None, help="Refused requests for a service no tool gives, per tool-call line (needs an explorer model)."
+    ),
     target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
     max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),
     dedupe_threshold: float = typer.Option(None, help="Token-set Jaccard at which two queries are duplicates."),
@@ -258,6 +261,7 @@ def distill(
         "distill.require_grounded": require_grounded,
         "distill.irrelevance_fraction": irrelevance_fraction,
         "distill.chitchat_fraction": chitchat_fraction,
+        "distill.out_of_scope_fraction": out_of_scope_fraction,
         "distill.target_per_tool": target_per_tool,
         "distill.max_paraphrases": max_paraphrases,
         "distill.dedupe_threshold": dedupe_threshold,

@@ -38,7 +38,8 @@ and printed by `toolschool distill`:
    originals sharing a query text across tools too: no query is in both splits).
 9. **no-tool lines** (`toolschool.data.irrelevance`) — `irrelevance_fraction` of the tool lines again with the
    tools that fit taken away, answered "no offered tool fits" (in their request's split), and, with an explorer
-   model, `chitchat_fraction` of them as chit-chat it imagines and answers without tools.
+   model, `chitchat_fraction` of them as chit-chat it imagines and answers without tools and
+   `out_of_scope_fraction` as requests it imagines for a service no offered tool gives, answered that none can.
 
 Grounding and echo details and each round trip's reply go to `filtered.jsonl`.
 
@@ -69,7 +70,13 @@ from toolschool.data.filters import (
     grounding_problem,
     tool_description_sources,
 )
-from toolschool.data.irrelevance import ChitchatOptions, build_chitchat, build_irrelevance, chitchat_count
+from toolschool.data.irrelevance import (
+    OUT_OF_SCOPE,
+    ChitchatOptions,
+    build_chitchat,
+    build_irrelevance,
+    chitchat_count,
+)
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
 from toolschool.evaluate.metrics import answer_matches
@@ -86,6 +93,7 @@ STEPS = (
     "paraphrases",
     "irrelevance",
     "chitchat",
+    "out_of_scope",
     "final",
     "train",
     "validation",
@@ -710,6 +718,7 @@ class DistillOptions:
     round_trip_max_tokens: int = 256  # per round-trip reply (one call)
     irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
     chitchat_fraction: float = 0.1  # chit-chat lines the judge model imagines and answers, per tool-call line
+    out_of_scope_fraction: float = 0.1  # imagined requests no offered tool can serve, refused, per tool-call line
     chitchat_max_tokens: int = 96  # per imagined chit-chat request and per answer (an answer cut there is dropped)
     explore_format: str = "hermes"  # the exploration prompts a request must not echo: the run's [explore] format
     explore_prompts: str | None = None  # and its [explore] prompts override folder
@@ -729,7 +738,7 @@ def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
         )
     if not 0.0 <= opts.validation_fraction < 1.0:
         raise DataError(f"validation_fraction {opts.validation_fraction} must be in [0, 1)", hint="e.g. 0.1")
-    for key in ("irrelevance_fraction", "chitchat_fraction"):
+    for key in ("irrelevance_fraction", "chitchat_fraction", "out_of_scope_fraction"):
         value = getattr(opts, key)
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
             raise DataError(
@@ -1069,7 +1078,7 @@ async def adistill(
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     drops: dict[str, dict[str, Counter[str]]] = {
         stage: defaultdict(Counter)
-        for stage in (*(name for name, _step in FILTERS), "paraphrase", "irrelevance", "chitchat")
+        for stage in (*(name for name, _step in FILTERS), "paraphrase", "irrelevance", "chitchat", "out_of_scope")
     }
     filtered: list[dict[str, Any]] = []  # what grounding, echo and the round trip removed, with the detail
 
@@ -1237,12 +1246,25 @@ async def adistill(
     )
     if chitchat_dropped:
         drops["chitchat"][NO_TOOL].update(chitchat_dropped)
-    if irrelevant or chitchat:  # a row of its own, shown only when there are such lines
-        counts[NO_TOOL].update(irrelevance=len(irrelevant), chitchat=len(chitchat))
-    held_out = round(len(chitchat) * opts.validation_fraction)
-    for number, line in enumerate(random.Random(f"{opts.seed}:chitchat").sample(chitchat, len(chitchat))):
-        split = "validation" if number < held_out else "train"
-        splits[split].append({**line, "meta": {**line["meta"], "split": split}})
+    out_of_scope_wanted = chitchat_count(opts.out_of_scope_fraction, len(tool_lines)) if explorer is not None else 0
+    out_of_scope, out_of_scope_dropped = await build_chitchat(
+        explorer,  # type: ignore[arg-type]  # None only when nothing is wanted
+        cache,
+        ChitchatOptions(out_of_scope_wanted, opts.temperature, opts.chitchat_max_tokens, opts.seed, opts.concurrency),
+        _tool_lists(originals),
+        {same_request_key(line["messages"][0]["content"]) for line in tool_lines + chitchat},
+        progress,
+        kind=OUT_OF_SCOPE,
+    )
+    if out_of_scope_dropped:
+        drops["out_of_scope"][NO_TOOL].update(out_of_scope_dropped)
+    if irrelevant or chitchat or out_of_scope:  # a row of its own, shown only when there are such lines
+        counts[NO_TOOL].update(irrelevance=len(irrelevant), chitchat=len(chitchat), out_of_scope=len(out_of_scope))
+    for kind, imagined in (("chitchat", chitchat), ("out_of_scope", out_of_scope)):
+        held_out = round(len(imagined) * opts.validation_fraction)
+        for number, line in enumerate(random.Random(f"{opts.seed}:{kind}").sample(imagined, len(imagined))):
+            split = "validation" if number < held_out else "train"
+            splits[split].append({**line, "meta": {**line["meta"], "split": split}})
     for split, examples in splits.items():
         random.Random(f"{opts.seed}:{split}").shuffle(examples)
         for example in examples:
@@ -1271,6 +1293,7 @@ async def adistill(
             "round_trip_max_tokens": opts.round_trip_max_tokens,
             "irrelevance_fraction": opts.irrelevance_fraction,
             "chitchat_fraction": opts.chitchat_fraction,
+            "out_of_scope_fraction": opts.out_of_scope_fraction,
             "chitchat_max_tokens": opts.chitchat_max_tokens,
         },
         "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts, key=_row_order)},
@@ -1290,8 +1313,12 @@ async def adistill(
             "irrelevance_per_tool": irrelevance_per_tool,
             "chitchat": len(chitchat),
             "chitchat_wanted": chitchat_wanted,
-            "lines": len(irrelevant) + len(chitchat),
-            "share": round((len(irrelevant) + len(chitchat)) / max(1, sum(len(e) for e in splits.values())), 4),
+            "out_of_scope": len(out_of_scope),
+            "out_of_scope_wanted": out_of_scope_wanted,
+            "lines": len(irrelevant) + len(chitchat) + len(out_of_scope),
+            "share": round(
+                (len(irrelevant) + len(chitchat) + len(out_of_scope)) / max(1, sum(len(e) for e in splits.values())), 4
+            ),
         },
         "judge_no_verdict": no_verdict,
         "files": {"train": str(opts.out / "train.jsonl"), "validation": str(opts.out / "validation.jsonl")},
@@ -1374,8 +1401,8 @@ def distill_card(summary: dict[str, Any]) -> str:
         f"- grounding required: {o.get('require_grounded', False)}; round trip: "
         f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('round_trip') else 'off'}; no-tool lines: "
         f"irrelevance fraction "
-        f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)} (of the tool-call "
-        "lines)",
+        f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)}, out-of-scope "
+        f"fraction {o.get('out_of_scope_fraction', 0)} (of the tool-call lines)",
         "",
         "## Counts per tool at each step",
         "",
@@ -1408,6 +1435,8 @@ def distill_card(summary: dict[str, Any]) -> str:
             + (", ".join(f"{t} {n}" for t, n in no_tool.get("irrelevance_per_tool", {}).items()) or "no tool"),
             f"- chit-chat: {no_tool.get('chitchat', 0)} of {no_tool.get('chitchat_wanted', 0)} wanted (imagined "
             "and answered by the explorer model without tools)",
+            f"- out of scope: {no_tool.get('out_of_scope', 0)} of {no_tool.get('out_of_scope_wanted', 0)} wanted "
+            "(requests the explorer model imagined for a service no offered tool gives, answered that none can)",
         ]
     lines += ["", "## Why items were dropped", ""]
     for stage, per_tool in summary["dropped"].items():
@@ -1487,6 +1516,7 @@ def run_distill_stage(
         round_trip_max_tokens=d.round_trip_max_tokens,
         irrelevance_fraction=d.irrelevance_fraction,
         chitchat_fraction=d.chitchat_fraction,
+        out_of_scope_fraction=d.out_of_scope_fraction,
         chitchat_max_tokens=d.chitchat_max_tokens,
         explore_format=config.explore.format,
         explore_prompts=config.explore.prompts,
@@ -1533,7 +1563,8 @@ def print_yield(summary: dict[str, Any], console: Any) -> None:
     no_tool = summary["no_tool"]
     console.print(
         f"no-tool lines: {no_tool['irrelevance']} irrelevance + {no_tool['chitchat']} chit-chat "
-        f"(of {no_tool['chitchat_wanted']} wanted) = {no_tool['lines']} of {summary['total']['final']} lines "
+        f"(of {no_tool['chitchat_wanted']} wanted) + {no_tool.get('out_of_scope', 0)} out of scope "
+        f"(of {no_tool.get('out_of_scope_wanted', 0)}) = {no_tool['lines']} of {summary['total']['final']} lines "
         f"({100 * no_tool['share']:.0f} %)",
         highlight=False,
     )

@@ -12,9 +12,16 @@ Two kinds, both answered in plain text with the tools still offered:
   digit (it may need a calculation), copies the prompt, or repeats another; a reply when it is empty, cut off at
   `chitchat_max_tokens`, holds a tool call, or repeats itself (a sentence or six words in a row twice). Requests and
   replies are cached like every distill reply.
+- **out of scope**: the explorer model imagines a request for something an assistant can only do with a tool or
+  service it is not given (live information, acting in the world or on the user's accounts and devices: one task
+  per request from a fixed list), answered with a fixed sentence that no available tool can do it. Why: the
+  irrelevance lines only teach "this request's own tool is missing"; a small student offered the whole toolbox and
+  asked for something else entirely invents a tool for it (`weather`, `send_email`). Such a request is dropped, on
+  top of the chit-chat rules (digits allowed: "a table for 4"), when it shares a word with an offered tool's name or
+  description: a request a user's own tool might serve must not be taught as one to refuse.
 
-Both go to the split of the request they come from (irrelevance) or are split by the validation fraction
-(chit-chat), so no request is in both splits.
+Irrelevance lines go to the split of the request they come from; chit-chat and out-of-scope lines are split by the
+validation fraction, so no request is in both splits.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from toolschool.models.backend import Backend, ContextLengthError, GenerationReq
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 CHITCHAT_REQUEST_FILE = PROMPTS_DIR / "chitchat_request.txt"
 CHITCHAT_ANSWER_FILE = PROMPTS_DIR / "chitchat_answer.txt"
+OUT_OF_SCOPE_REQUEST_FILE = PROMPTS_DIR / "out_of_scope_request.txt"
 
 # The replies of an irrelevance line: {name} the missing tool, {what} what it does (its description's first clause).
 REFUSALS = (
@@ -71,6 +79,46 @@ CHITCHAT_TOPICS = (
     "motivation",
     "an animal fact",
     "staying focused at work",
+)
+# What a request of the out-of-scope kind asks the assistant to do (kinds of service, not requests to copy).
+OUT_OF_SCOPE_TASKS = (
+    "read today's news headlines",
+    "look up a live sports score",
+    "order food for delivery",
+    "buy something online",
+    "reserve a hotel room",
+    "call a taxi",
+    "text a friend",
+    "post on social media",
+    "turn on the lights at home",
+    "change the thermostat setting",
+    "put a meeting in the user's calendar",
+    "show a photo from the user's phone",
+    "give driving directions",
+    "track a parcel",
+    "pay a bill",
+    "draw a picture",
+    "record a voice memo",
+    "check a bank balance",
+    "find a nearby pharmacy",
+    "look up a train timetable",
+    "check the traffic on the way to work",
+    "share a document with a coworker",
+    "switch on the robot vacuum",
+    "look up opening hours of a shop",
+)
+# The replies of an out-of-scope line (picked by the seed): no offered tool does it, say so and do not pretend.
+OUT_OF_SCOPE_REPLIES = (
+    "I can't do that: none of the tools I have here can.",
+    "Sorry, none of the available tools can do this, so I can't help with it here.",
+    "That needs a tool I don't have. None of the available tools can do it; if you give me one, I'll use it.",
+    "None of my tools can do that, so I can't do it for you here.",
+)
+# Words of a request that say nothing about what it needs (not compared with the tools' words).
+_COMMON_WORDS = frozenset(
+    "all also and another any are but can could does for from get give had has have help how into its just need new "
+    "not now off one only our out own please should some than that the their them then there these this too want "
+    "was what when where which who will with would you your".split()
 )
 CHITCHAT_MAX_REQUEST_CHARS = 300
 ASK_FACTOR = 2  # chit-chat requests asked for per line wanted (plus two): some are dropped
@@ -178,6 +226,28 @@ def build_irrelevance(
 
 
 @dataclass(frozen=True)
+class NoToolKind:
+    """One kind of imagined no-tool line: how its requests are asked for and answered, and what it is counted as."""
+
+    name: str  # "chitchat" | "out_of_scope": the meta source is distill-NAME, line ids NAME/INDEX
+    topics: tuple[str, ...]
+    request_file: Path
+    digits_allowed: bool  # chit-chat: a number may need a calculation; out of scope: "a table for 4" is fine
+    replies: tuple[str, ...] = ()  # fixed replies picked by the seed; empty: the explorer answers without tools
+
+    def prompt(self, index: int, seed: int) -> str:
+        topics = list(self.topics)
+        random.Random(f"{seed}:{self.name}-topics").shuffle(topics)
+        return self.request_file.read_text(encoding="utf-8").strip().format(topic=topics[index % len(topics)])
+
+
+CHITCHAT = NoToolKind("chitchat", CHITCHAT_TOPICS, CHITCHAT_REQUEST_FILE, digits_allowed=False)
+OUT_OF_SCOPE = NoToolKind(
+    "out_of_scope", OUT_OF_SCOPE_TASKS, OUT_OF_SCOPE_REQUEST_FILE, digits_allowed=True, replies=OUT_OF_SCOPE_REPLIES
+)
+
+
+@dataclass(frozen=True)
 class ChitchatOptions:
     count: int  # lines wanted
     temperature: float
@@ -192,9 +262,26 @@ def chitchat_count(fraction: float, tool_lines: int) -> int:
 
 
 def chitchat_prompt(index: int, seed: int) -> str:
-    topics = list(CHITCHAT_TOPICS)
-    random.Random(f"{seed}:chitchat-topics").shuffle(topics)
-    return CHITCHAT_REQUEST_FILE.read_text(encoding="utf-8").strip().format(topic=topics[index % len(topics)])
+    return CHITCHAT.prompt(index, seed)
+
+
+def _words(text: str) -> set[str]:
+    """The lower-cased words of a text that say what it is about, singular ("files" -> "file"), names split at
+    underscores ("send_email" -> "send", "email")."""
+    words = re.findall(r"[a-z]+", text.lower().replace("_", " "))
+    singular = {w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in words}
+    return {w for w in singular if len(w) > 2} - _COMMON_WORDS
+
+
+def shared_tool_word(text: str, tools: list[dict[str, Any]]) -> str | None:
+    """A word `text` shares with an offered tool's name or description (what may make that tool fit), or None."""
+    request = _words(text)
+    for tool in tools:
+        function = _function(tool)
+        common = request & _words(f"{function.get('name') or ''} {function.get('description') or ''}")
+        if common:
+            return sorted(common)[0]
+    return None
 
 
 def clean_request(text: str) -> str:
@@ -203,15 +290,26 @@ def clean_request(text: str) -> str:
     return text.strip().strip("\"“”'").strip().split("\n\n")[0].strip()
 
 
-def chitchat_request_problem(text: str, cut: bool, echo: list[EchoSource], seen: set[str]) -> str | None:
+def chitchat_request_problem(
+    text: str,
+    cut: bool,
+    echo: list[EchoSource],
+    seen: set[str],
+    *,
+    digits_allowed: bool = False,
+    tools: list[dict[str, Any]] | None = None,
+) -> str | None:
+    """Why an imagined no-tool request is dropped, or None; with `tools`, also when it shares a word with one."""
     if cut:
         return "request cut off"
     if not text:
         return "empty request"
     if len(text) > CHITCHAT_MAX_REQUEST_CHARS:
         return "request too long"
-    if re.search(r"\d", text):
+    if not digits_allowed and re.search(r"\d", text):
         return "request has a number (it may need a tool)"
+    if tools is not None and shared_tool_word(text, tools) is not None:
+        return "request shares a word with an offered tool (it may fit)"
     if echo_problem(text, echo) is not None:
         return "request copies the prompt"
     if same_request_key(text) in seen:
@@ -273,31 +371,43 @@ async def build_chitchat(
     tool_lists: list[list[dict[str, Any]]],
     known_requests: set[str],
     progress: Any = None,
+    kind: NoToolKind = CHITCHAT,
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
-    """(chit-chat lines, why candidates were dropped): up to `opts.count` lines, each offering one of `tool_lists`
-    (in turn) and answering without a call. `known_requests`: `same_request_key`s of the tool lines (not repeated)."""
+    """(no-tool lines of `kind`, why candidates were dropped): up to `opts.count` lines, each offering one of
+    `tool_lists` (in turn) and answering without a call. `known_requests`: `same_request_key`s of the lines already
+    made (not repeated; the caller's set is not changed)."""
     dropped: Counter[str] = Counter()
     if opts.count <= 0 or not tool_lists:
         return [], dropped
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
     asked = opts.count * ASK_FACTOR + 2
-    advance = progress("imagining chit-chat", asked) if progress is not None else None
+    label = kind.name.replace("_", "-")
+    advance = progress(f"imagining {label}", asked) if progress is not None else None
 
     async def imagine(index: int) -> tuple[str, bool]:
-        seed = int(hashlib.sha256(f"{opts.seed}:chitchat:{index}".encode()).hexdigest()[:8], 16)
+        salt = "chitchat" if kind is CHITCHAT else kind.name  # chit-chat keeps the seeds (and cache) it always had
+        seed = int(hashlib.sha256(f"{opts.seed}:{salt}:{index}".encode()).hexdigest()[:8], 16)
         params = SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=seed)
-        request = GenerationRequest([{"role": "user", "content": chitchat_prompt(index, opts.seed)}], None, params)
-        text, cut = await _sample(backend, cache, "chitchat-request", request, semaphore)
+        request = GenerationRequest([{"role": "user", "content": kind.prompt(index, opts.seed)}], None, params)
+        text, cut = await _sample(backend, cache, f"{label}-request", request, semaphore)
         if advance is not None:
             advance()
         return clean_request(text), cut
 
     imagined = await asyncio.gather(*(imagine(i) for i in range(asked)))
-    echo = [EchoSource("chit-chat prompt", s) for s in template_sentences(CHITCHAT_REQUEST_FILE.read_text("utf-8"))]
+    echo = [EchoSource(f"{label} prompt", s) for s in template_sentences(kind.request_file.read_text("utf-8"))]
+    every_tool = {tool_name(t): t for tools in tool_lists for t in tools}
     seen = set(known_requests)
     requests: list[str] = []
     for text, cut in imagined:
-        problem = chitchat_request_problem(text, cut, echo, seen)
+        problem = chitchat_request_problem(
+            text,
+            cut,
+            echo,
+            seen,
+            digits_allowed=kind.digits_allowed,
+            tools=list(every_tool.values()) if kind.replies else None,
+        )
         if problem is not None:
             dropped[problem] += 1
             continue
@@ -305,9 +415,11 @@ async def build_chitchat(
         requests.append(text)
 
     system = CHITCHAT_ANSWER_FILE.read_text(encoding="utf-8").strip()
-    answering = progress("answering chit-chat", opts.count) if progress is not None and requests else None
+    answering = progress(f"answering {label}", opts.count) if progress is not None and requests else None
 
-    async def answer(text: str) -> tuple[str, bool]:
+    async def answer(index: int, text: str) -> tuple[str, bool]:
+        if kind.replies:
+            return kind.replies[random.Random(f"{opts.seed}:{kind.name}:{index}").randrange(len(kind.replies))], False
         params = SamplingParams(temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
         return await _sample(backend, cache, "chitchat-answer", GenerationRequest(messages, None, params), semaphore)
@@ -317,7 +429,7 @@ async def build_chitchat(
     while len(lines) < opts.count and done < len(requests):
         batch = list(enumerate(requests[done : done + opts.count - len(lines)], start=done))
         done += len(batch)
-        replies = await asyncio.gather(*(answer(text) for _, text in batch))
+        replies = await asyncio.gather(*(answer(index, text) for index, text in batch))
         for (index, request), (reply, cut) in zip(batch, replies, strict=True):
             tools = tool_lists[len(lines) % len(tool_lists)]
             problem = chitchat_reply_problem(reply, cut, tools)
@@ -326,7 +438,7 @@ async def build_chitchat(
                 continue
             if answering is not None:
                 answering()
-            line_id = f"chitchat/{index}"
+            line_id = f"{kind.name}/{index}"
             lines.append(
                 {
                     "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply.strip()}],
@@ -335,7 +447,7 @@ async def build_chitchat(
                         "id": line_id,
                         "original_id": line_id,
                         "tool": None,
-                        "source": "distill-chitchat",
+                        "source": f"distill-{kind.name.replace('_', '-')}",
                         "category": "no_tool",
                         "expected_answer": None,
                         "model": getattr(backend, "name", None),
