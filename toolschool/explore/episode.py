@@ -590,7 +590,8 @@ async def _imagine_from_values(
     developer-style ones ("Write a function to..."), but fills a schema with concrete values well and turns values
     into a question well. Returns (values, raw request); no values: (None, "")."""
     system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
-    situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot)
+    parameters = ctx.schema_of(trial.tool).get("parameters")
+    situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
     prompt = ctx.prompts.render("imagine_values", memory=memory, persona=persona, situation=situation, **variables)
     seen = seen_values(memory)
     values = None

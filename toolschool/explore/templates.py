@@ -9,6 +9,7 @@ an answer (`trial`, `trial_followup`, `parse_error`), which must match what its 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -177,12 +178,17 @@ class PromptSet:
         return list(self._personas)
 
     @staticmethod
-    def situation(seed: int, tool: str, episode: int, slot: int) -> str:
+    def situation(seed: int, tool: str, episode: int, slot: int, parameters: dict[str, Any] | None = None) -> str:
         """Details of one trial's situation for values-first imagination: a date and three numbers of different
         sizes, drawn by a hash of where the trial stands. Why: a small explorer picking argument values otherwise
         takes the description's own example every time ("5 km to mile", "1234 * 5678"), and a student trained on
         one value per tool learns the value, not how to read it from a request. They are offered ("you may use"),
-        not imposed: units, names and text stay the explorer's choice."""
+        not imposed: units, names and text stay the explorer's choice.
+
+        With the tool's `parameters` (JSON schema), a text argument that lists choices (an `enum`, or two or more
+        short one-word examples quoted in its description: "km", "pound", "degC") is offered one of them as well, the
+        same position in every such list (descriptions list matching examples side by side: "km" with "mile"),
+        because a small explorer otherwise picks the first example every time (every unit request was km to mile)."""
         import datetime as dt
         import hashlib
         import random
@@ -192,7 +198,13 @@ class PromptSet:
         date = dt.date(2015, 1, 1) + dt.timedelta(days=rng.randrange(16 * 365))
         numbers = [rng.randint(2, 12), rng.randint(13, 400), rng.randint(401, 9999)]
         rng.shuffle(numbers)
-        return f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
+        text = f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
+        choices = {name: options for name, options in _text_choices(parameters).items() if options}
+        if choices:
+            position = rng.randrange(max(len(options) for options in choices.values()))
+            picked = ", ".join(f'{name} "{options[position % len(options)]}"' for name, options in choices.items())
+            text += f"; {picked}"
+        return text
 
     def persona(self, seed: int, tool: str, episode: int, slot: int) -> str:
         """The persona of one trial: drawn from `personas()` by a hash of where the trial stands, so a resumed run
@@ -251,3 +263,24 @@ class PromptSet:
                 "example(s)",
                 hint=f"set demonstrations = {len(examples)} or fewer, or add examples to that file",
             )
+
+
+_QUOTED_WORD = re.compile(r'"([^"\s]{1,20})"')
+
+
+def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Each text argument's listed choices (see `PromptSet.situation`): its enum, else the short one-word examples
+    quoted in its description when there are two or more."""
+    properties = (parameters or {}).get("properties") if isinstance(parameters, dict) else None
+    choices: dict[str, list[str]] = {}
+    for name, spec in (properties or {}).items() if isinstance(properties, dict) else ():
+        if not isinstance(spec, dict):
+            continue
+        enum = spec.get("enum")
+        if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+            choices[name] = list(enum)
+        elif spec.get("type") == "string":
+            quoted = list(dict.fromkeys(_QUOTED_WORD.findall(str(spec.get("description") or ""))))
+            if len(quoted) >= 2:
+                choices[name] = quoted
+    return choices
