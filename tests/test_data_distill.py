@@ -239,9 +239,8 @@ def first_call_replies(trials: list[dict]) -> dict[str, str]:
 
 class ScriptedBackend(Backend):
     """A test double: answers judge prompts with a fixed verdict, paraphrase prompts from a script, a round trip
-    (the request alone, with tools) from `calls` (default: the trial's own first call), chit-chat prompts from
-    `chitchat` (requests) with `answers` (replies, in turn), and out-of-scope prompts from `out_of_scope` (default:
-    nothing, so no such line is made)."""
+    (the request alone, with tools) from `calls` (default: the trial's own first call), and chit-chat prompts from
+    `chitchat` (requests) with `answers` (replies, in turn)."""
 
     name = "scripted"
 
@@ -254,7 +253,6 @@ class ScriptedBackend(Backend):
         calls: dict[str, str] | None = None,
         chitchat: tuple[str, ...] = ("Any tips for sleeping better?", "Tell me something nice about cats."),
         answers: tuple[str, ...] = ("Keep a regular bedtime and a dark, quiet room.",),
-        out_of_scope: tuple[str, ...] = ("",),
     ) -> None:
         self.paraphrases = paraphrases
         self.reject = reject
@@ -262,7 +260,6 @@ class ScriptedBackend(Backend):
         self.calls = {**first_call_replies(good_trials()), **(calls or {})}
         self.chitchat = chitchat
         self.answers = answers
-        self.out_of_scope = out_of_scope
         self.requests: list[GenerationRequest] = []
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
@@ -270,9 +267,6 @@ class ScriptedBackend(Backend):
         prompt = request.messages[-1]["content"]
         if request.tools:  # a round trip: the request alone, with the tools
             return [Completion(text=self.calls.get(prompt, "I cannot tell."))]
-        if "asking it to" in prompt:  # an out-of-scope request
-            index = sum("asking it to" in r.messages[-1]["content"] for r in self.requests) - 1
-            return [Completion(text=self.out_of_scope[index % len(self.out_of_scope)])]
         if prompt.startswith("Write one short message"):
             index = sum(r.messages[-1]["content"].startswith("Write one short message") for r in self.requests) - 1
             return [Completion(text=self.chitchat[index % len(self.chitchat)])]
@@ -353,12 +347,12 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
 def test_rules_only_and_errors(tmp_path: Path) -> None:
     opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.0)
     summary = distill(good_trials(), opts)
-    assert summary["total"]["rules"] == 4 and summary["total"]["final"] == 4 and summary["total"]["validation"] == 0
+    assert summary["total"]["rules"] == 4 and summary["total"]["final"] == 5 and summary["total"]["validation"] == 0
     # 3 tool lines; irrelevance_fraction 0.2 of them (at least one) again without their tool; no chit-chat without
-    # a model
+    # a model; out-of-scope_fraction 0.1 of them (at least one), which needs no model
     assert summary["no_tool"] == {
         "irrelevance": 1, "irrelevance_per_tool": summary["no_tool"]["irrelevance_per_tool"], "chitchat": 0,
-        "chitchat_wanted": 0, "out_of_scope": 0, "out_of_scope_wanted": 0, "lines": 1, "share": 0.25,
+        "chitchat_wanted": 0, "out_of_scope": 1, "out_of_scope_wanted": 1, "lines": 2, "share": 0.4,
     }  # fmt: skip
     assert "none (rules only)" in (opts.out / "README.md").read_text()
     with pytest.raises(DataError, match="target_per_tool=5 needs a paraphrasing model"):
@@ -384,7 +378,7 @@ def test_cli_distill_from_a_trial_log(tmp_path: Path) -> None:
     out = tmp_path / "distill"
     result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--validation-fraction", "0"])
     assert result.exit_code == 0, result.output
-    assert (out / "train.jsonl").exists() and json.loads((out / "summary.json").read_text())["total"]["final"] == 4
+    assert (out / "train.jsonl").exists() and json.loads((out / "summary.json").read_text())["total"]["final"] == 5
     result = runner.invoke(app, ["distill", "--trials", str(tmp_path / "none.jsonl"), "--out", str(out)])
     assert result.exit_code == 2 and "none.jsonl' does not exist" in result.output
     result = runner.invoke(app, ["distill", "--trials", str(log), "--out", str(out), "--target-per-tool", "9"])
@@ -476,8 +470,9 @@ def test_split_keeps_one_query_in_one_split_across_tools(tmp_path: Path) -> None
         out = tmp_path / f"s{seed}"
         opts = DistillOptions(trials=tmp_path / "t.jsonl", out=out, validation_fraction=0.5, seed=seed)
         summary = distill(trials, opts)
-        # four tool lines, and one of them again without the tools that fit (its query: in the same split)
-        assert summary["total"]["final"] == 5 and summary["no_tool"]["irrelevance"] == 1
+        # four tool lines, one of them again without the tools that fit (its query: in the same split), and one
+        # out-of-scope request
+        assert summary["total"]["final"] == 6 and summary["no_tool"]["irrelevance"] == 1
         splits = {
             split: {e["messages"][0]["content"] for e in load_dataset_jsonl(out / f"{split}.jsonl")[0]}
             for split in ("train", "validation")
@@ -713,14 +708,18 @@ def test_a_judge_echoing_the_reply_format_gives_no_verdict() -> None:
 
 def _check_counts_add_up(summary: dict) -> None:
     """What each filter lost is what its drop reasons count, per tool and in the yield; a tool's final lines are its
-    kept originals + paraphrases, the no-tool row's its irrelevance + chit-chat lines."""
+    kept originals + paraphrases, the no-tool row's its irrelevance + chit-chat + out-of-scope lines."""
     from toolschool.data.distill import FILTERS, NO_TOOL
 
     dropped = summary["dropped"]
     for tool, row in summary["per_tool"].items():
         assert row["train"] + row["validation"] == row["final"], tool
         if tool == NO_TOOL:
-            assert row["irrelevance"] + row["chitchat"] == row["final"] == summary["no_tool"]["lines"]
+            assert (
+                row["irrelevance"] + row["chitchat"] + row["out_of_scope"]
+                == row["final"]
+                == summary["no_tool"]["lines"]
+            )
             continue
         before = "trials"
         for name, step in FILTERS:

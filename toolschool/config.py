@@ -338,8 +338,8 @@ class DistillSection(Section):
         0.1,
         ge=0.0,
         le=1.0,
-        description="requests for a service no offered tool gives, imagined by the explorer_model and answered that "
-        "no tool can, per tool-call line",
+        description="requests for a service no offered tool gives (a fixed list of tasks), answered that no tool "
+        "can, per tool-call line",
     )
     chitchat_max_tokens: int = Field(
         96, ge=1, description="tokens per chit-chat request or answer (an answer cut off there is dropped)"

@@ -14,12 +14,13 @@ from toolschool.data.cache import ReplyCache
 from toolschool.data.dataset import load_dataset_jsonl, same_request_key, validate_example
 from toolschool.data.distill import NO_TOOL, DistillOptions, distill
 from toolschool.data.irrelevance import (
-    OUT_OF_SCOPE,
     OUT_OF_SCOPE_REPLIES,
+    OUT_OF_SCOPE_TASKS,
     REFUSALS,
     ChitchatOptions,
     build_chitchat,
     build_irrelevance,
+    build_out_of_scope,
     chitchat_count,
     chitchat_reply_problem,
     chitchat_request_problem,
@@ -166,7 +167,8 @@ def test_distill_adds_no_tool_lines_in_the_split_of_their_request(tmp_path: Path
         opts = DistillOptions(trials=tmp_path / "t", out=out, validation_fraction=0.3, seed=seed, judge_model="s")
         summary = distill(trials, opts, judge=ScriptedBackend({}, calls=_calls(trials)))
         assert summary["no_tool"]["irrelevance"] == 2 and summary["no_tool"]["chitchat"] == 1
-        assert summary["per_tool"][NO_TOOL]["final"] == 3 and summary["no_tool"]["share"] == round(3 / 13, 4)
+        assert summary["no_tool"]["out_of_scope"] == 1
+        assert summary["per_tool"][NO_TOOL]["final"] == 4 and summary["no_tool"]["share"] == round(4 / 14, 4)
         splits = {s: load_dataset_jsonl(out / f"{s}.jsonl", on_error="stop")[0] for s in ("train", "validation")}
         where = {e["messages"][0]["content"]: s for s, lines in splits.items() for e in lines if e["meta"]["tool"]}
         for split, lines in splits.items():
@@ -175,7 +177,7 @@ def test_distill_adds_no_tool_lines_in_the_split_of_their_request(tmp_path: Path
                     assert where[line["messages"][0]["content"]] == split and line["meta"]["split"] == split
                     assert names(line["tools"]) == ["unit_convert"]
         card = (out / "README.md").read_text()
-        assert "3 of 13 lines (23 %) answer without a call" in card and "- chit-chat: 1 of 1 wanted" in card
+        assert "4 of 14 lines (29 %) answer without a call" in card and "- chit-chat: 1 of 1 wanted" in card
 
 
 def _calls(trials: list[dict]) -> dict[str, str]:
@@ -217,7 +219,7 @@ def test_the_cli_prints_the_yield(tmp_path: Path) -> None:
     output = " ".join(result.output.split())
     assert "distill yield per filter" in output and "grounding" in output and "round_trip" in output
     assert (
-        "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) + 0 out of scope (of 0) = 1 of 4 lines (25 %)"
+        "no-tool lines: 1 irrelevance + 0 chit-chat (of 0 wanted) + 1 out of scope (of 1) = 2 of 5 lines (40 %)"
         in output
     )
 
@@ -231,65 +233,55 @@ def test_the_cli_flags_of_the_filters_and_no_tool_lines(tmp_path: Path) -> None:
     log = tmp_path / "trials.jsonl"
     log.write_text("".join(json.dumps(t) + "\n" for t in [*good_trials(), invented]))
     out = tmp_path / "o"
-    flags = ["--no-require-grounded", "--irrelevance-fraction", "0", "--chitchat-fraction", "0", "--no-round-trip"]
+    flags = ["--no-require-grounded", "--irrelevance-fraction", "0", "--chitchat-fraction", "0", "--no-round-trip",
+             "--out-of-scope-fraction", "0"]  # fmt: skip
     result = CliRunner().invoke(app, ["distill", "--trials", str(log), "--out", str(out), *flags])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total"]["grounded"] == 5 and summary["no_tool"]["lines"] == 0
     assert summary["options"]["irrelevance_fraction"] == 0.0 and summary["options"]["round_trip"] is False
+    assert summary["options"]["out_of_scope_fraction"] == 0.0
     result = CliRunner().invoke(
         app, ["distill", "--trials", str(log), "--out", str(out), "--irrelevance-fraction", "2"]
     )
     assert result.exit_code == 2 and "irrelevance_fraction" in result.output
 
 
-def test_out_of_scope_requests_that_may_fit_a_tool_are_dropped() -> None:
+def test_out_of_scope_tasks_that_may_fit_a_tool_are_not_used() -> None:
     assert shared_tool_word("Please order me a pizza for 4 people.", BUILTIN) is None
     assert shared_tool_word("Convert my photo to black and white.", BUILTIN) == "convert"  # unit_convert's words
     assert shared_tool_word("What day is my dentist appointment?", BUILTIN) == "day"  # the date tools'
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city."}}
     assert shared_tool_word("Will it rain in Oslo? I need the weather.", [weather]) == "weather"  # name split at _
-    kept = chitchat_request_problem(
-        "Order me a pizza for 4 people.", False, [], set(), digits_allowed=True, tools=BUILTIN
-    )
-    dropped = chitchat_request_problem("Add my dentist to my calendar.", False, [], set(), tools=BUILTIN)
-    assert kept is None and dropped == "request shares a word with an offered tool (it may fit)"
+    assert all(shared_tool_word(task, BUILTIN) is None for task in OUT_OF_SCOPE_TASKS)  # all usable with builtin
+    pharmacy = {"type": "function", "function": {"name": "pharmacy_finder", "description": "Pharmacies."}}
+    lines, skipped = build_out_of_scope(len(OUT_OF_SCOPE_TASKS), [[*BUILTIN, pharmacy]], set(), seed=0)
+    assert not [line for line in lines if "pharmacy" in line["messages"][0]["content"]]
+    assert skipped == {"the task shares a word with an offered tool (it may fit)": 1}
 
 
-def test_out_of_scope_lines_are_imagined_filtered_and_refused_without_a_model_answer(tmp_path: Path) -> None:
-    backend = ScriptedBackend(
-        {},
-        out_of_scope=("Message: Please order me a large pizza for 4 people.", "Convert this photo to a sketch.",
-                      "Turn on the lights in the kitchen.", "Write one short message that a user might send"),
-    )  # fmt: skip
-    opts = ChitchatOptions(count=2, temperature=0.8, max_tokens=40, seed=0, concurrency=4)
-    cache = ReplyCache(tmp_path / "cache.jsonl")
-    lines, dropped = asyncio.run(build_chitchat(backend, cache, opts, [BUILTIN], set(), kind=OUT_OF_SCOPE))
-    assert [line["messages"][0]["content"] for line in lines] == [
-        "Please order me a large pizza for 4 people.",
-        "Turn on the lights in the kitchen.",
-    ]
+def test_out_of_scope_lines_put_each_task_one_way_before_another_and_refuse_it() -> None:
+    lines, skipped = build_out_of_scope(40, [BUILTIN, BUILTIN[:2]], set(), seed=3)
+    requests = [line["messages"][0]["content"] for line in lines]
+    assert len(lines) == 40 and len(set(map(same_request_key, requests))) == 40 and not skipped
+    first = [same_request_key(r) for r in requests[: len(OUT_OF_SCOPE_TASKS)]]
+    assert all(sum(same_request_key(task) in r for r in first) == 1 for task in OUT_OF_SCOPE_TASKS)
     assert all(line["messages"][1]["content"] in OUT_OF_SCOPE_REPLIES for line in lines)
+    assert [names(line["tools"]) for line in lines[:2]] == [names(BUILTIN), names(BUILTIN[:2])]
     assert {line["meta"]["source"] for line in lines} == {"distill-out-of-scope"}
-    assert [line["meta"]["id"] for line in lines] == ["out_of_scope/0", "out_of_scope/1"]
-    assert all(validate_example(line) is None and line["tools"] == BUILTIN for line in lines)
-    assert dropped["request shares a word with an offered tool (it may fit)"] >= 1
-    assert dropped["request copies the prompt"] >= 1
-    assert not [r for r in backend.requests if r.messages[0]["role"] == "system"]  # no model answers them
-    assert all("asking it to" in r.messages[-1]["content"] for r in backend.requests)
+    assert all(validate_example(line) is None and line["meta"]["category"] == "no_tool" for line in lines)
+    assert lines == build_out_of_scope(40, [BUILTIN, BUILTIN[:2]], set(), seed=3)[0]  # seeded
+    known = {same_request_key(requests[0])}  # e.g. a tool line's request: not repeated
+    again, skipped = build_out_of_scope(40, [BUILTIN], known, seed=3)
+    assert requests[0] not in [line["messages"][0]["content"] for line in again]
+    assert skipped == {"request repeats another": 1}
+    assert build_out_of_scope(0, [BUILTIN], set(), seed=0) == ([], {})
 
 
 def test_distill_counts_out_of_scope_lines_in_the_summary_and_card(tmp_path: Path) -> None:
-    trials = [calc_trial(i, f"What is {i + 11} * {i + 3}?", f"{i + 11}*{i + 3}", str((i + 11) * (i + 3)))
-              for i in range(10)]  # fmt: skip
-    for t in trials:
-        t["tools"] = TOOLS
-    backend = ScriptedBackend({}, calls=_calls(trials), out_of_scope=("Please book me a taxi to the station.",
-                                                                      "Switch off the hallway lights."))  # fmt: skip
-    opts = DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", seed=0, judge_model="s", out_of_scope_fraction=0.2)
-    summary = distill(trials, opts, judge=backend)
+    opts = DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", seed=0, out_of_scope_fraction=0.7)
+    summary = distill(good_trials(), opts)  # no model at all: out-of-scope lines need none
     assert summary["no_tool"]["out_of_scope"] == 2 and summary["no_tool"]["out_of_scope_wanted"] == 2
-    assert summary["per_tool"][NO_TOOL]["out_of_scope"] == 2 and summary["options"]["out_of_scope_fraction"] == 0.2
-    assert summary["dropped"]["out_of_scope"][NO_TOOL]["request repeats another"] >= 1
+    assert summary["per_tool"][NO_TOOL]["out_of_scope"] == 2 and summary["options"]["out_of_scope_fraction"] == 0.7
     card = (tmp_path / "o" / "README.md").read_text()
     assert "- out of scope: 2 of 2 wanted" in card

@@ -229,7 +229,7 @@ def distill(
     ),
     chitchat_fraction: float = typer.Option(None, help="Chit-chat lines per tool-call line (needs an explorer model)."),
     out_of_scope_fraction: float = typer.Option(
-        None, help="Refused requests for a service no tool gives, per tool-call line (needs an explorer model)."
+        None, help="Refused requests for a service no offered tool gives, per tool-call line."
     ),
     target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
     max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),

@@ -38,8 +38,8 @@ and printed by `toolschool distill`:
    originals sharing a query text across tools too: no query is in both splits).
 9. **no-tool lines** (`toolschool.data.irrelevance`) — `irrelevance_fraction` of the tool lines again with the
    tools that fit taken away, answered "no offered tool fits" (in their request's split), and, with an explorer
-   model, `chitchat_fraction` of them as chit-chat it imagines and answers without tools and
-   `out_of_scope_fraction` as requests it imagines for a service no offered tool gives, answered that none can.
+   model, `chitchat_fraction` of them as chit-chat it imagines and answers without tools; `out_of_scope_fraction`
+   of them as requests for a service no offered tool gives (a fixed list of tasks), answered that none can.
 
 Grounding and echo details and each round trip's reply go to `filtered.jsonl`.
 
@@ -71,10 +71,10 @@ from toolschool.data.filters import (
     tool_description_sources,
 )
 from toolschool.data.irrelevance import (
-    OUT_OF_SCOPE,
     ChitchatOptions,
     build_chitchat,
     build_irrelevance,
+    build_out_of_scope,
     chitchat_count,
 )
 from toolschool.data.round_trip import run_round_trips
@@ -718,7 +718,7 @@ class DistillOptions:
     round_trip_max_tokens: int = 256  # per round-trip reply (one call)
     irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
     chitchat_fraction: float = 0.1  # chit-chat lines the judge model imagines and answers, per tool-call line
-    out_of_scope_fraction: float = 0.1  # imagined requests no offered tool can serve, refused, per tool-call line
+    out_of_scope_fraction: float = 0.1  # refused requests for a service no offered tool gives, per tool-call line
     chitchat_max_tokens: int = 96  # per imagined chit-chat request and per answer (an answer cut there is dropped)
     explore_format: str = "hermes"  # the exploration prompts a request must not echo: the run's [explore] format
     explore_prompts: str | None = None  # and its [explore] prompts override folder
@@ -1246,15 +1246,12 @@ async def adistill(
     )
     if chitchat_dropped:
         drops["chitchat"][NO_TOOL].update(chitchat_dropped)
-    out_of_scope_wanted = chitchat_count(opts.out_of_scope_fraction, len(tool_lines)) if explorer is not None else 0
-    out_of_scope, out_of_scope_dropped = await build_chitchat(
-        explorer,  # type: ignore[arg-type]  # None only when nothing is wanted
-        cache,
-        ChitchatOptions(out_of_scope_wanted, opts.temperature, opts.chitchat_max_tokens, opts.seed, opts.concurrency),
+    out_of_scope_wanted = chitchat_count(opts.out_of_scope_fraction, len(tool_lines))
+    out_of_scope, out_of_scope_dropped = build_out_of_scope(
+        out_of_scope_wanted,
         _tool_lists(originals),
         {same_request_key(line["messages"][0]["content"]) for line in tool_lines + chitchat},
-        progress,
-        kind=OUT_OF_SCOPE,
+        opts.seed,
     )
     if out_of_scope_dropped:
         drops["out_of_scope"][NO_TOOL].update(out_of_scope_dropped)
@@ -1436,7 +1433,7 @@ def distill_card(summary: dict[str, Any]) -> str:
             f"- chit-chat: {no_tool.get('chitchat', 0)} of {no_tool.get('chitchat_wanted', 0)} wanted (imagined "
             "and answered by the explorer model without tools)",
             f"- out of scope: {no_tool.get('out_of_scope', 0)} of {no_tool.get('out_of_scope_wanted', 0)} wanted "
-            "(requests the explorer model imagined for a service no offered tool gives, answered that none can)",
+            "(requests for a service no offered tool gives, from a fixed list, answered that none can)",
         ]
     lines += ["", "## Why items were dropped", ""]
     for stage, per_tool in summary["dropped"].items():

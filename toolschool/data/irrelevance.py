@@ -12,13 +12,15 @@ Two kinds, both answered in plain text with the tools still offered:
   digit (it may need a calculation), copies the prompt, or repeats another; a reply when it is empty, cut off at
   `chitchat_max_tokens`, holds a tool call, or repeats itself (a sentence or six words in a row twice). Requests and
   replies are cached like every distill reply.
-- **out of scope**: the explorer model imagines a request for something an assistant can only do with a tool or
-  service it is not given (live information, acting in the world or on the user's accounts and devices: one task
-  per request from a fixed list), answered with a fixed sentence that no available tool can do it. Why: the
-  irrelevance lines only teach "this request's own tool is missing"; a small student offered the whole toolbox and
-  asked for something else entirely invents a tool for it (`weather`, `send_email`). Such a request is dropped, on
-  top of the chit-chat rules (digits allowed: "a table for 4"), when it shares a word with an offered tool's name or
-  description: a request a user's own tool might serve must not be taught as one to refuse.
+- **out of scope** (no teacher): a request for something an assistant can only do with a tool or service it is
+  not given (live information, acting in the world or on the user's accounts and devices), from a fixed list of
+  tasks put in one of six ways a person asks ("Could you pay my electricity bill for me?"), offered with a tool
+  list of the kept lines and answered with a fixed sentence that no available tool can do it. Why: irrelevance lines
+  only teach "this request's own tool was taken away" and chit-chat is small talk, so a small student offered the
+  whole toolbox and asked for something else entirely invents a tool for it (`weather`, `send_email`). Written, not
+  imagined: asked for such requests, Qwen2.5-Coder-0.5B wrote the assistant's side ("Sure! What would you like to
+  buy online?") or a letter ("Dear [Your Name], ..."). A request that shares a word with an offered tool's name or
+  description is not used: one a user's own tool might serve must not be taught as one to refuse.
 
 Irrelevance lines go to the split of the request they come from; chit-chat and out-of-scope lines are split by the
 validation fraction, so no request is in both splits.
@@ -44,7 +46,6 @@ from toolschool.models.backend import Backend, ContextLengthError, GenerationReq
 PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
 CHITCHAT_REQUEST_FILE = PROMPTS_DIR / "chitchat_request.txt"
 CHITCHAT_ANSWER_FILE = PROMPTS_DIR / "chitchat_answer.txt"
-OUT_OF_SCOPE_REQUEST_FILE = PROMPTS_DIR / "out_of_scope_request.txt"
 
 # The replies of an irrelevance line: {name} the missing tool, {what} what it does (its description's first clause).
 REFUSALS = (
@@ -80,32 +81,54 @@ CHITCHAT_TOPICS = (
     "an animal fact",
     "staying focused at work",
 )
-# What a request of the out-of-scope kind asks the assistant to do (kinds of service, not requests to copy).
+# What an out-of-scope request asks for: services an assistant gives only with a tool it is not offered (live
+# information, acting in the world or on the user's accounts and devices), written out as a person asks for them.
 OUT_OF_SCOPE_TASKS = (
-    "read today's news headlines",
-    "look up a live sports score",
-    "order food for delivery",
-    "buy something online",
-    "reserve a hotel room",
-    "call a taxi",
-    "text a friend",
-    "post on social media",
-    "turn on the lights at home",
-    "change the thermostat setting",
-    "put a meeting in the user's calendar",
-    "show a photo from the user's phone",
-    "give driving directions",
-    "track a parcel",
-    "pay a bill",
-    "draw a picture",
-    "record a voice memo",
-    "check a bank balance",
-    "find a nearby pharmacy",
-    "look up a train timetable",
-    "check the traffic on the way to work",
-    "share a document with a coworker",
-    "switch on the robot vacuum",
-    "look up opening hours of a shop",
+    "read me this morning's news headlines",
+    "tell me the score of last night's football match",
+    "order two large pizzas to 14 Elm Street",
+    "buy a pair of running shoes in size 42 online",
+    "reserve a double room in Lisbon for the weekend",
+    "call a taxi to the airport for 6 am",
+    "text my sister that dinner is at eight",
+    "post my holiday photos on Instagram",
+    "turn off the lights in the living room",
+    "set the thermostat to 21",
+    "put the dentist appointment in my calendar",
+    "send me the photos from my phone's camera roll",
+    "get me directions to the nearest petrol station",
+    "track the parcel I sent to my aunt",
+    "pay my electricity bill",
+    "draw a picture of a cat on a skateboard",
+    "record a voice memo of my shopping list",
+    "check my bank balance",
+    "find a pharmacy near me that is still open",
+    "check whether my train to Bristol is on time",
+    "share the budget spreadsheet with Sam",
+    "switch on the robot vacuum in the kitchen",
+    "look up the opening hours of the town museum",
+    "lock the front door",
+    "cancel my gym membership",
+    "order a refill of my prescription",
+    "find a plumber who can come this afternoon",
+    "download the latest episode of my podcast",
+    "get my boarding pass for the trip to Rome",
+    "open the garage door",
+    "renew my car insurance",
+    "find my lost phone",
+    "upload my essay to the school portal",
+    "check the air quality in my street right now",
+    "search the web for reviews of this laptop",
+    "play the next episode of my audiobook",
+)
+# How a person puts such a task (with the task's first letter upper-cased where it starts the message).
+OUT_OF_SCOPE_FORMS = (
+    "Can you {task}?",
+    "Please {task}.",
+    "Could you {task} for me?",
+    "I'd like you to {task}.",
+    "{Task}.",
+    "Hey, can you {task}? Thanks!",
 )
 # The replies of an out-of-scope line (picked by the seed): no offered tool does it, say so and do not pretend.
 OUT_OF_SCOPE_REPLIES = (
@@ -155,6 +178,59 @@ def refusal_reply(missing: list[dict[str, Any]], seed: int | str) -> str:
     tool = missing[0]
     template = REFUSALS[random.Random(f"refusal:{seed}").randrange(len(REFUSALS))]
     return template.format(name=tool_name(tool), what=what_it_does(tool))
+
+
+def build_out_of_scope(
+    count: int, tool_lists: list[list[dict[str, Any]]], known_requests: set[str], seed: int
+) -> tuple[list[dict[str, Any]], Counter[str]]:
+    """(out-of-scope lines, why candidates were not used): up to `count` lines, each offering one of `tool_lists`
+    (in turn); the tasks that share no word with any offered tool, each in one form before any in a second, in a
+    seeded order. `known_requests`: `same_request_key`s of the other lines (not repeated)."""
+    skipped: Counter[str] = Counter()
+    if count <= 0 or not tool_lists:
+        return [], skipped
+    every_tool = list({tool_name(t): t for tools in tool_lists for t in tools}.values())
+    tasks = []
+    for task in OUT_OF_SCOPE_TASKS:
+        if shared_tool_word(task, every_tool) is None:
+            tasks.append(task)
+        else:
+            skipped["the task shares a word with an offered tool (it may fit)"] += 1
+    rng = random.Random(f"{seed}:out-of-scope")
+    rng.shuffle(tasks)
+    forms = [list(OUT_OF_SCOPE_FORMS) for _ in tasks]
+    for options in forms:
+        rng.shuffle(options)
+    seen = set(known_requests)
+    lines: list[dict[str, Any]] = []
+    for round_ in range(len(OUT_OF_SCOPE_FORMS)):
+        for task, options in zip(tasks, forms, strict=True):
+            if len(lines) >= count:
+                return lines, skipped
+            request = options[round_].format(task=task, Task=task[0].upper() + task[1:])
+            if same_request_key(request) in seen:
+                skipped["request repeats another"] += 1
+                continue
+            seen.add(same_request_key(request))
+            index = len(lines)
+            line_id = f"out_of_scope/{index}"
+            reply = OUT_OF_SCOPE_REPLIES[random.Random(f"{seed}:{line_id}").randrange(len(OUT_OF_SCOPE_REPLIES))]
+            lines.append(
+                {
+                    "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply}],
+                    "tools": tool_lists[index % len(tool_lists)],
+                    "meta": {
+                        "id": line_id,
+                        "original_id": line_id,
+                        "tool": None,
+                        "source": "distill-out-of-scope",
+                        "category": "no_tool",
+                        "expected_answer": None,
+                        "paraphrase": False,
+                    },
+                }
+            )
+    return lines, skipped
 
 
 def _called(example: dict[str, Any]) -> list[str]:
@@ -226,28 +302,6 @@ def build_irrelevance(
 
 
 @dataclass(frozen=True)
-class NoToolKind:
-    """One kind of imagined no-tool line: how its requests are asked for and answered, and what it is counted as."""
-
-    name: str  # "chitchat" | "out_of_scope": the meta source is distill-NAME, line ids NAME/INDEX
-    topics: tuple[str, ...]
-    request_file: Path
-    digits_allowed: bool  # chit-chat: a number may need a calculation; out of scope: "a table for 4" is fine
-    replies: tuple[str, ...] = ()  # fixed replies picked by the seed; empty: the explorer answers without tools
-
-    def prompt(self, index: int, seed: int) -> str:
-        topics = list(self.topics)
-        random.Random(f"{seed}:{self.name}-topics").shuffle(topics)
-        return self.request_file.read_text(encoding="utf-8").strip().format(topic=topics[index % len(topics)])
-
-
-CHITCHAT = NoToolKind("chitchat", CHITCHAT_TOPICS, CHITCHAT_REQUEST_FILE, digits_allowed=False)
-OUT_OF_SCOPE = NoToolKind(
-    "out_of_scope", OUT_OF_SCOPE_TASKS, OUT_OF_SCOPE_REQUEST_FILE, digits_allowed=True, replies=OUT_OF_SCOPE_REPLIES
-)
-
-
-@dataclass(frozen=True)
 class ChitchatOptions:
     count: int  # lines wanted
     temperature: float
@@ -262,7 +316,9 @@ def chitchat_count(fraction: float, tool_lines: int) -> int:
 
 
 def chitchat_prompt(index: int, seed: int) -> str:
-    return CHITCHAT.prompt(index, seed)
+    topics = list(CHITCHAT_TOPICS)
+    random.Random(f"{seed}:chitchat-topics").shuffle(topics)
+    return CHITCHAT_REQUEST_FILE.read_text(encoding="utf-8").strip().format(topic=topics[index % len(topics)])
 
 
 def _words(text: str) -> set[str]:
@@ -290,26 +346,15 @@ def clean_request(text: str) -> str:
     return text.strip().strip("\"“”'").strip().split("\n\n")[0].strip()
 
 
-def chitchat_request_problem(
-    text: str,
-    cut: bool,
-    echo: list[EchoSource],
-    seen: set[str],
-    *,
-    digits_allowed: bool = False,
-    tools: list[dict[str, Any]] | None = None,
-) -> str | None:
-    """Why an imagined no-tool request is dropped, or None; with `tools`, also when it shares a word with one."""
+def chitchat_request_problem(text: str, cut: bool, echo: list[EchoSource], seen: set[str]) -> str | None:
     if cut:
         return "request cut off"
     if not text:
         return "empty request"
     if len(text) > CHITCHAT_MAX_REQUEST_CHARS:
         return "request too long"
-    if not digits_allowed and re.search(r"\d", text):
+    if re.search(r"\d", text):
         return "request has a number (it may need a tool)"
-    if tools is not None and shared_tool_word(text, tools) is not None:
-        return "request shares a word with an offered tool (it may fit)"
     if echo_problem(text, echo) is not None:
         return "request copies the prompt"
     if same_request_key(text) in seen:
@@ -371,43 +416,31 @@ async def build_chitchat(
     tool_lists: list[list[dict[str, Any]]],
     known_requests: set[str],
     progress: Any = None,
-    kind: NoToolKind = CHITCHAT,
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
-    """(no-tool lines of `kind`, why candidates were dropped): up to `opts.count` lines, each offering one of
-    `tool_lists` (in turn) and answering without a call. `known_requests`: `same_request_key`s of the lines already
-    made (not repeated; the caller's set is not changed)."""
+    """(chit-chat lines, why candidates were dropped): up to `opts.count` lines, each offering one of `tool_lists`
+    (in turn) and answering without a call. `known_requests`: `same_request_key`s of the tool lines (not repeated)."""
     dropped: Counter[str] = Counter()
     if opts.count <= 0 or not tool_lists:
         return [], dropped
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
     asked = opts.count * ASK_FACTOR + 2
-    label = kind.name.replace("_", "-")
-    advance = progress(f"imagining {label}", asked) if progress is not None else None
+    advance = progress("imagining chit-chat", asked) if progress is not None else None
 
     async def imagine(index: int) -> tuple[str, bool]:
-        salt = "chitchat" if kind is CHITCHAT else kind.name  # chit-chat keeps the seeds (and cache) it always had
-        seed = int(hashlib.sha256(f"{opts.seed}:{salt}:{index}".encode()).hexdigest()[:8], 16)
+        seed = int(hashlib.sha256(f"{opts.seed}:chitchat:{index}".encode()).hexdigest()[:8], 16)
         params = SamplingParams(temperature=opts.temperature, max_tokens=opts.max_tokens, seed=seed)
-        request = GenerationRequest([{"role": "user", "content": kind.prompt(index, opts.seed)}], None, params)
-        text, cut = await _sample(backend, cache, f"{label}-request", request, semaphore)
+        request = GenerationRequest([{"role": "user", "content": chitchat_prompt(index, opts.seed)}], None, params)
+        text, cut = await _sample(backend, cache, "chitchat-request", request, semaphore)
         if advance is not None:
             advance()
         return clean_request(text), cut
 
     imagined = await asyncio.gather(*(imagine(i) for i in range(asked)))
-    echo = [EchoSource(f"{label} prompt", s) for s in template_sentences(kind.request_file.read_text("utf-8"))]
-    every_tool = {tool_name(t): t for tools in tool_lists for t in tools}
+    echo = [EchoSource("chit-chat prompt", s) for s in template_sentences(CHITCHAT_REQUEST_FILE.read_text("utf-8"))]
     seen = set(known_requests)
     requests: list[str] = []
     for text, cut in imagined:
-        problem = chitchat_request_problem(
-            text,
-            cut,
-            echo,
-            seen,
-            digits_allowed=kind.digits_allowed,
-            tools=list(every_tool.values()) if kind.replies else None,
-        )
+        problem = chitchat_request_problem(text, cut, echo, seen)
         if problem is not None:
             dropped[problem] += 1
             continue
@@ -415,11 +448,9 @@ async def build_chitchat(
         requests.append(text)
 
     system = CHITCHAT_ANSWER_FILE.read_text(encoding="utf-8").strip()
-    answering = progress(f"answering {label}", opts.count) if progress is not None and requests else None
+    answering = progress("answering chit-chat", opts.count) if progress is not None and requests else None
 
-    async def answer(index: int, text: str) -> tuple[str, bool]:
-        if kind.replies:
-            return kind.replies[random.Random(f"{opts.seed}:{kind.name}:{index}").randrange(len(kind.replies))], False
+    async def answer(text: str) -> tuple[str, bool]:
         params = SamplingParams(temperature=0.0, max_tokens=opts.max_tokens, seed=opts.seed)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
         return await _sample(backend, cache, "chitchat-answer", GenerationRequest(messages, None, params), semaphore)
@@ -429,7 +460,7 @@ async def build_chitchat(
     while len(lines) < opts.count and done < len(requests):
         batch = list(enumerate(requests[done : done + opts.count - len(lines)], start=done))
         done += len(batch)
-        replies = await asyncio.gather(*(answer(index, text) for index, text in batch))
+        replies = await asyncio.gather(*(answer(text) for _, text in batch))
         for (index, request), (reply, cut) in zip(batch, replies, strict=True):
             tools = tool_lists[len(lines) % len(tool_lists)]
             problem = chitchat_reply_problem(reply, cut, tools)
@@ -438,7 +469,7 @@ async def build_chitchat(
                 continue
             if answering is not None:
                 answering()
-            line_id = f"{kind.name}/{index}"
+            line_id = f"chitchat/{index}"
             lines.append(
                 {
                     "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply.strip()}],
@@ -447,7 +478,7 @@ async def build_chitchat(
                         "id": line_id,
                         "original_id": line_id,
                         "tool": None,
-                        "source": f"distill-{kind.name.replace('_', '-')}",
+                        "source": "distill-chitchat",
                         "category": "no_tool",
                         "expected_answer": None,
                         "model": getattr(backend, "name", None),
