@@ -285,3 +285,20 @@ def test_distill_counts_out_of_scope_lines_in_the_summary_and_card(tmp_path: Pat
     assert summary["per_tool"][NO_TOOL]["out_of_scope"] == 2 and summary["options"]["out_of_scope_fraction"] == 0.7
     card = (tmp_path / "o" / "README.md").read_text()
     assert "- out of scope: 2 of 2 wanted" in card
+
+
+def test_out_of_scope_lines_never_hold_a_held_out_request() -> None:
+    """The main job's held-out requests for missing tools come from other templates (weather, email, bookings...):
+    no out-of-scope request of any seed is one of them."""
+    from toolschool.data.heldout import builtin_heldout
+
+    ours = {
+        same_request_key(line["messages"][0]["content"])
+        for seed in range(3)
+        for line in build_out_of_scope(6 * len(OUT_OF_SCOPE_TASKS), [BUILTIN], set(), seed=seed)[0]
+    }
+    assert len(ours) == 6 * len(OUT_OF_SCOPE_TASKS)
+    registry = build_registry(("builtin",))
+    held_out = [line for seed in range(5) for line in builtin_heldout(registry, per_tool=1, no_tool=8, seed=seed)]
+    no_tool = {same_request_key(line["messages"][0]["content"]) for line in held_out if not line["meta"]["tool"]}
+    assert len(no_tool) > 20 and not ours & no_tool

@@ -90,7 +90,7 @@ OUT_OF_SCOPE_TASKS = (
     "buy a pair of running shoes in size 42 online",
     "reserve a double room in Lisbon for the weekend",
     "call a taxi to the airport for 6 am",
-    "text my sister that dinner is at eight",
+    "change my phone's wallpaper to a beach photo",
     "post my holiday photos on Instagram",
     "turn off the lights in the living room",
     "set the thermostat to 21",
@@ -119,7 +119,7 @@ OUT_OF_SCOPE_TASKS = (
     "upload my essay to the school portal",
     "check the air quality in my street right now",
     "search the web for reviews of this laptop",
-    "play the next episode of my audiobook",
+    "back up my laptop to the cloud",
 )
 # How a person puts such a task (with the task's first letter upper-cased where it starts the message).
 OUT_OF_SCOPE_FORMS = (
