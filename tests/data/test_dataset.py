@@ -229,6 +229,11 @@ def test_string_arguments_say_how_to_fix_them() -> None:
     line = call_line("calculator", {"expression": "1"}, "1", [schema("calculator", expression="string")])
     line["messages"][1]["tool_calls"][0]["function"]["arguments"] = '{"expression": "1"}'
     assert validate_example(line) is None  # OpenAI's wire form: the JSON text of the object is read as the object
+    from toolschool.data.dataset import normalize_example
+
+    normalized = normalize_example(line)
+    assert normalized["messages"][1]["tool_calls"][0]["function"]["arguments"] == {"expression": "1"}
+    assert line["messages"][1]["tool_calls"][0]["function"]["arguments"] == '{"expression": "1"}'  # not changed
     line["messages"][1]["tool_calls"][0]["function"]["arguments"] = "expression=1"
     reason = validate_example(line)
     assert reason is not None and reason.startswith(
