@@ -35,7 +35,7 @@ import machine  # bench/ is the script's folder, first on sys.path
 from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import get_format
 from toolschool.models.backend import GenerationRequest, SamplingParams
-from toolschool.models.embedded import embedded_model, installed_parts, is_embedded
+from toolschool.models.embedded import is_available
 from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
 
 OUT = Path(__file__).parent / "results" / "constrained.json"
@@ -63,13 +63,7 @@ MODES = ("free", "auto", "required")
 
 
 def installed_models() -> list[str]:
-    out = []
-    for name in EMBEDDED:
-        if is_embedded(name):
-            found, parts = installed_parts(embedded_model(name))
-            if found == parts:
-                out.append(name)
-    return out
+    return [name for name in EMBEDDED if is_available(name)]
 
 
 def load_average() -> float:

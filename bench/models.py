@@ -28,15 +28,10 @@ from pathlib import Path
 import machine  # bench/ is the script's folder, first on sys.path
 from generate import backend_concurrent, backend_sequential, requests
 
-from toolschool.models.embedded import EMBEDDED_MODELS, installed_parts, is_converted
+from toolschool.models.embedded import EMBEDDED_MODELS, is_available
 
 BIN = Path(sys.executable).parent
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def available(name: str) -> bool:
-    done, total = installed_parts(EMBEDDED_MODELS[name])
-    return is_converted(name) or done == total
 
 
 def _eval(name: str, data_args: list[str], max_tokens: int, out: Path) -> tuple[dict, float, str]:
@@ -126,7 +121,7 @@ def main() -> None:
         "models": previous.get("models", {}),
     }
     for name in args.models:
-        if not available(name):
+        if not is_available(name):
             print(f"{name}: not installed, skipped (toolschool models install {name})", file=sys.stderr)
             continue
         figures = dict(result["models"].get(name, {}))

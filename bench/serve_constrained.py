@@ -30,7 +30,7 @@ import machine  # bench/ is the script's folder, first on sys.path
 import openai
 from serve_load import free_port, stop_server, wait_ready
 
-from toolschool.models.embedded import EMBEDDED_MODELS, installed_parts, is_converted
+from toolschool.models.embedded import EMBEDDED_MODELS, is_available
 from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,11 +49,6 @@ ANSWER_SCHEMA = {
     "required": ["city", "temperature_c", "sunny"],
     "additionalProperties": False,
 }
-
-
-def available(name: str) -> bool:
-    done, total = installed_parts(EMBEDDED_MODELS[name])
-    return is_converted(name) or done == total
 
 
 def check_calls(message: Any, allowed: set[str]) -> str | None:
@@ -154,7 +149,7 @@ def main() -> None:
         "models": previous.get("models", {}),
     }
     for name in args.models:
-        if not available(name):
+        if not is_available(name):
             print(f"{name}: not installed, skipped (toolschool models install {name})", file=sys.stderr)
             continue
         result["models"][name] = run_model(name, args.n, args.max_tokens)

