@@ -21,9 +21,9 @@ from toolschool.data.irrelevance import (
     build_chitchat,
     build_irrelevance,
     build_out_of_scope,
-    chitchat_count,
     chitchat_reply_problem,
     chitchat_request_problem,
+    lines_wanted,
     refusal_reply,
     shared_tool_word,
     what_it_does,
@@ -120,7 +120,7 @@ def test_chitchat_filters() -> None:
     looping = "A source of inspiration for many people, and a source of inspiration for many people today."
     assert chitchat_reply_problem(looping, False, BUILTIN) == "reply repeats itself"
     assert chitchat_reply_problem("Yes. I love books. Yes, really: books are great.", False, BUILTIN) is None
-    assert chitchat_count(0.1, 40) == 4 and chitchat_count(0.1, 3) == 1 and chitchat_count(0.0, 40) == 0
+    assert lines_wanted(0.1, 40) == 4 and lines_wanted(0.1, 3) == 1 and lines_wanted(0.0, 40) == 0
 
 
 def test_chitchat_is_imagined_filtered_answered_and_cached(tmp_path: Path) -> None:

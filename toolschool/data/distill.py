@@ -75,7 +75,7 @@ from toolschool.data.irrelevance import (
     build_chitchat,
     build_irrelevance,
     build_out_of_scope,
-    chitchat_count,
+    lines_wanted,
 )
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
@@ -1235,23 +1235,22 @@ async def adistill(
         drops["irrelevance"][NO_TOOL].update(skipped)
     for line in irrelevant:
         splits[line["meta"]["split"]].append(line)
-    chitchat_wanted = chitchat_count(opts.chitchat_fraction, len(tool_lines)) if explorer is not None else 0
+    chitchat_wanted = lines_wanted(opts.chitchat_fraction, len(tool_lines)) if explorer is not None else 0
+    known_requests = {same_request_key(line["messages"][0]["content"]) for line in tool_lines}
     chitchat, chitchat_dropped = await build_chitchat(
         explorer,  # type: ignore[arg-type]  # None only when nothing is wanted
         cache,
         ChitchatOptions(chitchat_wanted, opts.temperature, opts.chitchat_max_tokens, opts.seed, opts.concurrency),
         _tool_lists(originals),
-        {same_request_key(line["messages"][0]["content"]) for line in tool_lines},
+        known_requests,
         progress,
     )
     if chitchat_dropped:
         drops["chitchat"][NO_TOOL].update(chitchat_dropped)
-    out_of_scope_wanted = chitchat_count(opts.out_of_scope_fraction, len(tool_lines))
+    known_requests |= {same_request_key(line["messages"][0]["content"]) for line in chitchat}
+    out_of_scope_wanted = lines_wanted(opts.out_of_scope_fraction, len(tool_lines))
     out_of_scope, out_of_scope_dropped = build_out_of_scope(
-        out_of_scope_wanted,
-        _tool_lists(originals),
-        {same_request_key(line["messages"][0]["content"]) for line in tool_lines + chitchat},
-        opts.seed,
+        out_of_scope_wanted, _tool_lists(originals), known_requests, opts.seed
     )
     if out_of_scope_dropped:
         drops["out_of_scope"][NO_TOOL].update(out_of_scope_dropped)

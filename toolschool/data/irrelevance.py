@@ -1,6 +1,6 @@
 """No-tool examples: a student must also learn when not to call.
 
-Two kinds, both answered in plain text with the tools still offered:
+Three kinds, all answered in plain text with the tools still offered:
 
 - **irrelevance** (no teacher, as Hammer builds them): a kept request with the tools that fit it taken out of the
   offered list. The tools that fit are the ones its conversation calls, the ones a kept trial of the same request
@@ -216,19 +216,7 @@ def build_out_of_scope(
             line_id = f"out_of_scope/{index}"
             reply = OUT_OF_SCOPE_REPLIES[random.Random(f"{seed}:{line_id}").randrange(len(OUT_OF_SCOPE_REPLIES))]
             lines.append(
-                {
-                    "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply}],
-                    "tools": tool_lists[index % len(tool_lists)],
-                    "meta": {
-                        "id": line_id,
-                        "original_id": line_id,
-                        "tool": None,
-                        "source": "distill-out-of-scope",
-                        "category": "no_tool",
-                        "expected_answer": None,
-                        "paraphrase": False,
-                    },
-                }
+                no_tool_line(line_id, request, reply, tool_lists[index % len(tool_lists)], "distill-out-of-scope")
             )
     return lines, skipped
 
@@ -243,6 +231,32 @@ def _called(example: dict[str, Any]) -> list[str]:
     return names
 
 
+def lines_wanted(fraction: float, tool_lines: int) -> int:
+    """No-tool lines of one kind wanted: `fraction` of the tool-call lines, at least one when both are above 0."""
+    return 0 if fraction <= 0 or tool_lines <= 0 else max(1, round(fraction * tool_lines))
+
+
+def no_tool_line(
+    line_id: str, request: str, reply: str, tools: list[dict[str, Any]], source: str, **meta: Any
+) -> dict[str, Any]:
+    """A dataset line answered without a call: the request, the plain reply, the tools offered; `meta` adds to (or
+    overrides) the keys every no-tool line has."""
+    return {
+        "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply}],
+        "tools": tools,
+        "meta": {
+            "id": line_id,
+            "original_id": line_id,
+            "tool": None,
+            "source": source,
+            "category": "no_tool",
+            "expected_answer": None,
+            "paraphrase": False,
+            **meta,
+        },
+    }
+
+
 def build_irrelevance(
     examples: list[dict[str, Any]], fraction: float, seed: int
 ) -> tuple[list[dict[str, Any]], Counter[str], dict[str, int]]:
@@ -251,9 +265,9 @@ def build_irrelevance(
     order; paraphrases only when more are wanted than there are originals."""
     skipped: Counter[str] = Counter()
     per_tool: Counter[str] = Counter()
-    if fraction <= 0 or not examples:
+    want = lines_wanted(fraction, len(examples))
+    if not want:
         return [], skipped, {}
-    want = max(1, round(fraction * len(examples)))
     by_request: dict[str, set[str]] = {}
     for example in examples:
         by_request.setdefault(same_request_key(example["messages"][0]["content"]), set()).update(_called(example))
@@ -275,24 +289,17 @@ def build_irrelevance(
         meta = example["meta"]
         line_id = f"{meta['id']}/irrelevant"
         lines.append(
-            {
-                "messages": [
-                    {"role": "user", "content": query},
-                    {"role": "assistant", "content": refusal_reply(missing, f"{seed}:{line_id}")},
-                ],
-                "tools": offered,
-                "meta": {
-                    "id": line_id,
-                    "original_id": meta.get("original_id", meta["id"]),
-                    "tool": None,
-                    "source": "distill-irrelevance",
-                    "category": "no_tool",
-                    "expected_answer": None,
-                    "removed_tools": sorted(t for t in fits if t),
-                    "paraphrase": bool(meta.get("paraphrase")),
-                    "split": meta.get("split"),
-                },
-            }
+            no_tool_line(
+                line_id,
+                query,
+                refusal_reply(missing, f"{seed}:{line_id}"),
+                offered,
+                "distill-irrelevance",
+                original_id=meta.get("original_id", meta["id"]),
+                removed_tools=sorted(t for t in fits if t),
+                paraphrase=bool(meta.get("paraphrase")),
+                split=meta.get("split"),
+            )
         )
         per_tool[str(meta.get("tool"))] += 1
     return lines, skipped, dict(sorted(per_tool.items()))
@@ -310,11 +317,6 @@ class ChitchatOptions:
     concurrency: int
 
 
-def chitchat_count(fraction: float, tool_lines: int) -> int:
-    """Chit-chat lines wanted: `fraction` of the tool-call lines, at least one when both are above 0."""
-    return 0 if fraction <= 0 or tool_lines <= 0 else max(1, round(fraction * tool_lines))
-
-
 def chitchat_prompt(index: int, seed: int) -> str:
     topics = list(CHITCHAT_TOPICS)
     random.Random(f"{seed}:chitchat-topics").shuffle(topics)
@@ -322,9 +324,9 @@ def chitchat_prompt(index: int, seed: int) -> str:
 
 
 def _words(text: str) -> set[str]:
-    """The lower-cased words of a text that say what it is about, singular ("files" -> "file"), names split at
-    underscores ("send_email" -> "send", "email")."""
-    words = re.findall(r"[a-z]+", text.lower().replace("_", " "))
+    """The words of a text that say what it is about (`same_request_key`'s words, no numbers), singular ("files" ->
+    "file"), names split at underscores ("send_email" -> "send", "email")."""
+    words = [w for w in same_request_key(text.replace("_", " ")).split() if w.isalpha()]
     singular = {w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w for w in words}
     return {w for w in singular if len(w) > 2} - _COMMON_WORDS
 
@@ -471,19 +473,8 @@ async def build_chitchat(
                 answering()
             line_id = f"chitchat/{index}"
             lines.append(
-                {
-                    "messages": [{"role": "user", "content": request}, {"role": "assistant", "content": reply.strip()}],
-                    "tools": tools,
-                    "meta": {
-                        "id": line_id,
-                        "original_id": line_id,
-                        "tool": None,
-                        "source": "distill-chitchat",
-                        "category": "no_tool",
-                        "expected_answer": None,
-                        "model": getattr(backend, "name", None),
-                        "paraphrase": False,
-                    },
-                }
+                no_tool_line(
+                    line_id, request, reply.strip(), tools, "distill-chitchat", model=getattr(backend, "name", None)
+                )
             )
     return lines, dropped
