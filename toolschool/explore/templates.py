@@ -199,7 +199,7 @@ class PromptSet:
         numbers = [rng.randint(2, 12), rng.randint(13, 400), rng.randint(401, 9999)]
         rng.shuffle(numbers)
         text = f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
-        choices = {name: options for name, options in _text_choices(parameters).items() if options}
+        choices = _text_choices(parameters)
         if choices:
             position = rng.randrange(max(len(options) for options in choices.values()))
             picked = ", ".join(f'{name} "{options[position % len(options)]}"' for name, options in choices.items())
@@ -271,9 +271,11 @@ _QUOTED_WORD = re.compile(r'"([^"\s]{1,20})"')
 def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
     """Each text argument's listed choices (see `PromptSet.situation`): its enum, else the short one-word examples
     quoted in its description when there are two or more."""
-    properties = (parameters or {}).get("properties") if isinstance(parameters, dict) else None
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return {}
     choices: dict[str, list[str]] = {}
-    for name, spec in (properties or {}).items() if isinstance(properties, dict) else ():
+    for name, spec in properties.items():
         if not isinstance(spec, dict):
             continue
         enum = spec.get("enum")
