@@ -164,6 +164,22 @@ def test_a_model_is_available_when_converted_or_every_part_is_installed(monkeypa
         assert embedded.is_available(name) is available
 
 
+def test_a_killed_conversion_leaves_nothing_behind_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOLSCHOOL_HOME", str(tmp_path))
+    models = tmp_path / "models"
+    stale = models / ".smollm2-135m-k1ll3d"
+    other = models / ".qwen2.5-coder-0.5b-busy"  # another model's conversion: not this lock's to clean
+    for folder in (stale, other):
+        folder.mkdir(parents=True)
+        (folder / "part.gguf").write_bytes(b"x" * 10)
+    converted: list[Path] = []
+    monkeypatch.setattr(embedded, "_convert", lambda model, target, progress: converted.append(target))
+    assert embedded.ensure_embedded("smollm2-135m", progress=False) == models / "smollm2-135m"
+    assert converted == [models / "smollm2-135m"] and not stale.exists() and other.exists()
+
+
 def test_models_install_of_an_unknown_name_says_which_exist() -> None:
     from toolschool.cli import app
 

@@ -216,7 +216,7 @@ def ensure_embedded(name: str = DEFAULT_MODEL, *, progress: bool = True) -> Path
     """Return the safetensors folder of an embedded model, converting the GGUF on first use.
 
     Safe against concurrent first uses (a file lock) and interrupted conversions (written to a temporary
-    folder, then renamed into place).
+    folder, then renamed into place; one left by a killed conversion is removed by the next).
     """
     model = embedded_model(name)
     target = cached_dir(name)
@@ -228,6 +228,10 @@ def ensure_embedded(name: str = DEFAULT_MODEL, *, progress: bool = True) -> Path
     with FileLock(str(target) + ".lock"):
         if is_converted(name):
             return target
+        # a conversion killed outright (out of memory, SIGKILL) leaves its temporary folder behind, a GB or more;
+        # holding the lock, no other process is converting this model, so any such folder is stale
+        for stale in target.parent.glob(f".{name}-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         _convert(model, target, progress=progress)
     return target
 
