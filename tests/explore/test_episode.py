@@ -305,7 +305,7 @@ def test_a_prompt_override_using_a_variable_its_template_does_not_get_fails_befo
     (tmp_path / "imagine.jinja").write_text("Explore {{ tool }} with {{ query }}.\nUser request:")
     with pytest.raises(ConfigError, match=r"'imagine.jinja' uses an unknown variable: 'query' is undefined") as info:
         PromptSet("hermes", tmp_path)
-    assert "tool, description, parameters, tool_names, max_turns, memory" in str(info.value)
+    assert "tool, description, parameters, tool_names, max_turns, code, memory" in str(info.value)
     (tmp_path / "imagine.jinja").write_text("Explore {{ tool }}{% for m in memory %} {{ m.outcome }}{% endfor %}")
     with pytest.raises(ConfigError, match="'imagine.jinja' uses an unknown variable"):
         PromptSet("hermes", tmp_path)
@@ -575,3 +575,126 @@ async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> Non
     assert first["imagined_values"] == {"expression": "1 * 7"} and second["imagined_values"] == {"expression": "3 * 7"}
     drawn = [r.params.temperature for r in backend.requests if "as a JSON object" in r.messages[-1]["content"]]
     assert drawn == [0.5, 0.5, 0.65]
+
+
+async def test_values_first_draws_again_when_the_tool_refuses_the_values(tmp_path) -> None:
+    """Values the tool itself refuses (an error, or no output) cannot become a verified trial: drawn again, hotter,
+    and logged with why they were set aside; no request is written for them."""
+    replies = iter(['{"expression": "784!"}', '{"expression": "4 * 7"}'])
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if "as a JSON object" in content:
+            return next(replies)
+        return _values_first_policy(request, counter)
+
+    backend = ScriptedBackend(policy)
+    registry = FakeRegistry()
+    ctx = make_ctx(tmp_path, backend, registry=registry, stm_slots=1, max_turns=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["imagined_values"] == {"expression": "4 * 7"} and record["intent_matched"] is True
+    (aside,) = record["set_aside"]["values"]
+    assert aside["values"] == {"expression": "784!"}
+    assert aside["problem"].startswith("the tool refused them: Error: the tool 'calculator' failed")
+    assert registry.calls[:2] == [("calculator", {"expression": "784!"}), ("calculator", {"expression": "4 * 7"})]
+    requests = [r for r in backend.requests if "With these values" in str(r.messages[-1].get("content"))]
+    assert len(requests) == 1 and '"4 * 7"' in requests[0].messages[-1]["content"]
+
+
+async def test_values_first_with_every_draw_refused_logs_an_empty_query(tmp_path) -> None:
+    from toolschool.explore.episode import VALUES_ATTEMPTS
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        return '{"expression": "boom"}'
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["status"] == "empty_query" and record["imagined_values"] is None and not record["steps"]
+    assert len(record["set_aside"]["values"]) == VALUES_ATTEMPTS
+    assert all("tool crashed" in a["problem"] for a in record["set_aside"]["values"])
+
+
+async def test_values_first_writes_the_request_again_when_it_leaves_a_value_out(tmp_path) -> None:
+    """A request that does not state every value asks for something else: written again (hotter), and the one that
+    states them all is the trial's request."""
+    requests = iter(['"What is 1 times something?"', '"What is 1 * 7?"'])
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if "Write the short message" in content:
+            return next(requests)
+        return _values_first_policy(request, counter)
+
+    backend = ScriptedBackend(policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first", temperature=0.5)
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["query"] == "What is 1 * 7?" and record["intent_matched"] is True
+    (aside,) = record["set_aside"]["requests"]
+    assert aside["request"] == "What is 1 times something?"
+    assert aside["problem"] == "a number in the call is not in the request: 7"
+    drawn = [r.params.temperature for r in backend.requests if "Write the short message" in r.messages[-1]["content"]]
+    assert drawn == [0.5, 0.65]
+
+
+async def test_a_program_that_prints_nothing_is_set_aside() -> None:
+    from toolschool.explore.episode import values_problem
+
+    class Ctx:
+        registry = type(
+            "R",
+            (),
+            {"acall": staticmethod(_async(Observation("(no output)", {"stdout": "", "exit_code": 0, "limit": None})))},
+        )()
+
+    assert await values_problem(Ctx(), "python", {"code": "1 + 1"}) == "the tool returned nothing"
+
+
+def _async(value: Any) -> Any:
+    async def call(*args: Any) -> Any:
+        return value
+
+    return call
+
+
+def test_the_values_first_prompts_ask_a_tool_that_takes_code_for_a_program() -> None:
+    """The python tool's values are a program: the values prompt asks for one that prints a result, the request
+    prompt for what it must work out (without the code); other tools' prompts never mention a program."""
+    from toolschool.explore.templates import PromptSet, takes_code
+    from toolschool.tools.builtin import builtin_schema
+
+    python, calculator = builtin_schema("python"), builtin_schema("calculator")
+    assert takes_code(python["function"]["parameters"]) and not takes_code(calculator["function"]["parameters"])
+    assert takes_code({"properties": {"script": {"type": "string"}}})
+    assert not takes_code({"properties": {"code": {"type": "integer"}}}) and not takes_code(None)
+    prompts = PromptSet("hermes")
+    common = {"persona": "a baker", "tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"]}
+    values = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, **common)
+    assert "prints the result" in values and values.endswith("as a JSON object.")
+    plain = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=False, **common)
+    assert "program" not in plain
+    request = prompts.render("imagine_request", persona="a baker", description="d", values="{}", code=True)
+    assert "Do not show the code." in request and "what this program prints" in request
+
+
+async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tmp_path) -> None:
+    """An answer that does not state the call's result ("It is 8." after 7) is what distill drops: written again
+    (hotter); the first one that states it is the trial's answer."""
+    answers = iter(["It is 8.", "It is 7."])
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        if after_result(request.messages[-1]):
+            return next(answers)
+        return _values_first_policy(request, counter)
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, max_turns=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["final_answer"] == "It is 7." and record["set_aside"]["answers"] == ["It is 8."]
+    assert record["messages"][-1]["content"] == "It is 7."

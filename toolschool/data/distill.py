@@ -79,7 +79,7 @@ from toolschool.data.irrelevance import (
 )
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
-from toolschool.evaluate.metrics import answer_matches
+from toolschool.evaluate.metrics import EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams
 
 STEPS = (
@@ -131,9 +131,6 @@ class Candidate:
         if query is not None:
             messages[0] = {**messages[0], "content": query}
         return {"messages": messages, "tools": self.tools, "meta": {**self.meta, **meta}}
-
-
-EXPECTED_ANSWER_MAX_CHARS = 80
 
 
 def _call_ok(call: dict[str, Any]) -> bool:
@@ -244,7 +241,7 @@ def trial_to_candidate(
     messages: list[dict[str, Any]] = [{"role": "user", "content": query}]
     calls: list[dict[str, Any]] = []
     last_result: str | None = None
-    last_value: Any = None
+    expected: str | float | None = None
     n = 0
     for step in call_steps:
         if step.get("executed") is False or step.get("parse_error") or not all(_call_ok(c) for c in step["calls"]):
@@ -262,17 +259,15 @@ def trial_to_candidate(
             results.append({"role": "tool", "tool_call_id": call_id, "name": call.get("name"), "content": str(text)})
             calls.append({"name": call.get("name"), "arguments": arguments})
             last_result = str(text).strip()
-            value = observation.get("value")
-            last_value = value if isinstance(value, int | float) and not isinstance(value, bool) else last_result
+            expected = result_to_state(last_result, observation.get("value"))
         messages.append({"role": "assistant", "content": "", "tool_calls": tool_calls})
         messages.extend(results)
     if not any(c["name"] == tool for c in calls):
         return None, "the explored tool was not called successfully"
-    short = last_result is not None and len(last_result) <= EXPECTED_ANSWER_MAX_CHARS
-    if require_answer and short and not answer_matches(final, last_value):
+    if require_answer and expected is not None and not answer_matches(final, expected):
         return None, "the final answer does not state the tool's result"
-    if require_answer and short and answer_matches(query, last_value):
-        in_arguments = any(answer_matches(json.dumps(c["arguments"]), last_value) for c in calls)
+    if require_answer and expected is not None and answer_matches(query, expected):
+        in_arguments = any(answer_matches(json.dumps(c["arguments"]), expected) for c in calls)
         if not in_arguments:  # "Adding 2 days to 2023-04-21 results in 2023-04-23." asks for nothing
             return None, "the request states the tool's result"
     messages.append({"role": "assistant", "content": final.strip()})

@@ -276,6 +276,20 @@ def answer_matches(predicted: str | None, expected: str | int | float | None) ->
     return f" {gold} " in f" {_words(predicted)} "
 
 
+# A tool result a final answer must state, when it is this short (a number, a date, a converted quantity); a longer
+# one (a program's page of output, a table) is summarised rather than stated, and is not compared.
+EXPECTED_ANSWER_MAX_CHARS = 80
+
+
+def result_to_state(text: str | None, value: Any = None) -> str | float | None:
+    """What a final answer after a tool result must state, for `answer_matches`: the number `value` when the tool
+    returned one, else the result `text`; None when the text is empty or longer than EXPECTED_ANSWER_MAX_CHARS."""
+    shown = str(text if text is not None else "").strip()
+    if not shown or len(shown) > EXPECTED_ANSWER_MAX_CHARS:
+        return None
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else shown
+
+
 def _words(text: str) -> str:
     return " ".join(re.findall(r"\w+", text.casefold()))
 

@@ -32,7 +32,7 @@ from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory, MemoryEntry
-from toolschool.explore.templates import PromptSet
+from toolschool.explore.templates import PromptSet, takes_code
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.tools.base import Observation, valid_unicode
 
@@ -291,6 +291,7 @@ class _Trial:
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.final_answer: str | None = None
+        self.set_aside_answers: list[str] = []  # values first: answers written again (`answer_misses_result`)
         self._generations = 0
 
     async def generate(
@@ -433,6 +434,7 @@ async def run_trial(
         "parameters": json.dumps(schema.get("parameters", {}), ensure_ascii=False),
         "tool_names": [s["function"]["name"] for s in ctx.tool_schemas],
         "max_turns": settings.max_turns,
+        "code": takes_code(schema.get("parameters")),
     }
     persona = ctx.prompts.persona(settings.seed, tool, episode, slot)
     # 1. imagine — the long-term memory goes into this request only
@@ -446,9 +448,10 @@ async def run_trial(
     solved: bool | None = None
     context_error: str | None = None
     imagined_values: dict[str, Any] | None = None
+    set_aside: dict[str, list[dict[str, Any]]] | None = None
     try:
         if settings.imagine == "values_first":
-            imagined_values, query_raw = await _imagine_from_values(ctx, trial, memory, persona, variables)
+            imagined_values, query_raw, set_aside = await _imagine_from_values(ctx, trial, memory, persona, variables)
             query = clean_query(query_raw)
             if query:
                 values_text = json.dumps(imagined_values, ensure_ascii=False)
@@ -490,6 +493,7 @@ async def run_trial(
         "query_raw": query_raw,
         "imagined_values": imagined_values,
         "intent_matched": intent_matched,
+        "set_aside": None if set_aside is None else {**set_aside, "answers": trial.set_aside_answers},
         "steps": trial.steps,
         "final_answer": trial.final_answer,
         "reflection": reflection,
@@ -538,8 +542,12 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[dict[str, Any
     return bool(calls) and arguments_match(tool, calls[0].get("arguments"), values, mode="semantic")
 
 
-# Values-first imagination draws again (hotter) when every short text value repeats one already tried.
-VALUES_ATTEMPTS = 3
+# Values-first imagination draws again (hotter) when the values repeat every short text value already tried, or the
+# tool refuses them; the request is written again when it does not state every value, the answer when it does not
+# state the call's result.
+VALUES_ATTEMPTS = 4
+REQUEST_ATTEMPTS = 3
+ANSWER_ATTEMPTS = 3
 VALUES_TEMPERATURE_STEP = 0.15
 _SHORT_TEXT = 40
 
@@ -576,25 +584,74 @@ def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
             persona="a user",
             description=example["description"],
             values=json.dumps(example["arguments"], ensure_ascii=False),
+            code=takes_code(example["parameters"]),
         )
         messages += [{"role": "user", "content": prompt}, _verbatim(json.dumps(example["query"], ensure_ascii=False))]
     return messages
 
 
+def answer_misses_result(parsed: ParsedReply, steps: list[dict[str, Any]]) -> bool:
+    """Whether `parsed` is a final answer that does not state the result of the last call that ran clean, when that
+    result is short enough to state (`result_to_state`): what distill's `require_answer` drops."""
+    from toolschool.evaluate.metrics import answer_matches, result_to_state
+
+    if parsed.final is None or parsed.calls or parsed.error is not None:
+        return False
+    clean = [c for step in steps for c in step.get("calls", []) if not c["observation"].get("is_error")]
+    if not clean:
+        return False
+    observation = clean[-1]["observation"]
+    expected = result_to_state(observation.get("text"), observation.get("value"))
+    return expected is not None and not answer_matches(parsed.final, expected)
+
+
+async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any]) -> str | None:
+    """Why the tool's own run on imagined values rules them out, or None: it refused them (an error), or it returned
+    nothing (a program that prints nothing). Why: no request written from such values can become a verified trial
+    (the call read from it fails too, or shows no result to answer with), and a small explorer proposes many (km to
+    m/s, "784!", a program without print()); a run costs far less than the request and the trial."""
+    observation = await _execute(ctx, tool, values)
+    if observation.is_error:
+        first_line = (str(observation.text).strip().splitlines() or [""])[0]
+        return f"the tool refused them: {first_line[:200]}"
+    output = observation.value.get("stdout") if isinstance(observation.value, dict) else observation.text
+    if not str(output if output is not None else "").strip():
+        return "the tool returned nothing"
+    return None
+
+
+def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], request: str) -> str | None:
+    """Why a request written from `values` does not do: it is empty, or a value is not stated in it (distill's
+    grounding rules: numbers in any spelling, units as the tool reads them...). Such a request asks for something
+    else, so the call read from it cannot have the values; a small explorer drops one a time in three."""
+    from toolschool.data.filters import Sources, call_grounding
+
+    if not request:
+        return "no request"
+    problem = call_grounding(tool, values, ctx.tool_schemas, Sources(request))
+    return None if problem is None else f"{problem.reason}: {problem.detail}"
+
+
 async def _imagine_from_values(
     ctx: ExploreContext, trial: _Trial, memory: list[dict[str, str]], persona: str, variables: dict[str, Any]
-) -> tuple[dict[str, Any] | None, str]:
+) -> tuple[dict[str, Any] | None, str, dict[str, list[dict[str, Any]]]]:
     """imagine = "values_first": the explorer picks argument values for the tool (held to its schema when
     decoding is constrained), then writes the request a person with those values would send, in a fresh
     conversation of its own. Why: a small explorer asked for a request with values writes vague or
     developer-style ones ("Write a function to..."), but fills a schema with concrete values well and turns values
-    into a question well. Returns (values, raw request); no values: (None, "")."""
+    into a question well.
+
+    Values are drawn again (hotter) while they repeat the values already tried or the tool refuses them
+    (`values_problem`), and the request is written again while it leaves a value out (`request_problem`): a cheap
+    check at each step rather than a trial spent on what distill would drop. Returns (values, raw request, what was
+    drawn and set aside with why); values the tool refuses at every draw: (None, "", ...)."""
     system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
     parameters = ctx.schema_of(trial.tool).get("parameters")
     situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
     prompt = ctx.prompts.render("imagine_values", memory=memory, persona=persona, situation=situation, **variables)
     seen = seen_values(memory)
-    values = None
+    set_aside: dict[str, list[dict[str, Any]]] = {"values": [], "requests": []}
+    values = repeated = None
     for attempt in range(VALUES_ATTEMPTS):
         completion = await trial.generate(
             [system, {"role": "user", "content": prompt}],
@@ -605,26 +662,45 @@ async def _imagine_from_values(
             with_tools=False,
             temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
         )
-        values = parse_values(completion.text)
-        if values is None or not repeats_seen_values(values, seen):
+        drawn = parse_values(completion.text)
+        if drawn is None:
+            problem = "no JSON object"
+        else:
+            problem = await values_problem(ctx, trial.tool, drawn)
+            if problem is None and repeats_seen_values(drawn, seen):
+                repeated = repeated or drawn  # usable, if nothing new comes
+                problem = "repeats values already tried"
+        if problem is None:
+            values = drawn
             break
+        set_aside["values"].append({"values": drawn, "problem": problem})
+    values = values or repeated
     if values is None:
-        return None, ""
+        return None, "", set_aside
     request_prompt = ctx.prompts.render(
         "imagine_request",
         persona=persona,
         description=variables["description"],
         values=json.dumps(values, ensure_ascii=False),
+        code=variables["code"],
     )
-    completion = await trial.generate(
-        [system, *request_examples(ctx), {"role": "user", "content": request_prompt}],
-        stop=IMAGINE_STOP + ["\n"],
-        prefill="",
-        max_tokens=ctx.settings.max_tokens,
-        constraint=ctx.imagine_constraint(),
-        with_tools=False,
-    )
-    return values, completion.text
+    text = ""
+    for attempt in range(REQUEST_ATTEMPTS):
+        completion = await trial.generate(
+            [system, *request_examples(ctx), {"role": "user", "content": request_prompt}],
+            stop=IMAGINE_STOP + ["\n"],
+            prefill="",
+            max_tokens=ctx.settings.max_tokens,
+            constraint=ctx.imagine_constraint(),
+            with_tools=False,
+            temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
+        )
+        text = completion.text
+        problem = request_problem(ctx, trial.tool, values, clean_query(text))
+        if problem is None:
+            break
+        set_aside["requests"].append({"request": clean_query(text), "problem": problem})
+    return values, text, set_aside
 
 
 async def _attempt(
@@ -671,6 +747,21 @@ async def _attempt(
             )
             raw = prefill + completion.text
             parsed = fmt.parse(raw, ctx.tool_schemas)
+            for attempt in range(1, ANSWER_ATTEMPTS):
+                # values first, an answer that does not state the call's result is written again: distill drops it
+                if settings.imagine != "values_first" or not answer_misses_result(parsed, trial.steps):
+                    break
+                trial.set_aside_answers.append(str(parsed.final))
+                completion = await trial.generate(
+                    [*conversation, *trial.messages],
+                    stop=fmt.stop,
+                    prefill=prefill,
+                    max_tokens=settings.max_tokens,
+                    constraint=constraint,
+                    temperature=settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
+                )
+                raw = prefill + completion.text
+                parsed = fmt.parse(raw, ctx.tool_schemas)
             last = turn == settings.max_turns or calls_left <= 0
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
@@ -728,6 +819,7 @@ def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
             "parameters": json.dumps(example["parameters"], ensure_ascii=False),
             "tool_names": [example["tool"]],
             "max_turns": ctx.settings.max_turns,
+            "code": takes_code(example["parameters"]),
         }
         call_id = f"demo_{index}"
         messages += [

@@ -40,13 +40,13 @@ PERSONAS_FILE = "personas.json"
 
 # The variables each template is rendered with (see toolschool.explore.episode), and sample values to try them
 # with when the prompts are loaded: an override using one its template does not get fails before any work.
-_TOOL_VARIABLES = ("tool", "description", "parameters", "tool_names", "max_turns")
+_TOOL_VARIABLES = ("tool", "description", "parameters", "tool_names", "max_turns", "code")
 TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "system": ("tool",),
     "imagine": (*_TOOL_VARIABLES, "memory", "persona"),
     "imagine_followup": (*_TOOL_VARIABLES, "memory", "persona"),
     "imagine_values": (*_TOOL_VARIABLES, "memory", "persona", "situation"),
-    "imagine_request": ("description", "persona", "values"),
+    "imagine_request": ("description", "persona", "values", "code"),
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
@@ -70,6 +70,7 @@ _SAMPLE_VALUES: dict[str, Any] = {
     "parameters": '{"type": "object", "properties": {"x": {"type": "string"}}}',
     "tool_names": ["example_tool", "other_tool"],
     "max_turns": 4,
+    "code": False,
     "memory": [{"query": "An earlier request.", "solved": "Yes"}, {"query": "Another one.", "solved": "No"}],
     "query": "A request.",
     "error": "the reply could not be parsed",
@@ -286,3 +287,23 @@ def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
             if len(quoted) >= 2:
                 choices[name] = quoted
     return choices
+
+
+_CODE_NAMES = ("code", "program", "script", "source")
+
+
+def takes_code(parameters: dict[str, Any] | None) -> bool:
+    """Whether a tool takes a program: a text argument named code, program, script or source, or described as a
+    program. The values-first prompts ask such a tool for a program that prints a result, and for a request that
+    says what the program must work out (`code` in the templates); any other tool gets argument values and a
+    request that never mentions code."""
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return False
+    for name, spec in properties.items():
+        if not isinstance(spec, dict) or spec.get("type") not in (None, "string"):
+            continue
+        description = str(spec.get("description") or "").casefold()
+        if str(name).casefold() in _CODE_NAMES or "program" in description:
+            return True
+    return False
