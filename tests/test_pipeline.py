@@ -318,5 +318,7 @@ def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(
     (row,) = comparison_table(constrained, [("base", "smollm2-135m")])
     assert row["decoding"] == "constrained"
     assert "| base | constrained | 100.0 | 75.0 | 50.0 | — | 4 |" in comparison_markdown([row])
+    assert "correct: the right tool with arguments matching the gold call's (exact: " in text
+    assert "(semantic: equal, or the same call" in comparison_markdown([row], arguments="semantic")
     assert final_model(eval_models(config)) == ("base", "smollm2-135m")
     assert final_model([("base", "b"), ("sft", "s"), ("sft+rl", "r"), ("explorer (reference)", "e")]) == ("sft+rl", "r")

@@ -471,7 +471,9 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     if both_ways is not None:
         table += comparison_table(*both_ways)
     (out_dir / "comparison.json").write_text(json.dumps(table, indent=2), encoding="utf-8")
-    (out_dir / "comparison.md").write_text(comparison_markdown(table), encoding="utf-8")
+    (out_dir / "comparison.md").write_text(
+        comparison_markdown(table, arguments=config.eval.arguments), encoding="utf-8"
+    )
     return {"data": str(data), "items": len(benchmarks[0].items), "table": table}
 
 
@@ -571,13 +573,24 @@ def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> 
     return rows
 
 
-def comparison_markdown(table: list[dict[str, Any]]) -> str:
+ARGUMENT_RULES = {
+    "exact": "equal values after normalisation",
+    "semantic": "equal, or the same call by the metrics' semantic rules: a calculator expression of the same value, "
+    "one unit however it is named, a program printing the same",
+}
+
+
+def comparison_markdown(table: list[dict[str, Any]], *, arguments: str = "exact") -> str:
     header = ["model", "decoding", *(c for c, _ in TABLE_COLUMNS), "items"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for row in table:
         values = ("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS)
         cells = [row["model"], row.get("decoding", "free"), *values, str(row["n"])]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"correct: the right tool with arguments matching the gold call's ({arguments}: {ARGUMENT_RULES[arguments]}).",
+    ]
     categories = sorted({c for row in table for c in row.get("correct % by category", {})})
     if categories:
         lines += ["", "correct % by category:", ""]
