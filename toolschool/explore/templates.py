@@ -189,7 +189,9 @@ class PromptSet:
         With the tool's `parameters` (JSON schema), a text argument that lists choices (an `enum`, or two or more
         short one-word examples quoted in its description: "km", "pound", "degC") is offered one of them as well, the
         same position in every such list (descriptions list matching examples side by side: "km" with "mile"),
-        because a small explorer otherwise picks the first example every time (every unit request was km to mile)."""
+        because a small explorer otherwise picks the first example every time (every unit request was km to mile).
+        A tool that takes a program (`takes_code`) is offered a kind of program (`PROGRAM_KINDS`): told only to vary
+        its programs, the 0.5B wrote the sum of a list in 11 of 16."""
         import datetime as dt
         import hashlib
         import random
@@ -200,6 +202,8 @@ class PromptSet:
         numbers = [rng.randint(2, 12), rng.randint(13, 400), rng.randint(401, 9999)]
         rng.shuffle(numbers)
         text = f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
+        if takes_code(parameters):
+            text += f"; a program that {PROGRAM_KINDS[rng.randrange(len(PROGRAM_KINDS))]}"
         choices = _text_choices(parameters)
         if choices:
             position = rng.randrange(max(len(options) for options in choices.values()))
@@ -265,6 +269,27 @@ class PromptSet:
                 hint=f"set demonstrations = {len(examples)} or fewer, or add examples to that file",
             )
 
+
+# Kinds of small program a person might want run, offered one per values-first trial of a tool that takes code:
+# common shapes of everyday scripting (loops, lists, text, counting), worded as what the program does.
+PROGRAM_KINDS = (
+    "counts the items of a list that pass a test",
+    "finds the largest and the smallest of a list of numbers",
+    "averages a list of numbers",
+    "sorts a list of words or numbers",
+    "counts the letters or vowels of a word",
+    "reverses a word or a list",
+    "adds up a series of numbers in a loop over a range",
+    "multiplies numbers in a loop (a factorial, a growth over several years)",
+    "finds the numbers in a range that divide evenly by another",
+    "works out a running balance month by month",
+    "counts the words of a sentence",
+    "repeats one calculation for each item of a list and prints each result",
+    "checks whether a number is prime",
+    "converts a list of prices at an exchange rate",
+    "keeps the even (or the odd) numbers of a list",
+    "formats a table of values with a loop",
+)
 
 _QUOTED_WORD = re.compile(r'"([^"\s]{1,20})"')
 
