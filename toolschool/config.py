@@ -169,6 +169,12 @@ class ExploreSection(Section):
     concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")
     format: FormatName = Field("hermes", description="hermes | json | react: how the explorer writes calls")
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature (the paper used 1.0 with GPT-3.5)")
+    trial_temperature: float | None = Field(
+        None,
+        ge=0.0,
+        description="sampling temperature of the attempt (calls, answer, reflection); unset: temperature. Lower "
+        "keeps a small explorer's calls well written while imagination stays varied",
+    )
     max_tokens: int = Field(256, ge=1, description="tokens per model turn")
     tools: list[str] = Field(default_factory=list, description="tools to explore (empty: every tool of the set)")
     demonstrations: int = Field(

@@ -675,7 +675,7 @@ def test_the_values_first_prompts_ask_a_tool_that_takes_code_for_a_program() -> 
     prompts = PromptSet("hermes")
     common = {"persona": "a baker", "tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"]}
     values = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, **common)
-    assert "prints the result" in values and values.endswith("as a JSON object.")
+    assert "program" in values and "prints what it works out" in values and values.endswith("as a JSON object.")
     plain = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=False, **common)
     assert "program" not in plain
     request = prompts.render("imagine_request", persona="a baker", description="d", values="{}", code=True)
@@ -698,3 +698,24 @@ async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tm
     (record,) = read_trials(tmp_path / TRIALS_FILE)
     assert record["final_answer"] == "It is 7." and record["set_aside"]["answers"] == ["It is 8."]
     assert record["messages"][-1]["content"] == "It is 7."
+
+
+async def test_the_attempt_samples_at_trial_temperature_and_imagination_at_temperature(tmp_path) -> None:
+    """At 0.9 the 0.5B leaves a program's closing quote out one call in three (`print(8 - 56)}`), which a grammar
+    cannot tell from code; imagination needs that heat, the calls do not: `trial_temperature` is the attempt's."""
+    from toolschool.explore.episode import ExploreSettings
+
+    backend = ScriptedBackend(_values_first_policy)
+    ctx = make_ctx(
+        tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first", temperature=0.9, trial_temperature=0.3
+    )
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["intent_matched"] is True and record["settings"]["trial_temperature"] == 0.3
+    side = {r.params.temperature for r in backend.requests if r.tools in (None, [])}
+    attempt = {r.params.temperature for r in backend.requests if r.tools not in (None, [])}
+    assert side == {0.9} and attempt == {0.3}
+    # unset, the attempt samples at `temperature`, and the logged shape is the one logs had before the setting
+    assert ExploreSettings(temperature=0.5).attempt_temperature == 0.5
+    assert "trial_temperature" not in ExploreSettings().trial_shape()

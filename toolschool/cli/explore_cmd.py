@@ -49,6 +49,9 @@ def explore(
     concurrency: int = typer.Option(None, help="Episodes at once; the local backend batches them (default 16)."),
     format: str = typer.Option(None, "--format", help="hermes | json | react (default hermes)."),
     temperature: float = typer.Option(None, help="Sampling temperature."),
+    trial_temperature: float = typer.Option(
+        None, help="Sampling temperature of the attempt (calls, answer); default: --temperature."
+    ),
     constrained: bool = typer.Option(
         None,
         "--constrained/--no-constrained",
@@ -90,6 +93,7 @@ def explore(
         "explore.concurrency": concurrency,
         "explore.format": format,
         "explore.temperature": temperature,
+        "explore.trial_temperature": trial_temperature,
         "explore.constrained": constrained,
         "explore.max_tokens": max_tokens,
         "explore.no_exec_feedback": no_exec_feedback,

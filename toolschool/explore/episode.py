@@ -89,6 +89,7 @@ class ExploreSettings:
     stm_slots: int = 3
     max_turns: int = 4
     temperature: float = 0.7
+    trial_temperature: float | None = None  # the attempt's (`attempt_temperature`); None: `temperature`
     max_tokens: int = 256
     reflection_max_tokens: int = 16
     demonstrations: int = 2
@@ -109,7 +110,14 @@ class ExploreSettings:
         """
         shape = asdict(self)
         del shape["episodes"], shape["target_per_tool"], shape["ablations"]  # ablations are checked on their own
+        if shape["trial_temperature"] is None:
+            del shape["trial_temperature"]  # as logged before it existed: such a log resumes
         return shape
+
+    @property
+    def attempt_temperature(self) -> float:
+        """The temperature of the attempt: its calls, its answer and the reflection."""
+        return self.temperature if self.trial_temperature is None else self.trial_temperature
 
     @classmethod
     def from_section(cls, section: ExploreSection, seed: int = 0, prompts_sha256: str | None = None) -> ExploreSettings:
@@ -119,6 +127,7 @@ class ExploreSettings:
             stm_slots=section.stm_slots,
             max_turns=section.max_turns,
             temperature=section.temperature,
+            trial_temperature=section.trial_temperature,
             max_tokens=section.max_tokens,
             demonstrations=section.demonstrations,
             imagine=section.imagine,
@@ -744,6 +753,7 @@ async def _attempt(
                 prefill=prefill,
                 max_tokens=settings.max_tokens,
                 constraint=constraint,
+                temperature=settings.attempt_temperature,
             )
             raw = prefill + completion.text
             parsed = fmt.parse(raw, ctx.tool_schemas)
@@ -758,7 +768,7 @@ async def _attempt(
                     prefill=prefill,
                     max_tokens=settings.max_tokens,
                     constraint=constraint,
-                    temperature=settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
+                    temperature=settings.attempt_temperature + VALUES_TEMPERATURE_STEP * attempt,
                 )
                 raw = prefill + completion.text
                 parsed = fmt.parse(raw, ctx.tool_schemas)
@@ -797,6 +807,7 @@ async def _attempt(
                 prefill="",
                 max_tokens=min(settings.reflection_max_tokens, settings.max_tokens),
                 constraint=ctx.reflect_constraint(),
+                temperature=settings.attempt_temperature,
             )
             reflection = completion.text.strip()
             solved = parse_reflection(reflection)

@@ -311,6 +311,7 @@ async def run_exploration(
         "stm_slots": settings.stm_slots,
         "max_turns": settings.max_turns,
         "temperature": settings.temperature,
+        "trial_temperature": settings.attempt_temperature,
         "max_tokens": settings.max_tokens,
     }
     write_summary(ctx.log.directory, summary)
