@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+# Asserts in the helper modules test files share (not test files themselves) report as the tests' own do.
+pytest.register_assert_rewrite("backend_helpers")
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from backend_helpers import _assert_same_run, _one_at_a_time
 from helpers import CALC
 
 from toolschool.errors import ModelLoadError, ToolschoolError
@@ -184,18 +185,6 @@ def test_sampling_draws_the_distribution_and_never_a_zero_probability_token() ->
     assert set(cut) == {3, 4}  # top_p 0.8 keeps 0.6 + 0.3, drops the 0.1
     alone = [sample_next(logits[:1], [1.0], [1.0], [torch.Generator().manual_seed(i)])[0][0] for i in range(50)]
     assert alone == tokens[:50]
-
-
-async def _one_at_a_time(backend: LocalBackend, requests: list[GenerationRequest]) -> list[Completion]:
-    return [(await backend.generate(r))[0] for r in requests]
-
-
-def _assert_same_run(batched: list[Completion], alone: list[Completion]) -> None:
-    """Same tokens and the same log-probs (up to float rounding): the random model's samples barely depend
-    on its input, but their log-probs do, so a row fed another row's token shows up here."""
-    for got, want in zip(batched, alone, strict=True):
-        assert got.token_ids == want.token_ids
-        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4)
 
 
 def _sampled(budgets: list[int]) -> list[GenerationRequest]:

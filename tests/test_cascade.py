@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_backends_local import _assert_same_run, _one_at_a_time
+from backend_helpers import _assert_same_run, _one_at_a_time
 
 from toolschool.models.backend import GenerationRequest, SamplingParams
 from toolschool.models.backends import make_backend

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_runner import _calc_item, _FlakyBackend, _hermes
+from eval_helpers import _calc_item, _FlakyBackend, _hermes
 
 from toolschool.errors import ConfigError
 from toolschool.evaluate.runner import EvalOptions

@@ -6,8 +6,8 @@ import json
 import tomllib
 
 import pytest
+from explore_helpers import ScriptedBackend, calculator_policy
 from helpers import after_result, hanging_and_doubling_tools
-from test_explore_episode import ScriptedBackend
 from typer.testing import CliRunner
 
 from toolschool.cli import app
@@ -15,20 +15,6 @@ from toolschool.explore import stage
 from toolschool.explore.log import TRIALS_FILE, read_trials
 
 runner = CliRunner()
-
-
-def calculator_policy(request, counter):
-    last = request.messages[-1]
-    content = last.get("content") or ""
-    if after_result(last):
-        return f"The result is {content}."
-    if content.rstrip().endswith("User request:"):
-        counter["q"] += 1
-        return f"What is {counter['q']} plus 2?"
-    if "Yes" in content and "No" in content:
-        return "Yes"
-    number = counter["q"]
-    return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{number} + 2"}}}}</tool_call>'
 
 
 @pytest.fixture
@@ -186,8 +172,7 @@ import asyncio, signal, sys
 # installs no KeyboardInterrupt handler: undo that, so the test sees what a terminal's Ctrl-C does.
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
-from test_explore_cli import calculator_policy
-from test_explore_episode import ScriptedBackend
+from explore_helpers import ScriptedBackend, calculator_policy
 from toolschool.cli import app
 from toolschool.explore import stage
 

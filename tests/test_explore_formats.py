@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from explore_helpers import SCHEMAS, ScriptedBackend, make_ctx
 from helpers import after_result
-from test_explore_episode import SCHEMAS, ScriptedBackend, make_ctx
 
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import model_view, run_episode

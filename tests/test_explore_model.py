@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from test_explore_episode import SCHEMAS, FakeRegistry
+from explore_helpers import SCHEMAS, FakeRegistry
 
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import Ablations, ExploreContext, ExploreSettings

@@ -13,40 +13,12 @@ from pathlib import Path
 
 import pytest
 from helpers import CALC
+from pipeline_helpers import _trial
 from rich.console import Console
 
 from toolschool.config import load_config
 from toolschool.errors import ConfigError
 from toolschool.pipeline import STAGES, is_done, run_pipeline
-from toolschool.tools.registry import build_registry
-
-with build_registry(only=["calculator"]) as _registry:
-    CALCULATOR = _registry.schemas()[0]  # as the explore stage logs it
-
-
-def _trial(index: int, a: int, b: int) -> dict:
-    expr = f"{a} * {b}"
-    observation = {"text": str(a * b), "value": a * b, "is_error": False, "error_kind": None}
-    return {
-        "v": 1,
-        "tool": "calculator",
-        "episode": index,
-        "slot": 0,
-        "status": "ok",
-        "query": f"How much is {a} times {b} for order {index}?",
-        "steps": [
-            {
-                "calls": [
-                    {"name": "calculator", "arguments": {"expression": expr}, "id": "c1", "observation": observation}
-                ]
-            }
-        ],
-        "final_answer": f"It is {a * b}.",
-        "reflection": "Yes",
-        "solved": True,
-        "tools": [CALCULATOR],
-        "model": "test",
-    }
 
 
 @pytest.fixture()

@@ -6,54 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from train_helpers import answer_example, calc_example, read_log, rl_config, save_sft_like_adapter, write_jsonl
 from typer.testing import CliRunner
 
 from toolschool.cli import app
-from toolschool.config import load_config
 from toolschool.errors import ConfigError, DataError
-
-CALC_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string", "description": "the expression, e.g. 2*(3+4)"}},
-            "required": ["expression"],
-        },
-    },
-}
-
-
-def calc_example(a: int, b: int) -> dict:
-    call = {"type": "function", "function": {"name": "calculator", "arguments": {"expression": f"{a}*{b}"}}}
-    return {
-        "messages": [
-            {"role": "user", "content": f"What is {a} times {b}?"},
-            {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "content": str(a * b)},
-            {"role": "assistant", "content": f"{a} times {b} is {a * b}."},
-        ],
-        "tools": [CALC_TOOL],
-        "meta": {"expected_answer": str(a * b)},
-    }
-
-
-def answer_example() -> dict:
-    return {
-        "messages": [
-            {"role": "user", "content": "What is the capital of France?"},
-            {"role": "assistant", "content": "Paris."},
-        ],
-        "tools": [CALC_TOOL],
-        "meta": {"expected_answer": "Paris"},
-    }
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture()
@@ -61,27 +18,6 @@ def train_file(tmp_path: Path) -> Path:
     return write_jsonl(
         tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(7, 8), answer_example(), calc_example(3, 9)]
     )
-
-
-def rl_config(model: Path, train: Path, **rl: object):
-    overrides = {
-        "model.name": str(model),
-        "model.device": "cpu",
-        "rl.train": str(train),
-        "rl.num_steps": 2,
-        "rl.batch_size": 4,
-        "rl.num_generations": 2,
-        "rl.max_tokens": 8,
-        "rl.log_interval": 1,
-        "rl.checkpoint_interval": 1,
-        "rl.learning_rate": 1e-3,
-    }
-    overrides.update({f"rl.{k}": v for k, v in rl.items()})
-    return load_config(None, overrides)
-
-
-def read_log(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
 
 
 def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
@@ -360,23 +296,6 @@ def test_resume_with_another_method_is_refused_before_training(
         run_rl(rl_config(tiny_model_dir, train_file, method="full"), out, resume=True, progress=False)
     assert json.loads((out / META_FILE).read_text())["method"] == "lora"
     assert (out / "train_log.jsonl").read_text() == log
-
-
-def save_sft_like_adapter(base: Path, out: Path) -> Path:
-    """A LoRA adapter on `base` that changes the model, as a trained SFT adapter does (saved like one)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM")
-    )
-    torch.manual_seed(0)
-    for name, param in peft_model.named_parameters():
-        if "lora_B" in name:
-            param.data.normal_(0, 0.5)
-    peft_model.save_pretrained(out)
-    return out
 
 
 def test_rl_on_top_of_an_sft_adapter_writes_an_adapter_and_checkpoints_that_load_with_it(

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_rl import answer_example, calc_example, read_log, rl_config, write_jsonl
+from train_helpers import answer_example, calc_example, read_log, rl_config, write_jsonl
 from typer.testing import CliRunner
 
 from toolschool.cli import app

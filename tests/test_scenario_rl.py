@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_rl import answer_example, calc_example, read_log, rl_config, write_jsonl
+from train_helpers import answer_example, calc_example, read_log, rl_config, write_jsonl
 
 from toolschool.errors import ToolschoolError
 
@@ -233,7 +233,7 @@ def test_multi_turn_keeps_the_argument_types_the_model_wrote_as_evaluation_does(
 def test_run_with_rl_but_no_sft_model_is_refused_before_the_first_stage(tmp_path: Path) -> None:
     """The rl stage starts from the SFT stage's model; with "sft" left out of [pipeline] stages and no SFT model in
     the run folder, the run distilled (or explored, for hours) and only then stopped at the rl stage."""
-    from test_pipeline import _trial
+    from pipeline_helpers import _trial
 
     from toolschool.config import load_config
     from toolschool.pipeline import run_pipeline

@@ -7,41 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import CALC
+from train_helpers import _config, _example, _write, save_sft_like_adapter
 
-from toolschool.config import load_config
 from toolschool.errors import DataError, ToolschoolError
 from toolschool.train.common import latest_checkpoint
 from toolschool.train.sft import build_validation_items, check_has_assistant, prepare_examples, run_sft
-
-
-def _example(a: int, b: int) -> dict:
-    expr = f"{a} * {b}"
-    return {
-        "messages": [
-            {"role": "user", "content": f"What is {expr}?"},
-            {
-                "role": "assistant",
-                "content": "",
-                "tool_calls": [
-                    {
-                        "id": "c0",
-                        "type": "function",
-                        "function": {"name": "calculator", "arguments": {"expression": expr}},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "c0", "content": str(a * b)},
-            {"role": "assistant", "content": f"{expr} = {a * b}."},
-        ],
-        "tools": [CALC],
-        "meta": {"tool": "calculator", "source": "test", "category": "calculator", "expected_answer": str(a * b)},
-    }
-
-
-def _write(path: Path, examples: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(e) + "\n" for e in examples))
-    return path
 
 
 @pytest.fixture()
@@ -49,29 +19,6 @@ def data_files(tmp_path: Path) -> tuple[Path, Path]:
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 14)])
     validation = _write(tmp_path / "validation.jsonl", [_example(i, 7) for i in range(20, 23)])
     return train, validation
-
-
-def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: object):
-    overrides = {
-        "run.root": str(tmp_path / "runs"),
-        "run.name": "t",
-        "model.name": str(model),
-        "sft.train": str(train),
-        "sft.validation": str(validation),
-        "sft.batch_size": 2,
-        "sft.num_steps": 4,
-        "sft.max_length": 256,
-        "sft.lora_rank": 4,
-        "sft.lora_alpha": 8,
-        "sft.checkpoint_interval": 2,
-        "sft.log_interval": 1,
-        "sft.validation_interval": 2,
-        "sft.validation_samples": 2,
-        "sft.validation_max_tokens": 8,
-        "sft.warmup_steps": 0,
-    }
-    overrides.update({f"sft.{k}": v for k, v in sft.items()})
-    return load_config(None, overrides)
 
 
 def test_labels_cover_only_assistant_tokens(tokenizer) -> None:
@@ -231,7 +178,6 @@ def test_sft_from_an_adapter_folder_trains_on_top_of_it(tiny_model_dir: Path, tm
     """`--model runs/x/sft/adapter` used to die in TRL ("a PeftModel together with a peft_config"); the start
     adapter is now merged in, and adapter/, merged/ and the checkpoints all load with it."""
     import torch
-    from test_rl import save_sft_like_adapter
 
     from toolschool.models.loading import load_model
 

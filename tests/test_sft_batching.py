@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_sft import _config, _example, _write
+from train_helpers import _config, _example, _lora_model, _write
 
 from toolschool.config import load_config
 from toolschool.errors import ConfigError
@@ -44,19 +44,6 @@ def test_prefix_is_the_system_block_and_never_reaches_a_label(prepared, tokenize
         first_label = next(i for i, lab in enumerate(row["labels"]) if lab != -100)
         assert row["prefix_length"] <= first_label - 1
     assert "careful calculator user" in tokenizer.decode(list(prefixes[1]))
-
-
-def _lora_model(tiny_model_dir: Path):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules="all-linear"))
-    for name, param in model.named_parameters():
-        if "lora_B" in name:  # B starts at zero; non-zero values make the adapter change the prefix's keys/values
-            torch.nn.init.normal_(param, std=0.05)
-    return model
 
 
 def test_same_loss_and_gradients_as_padding_free_batch(prepared, tiny_model_dir: Path, tokenizer) -> None:

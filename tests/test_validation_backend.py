@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import CALC
-from test_sft import _example
+from train_helpers import _example
 
 from toolschool.chat.formats import get_format
 from toolschool.data.records import example_to_format

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_data_distill import call, good_trials, trial
+from distill_helpers import call, good_trials, trial
 
 from toolschool.data.distill import DistillOptions, distill
 from toolschool.data.filters import (

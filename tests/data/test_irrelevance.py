@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_data_distill import TOOLS, ScriptedBackend, calc_trial, good_trials
+from distill_helpers import TOOLS, ScriptedBackend, calc_trial, good_trials
 
 from toolschool.config import load_config
 from toolschool.data.cache import ReplyCache
@@ -181,7 +181,7 @@ def test_distill_adds_no_tool_lines_in_the_split_of_their_request(tmp_path: Path
 
 
 def _calls(trials: list[dict]) -> dict[str, str]:
-    from test_data_distill import first_call_replies
+    from distill_helpers import first_call_replies
 
     return first_call_replies(trials)
 

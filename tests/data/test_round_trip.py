@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_data_distill import TOOLS, ScriptedBackend, calc_trial, good_trials, hermes_call
+from distill_helpers import TOOLS, ScriptedBackend, calc_trial, good_trials, hermes_call
 
 from toolschool.data.distill import DistillOptions, distill
 from toolschool.data.round_trip import (

@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from eval_helpers import _calc_item, _FlakyBackend, _hermes
 from typer.testing import CliRunner
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.cli import app
 from toolschool.errors import ConfigError, DataError
 from toolschool.evaluate.benchmarks import bfcl, ste
-from toolschool.evaluate.items import EvalItem, item_from_example
+from toolschool.evaluate.items import item_from_example
 from toolschool.evaluate.metrics import score_item
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
@@ -76,10 +77,6 @@ class _OneReplyBackend(Backend):
         return [Completion(text=self.text)]
 
 
-def _hermes(name: str, args: dict) -> str:
-    return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
-
-
 def test_bfcl_correct_needs_the_checker_to_accept_the_arguments() -> None:
     # BFCL gold calls carry no arguments (the answers are lists of acceptable values, judged by the AST checker),
     # so `correct` was just "right function name": a call with a wrong value counted as correct.
@@ -128,28 +125,6 @@ def test_icl_skips_the_item_written_with_other_case_or_spacing() -> None:
     examples = [json.loads(_chat_line(q)) for q in queries]
     picked = DemoPool(examples).demonstrations("What is 2 + 2?", 2)
     assert [ex["messages"][0]["content"] for ex in picked] == ["What is 3 + 3?", "What is 4 + 4?"]
-
-
-class _FlakyBackend(Backend):
-    """Answers from a script; raises on `fail_on` (an interruption) and records what it was asked."""
-
-    name = "flaky"
-
-    def __init__(self, script: dict[str, str], fail_on: str | None = None) -> None:
-        self.script, self.fail_on, self.asked = script, fail_on, []
-
-    async def generate(self, request: GenerationRequest) -> list[Completion]:
-        query = str(request.messages[-1].get("content"))
-        if query == self.fail_on:
-            raise RuntimeError("interrupted")
-        self.asked.append(query)
-        return [Completion(text=self.script.get(query, "I don't know."))]
-
-
-def _calc_item(index: int) -> EvalItem:
-    query = f"What is {index} + {index}?"
-    gold = [tool_call("calculator", {"expression": f"{index} + {index}"})]
-    return EvalItem(id=f"q{index}", messages=[{"role": "user", "content": query}], tools=[], gold_calls=gold)
 
 
 def test_an_interrupted_eval_resumes_without_lost_or_duplicated_items(tmp_path: Path) -> None:

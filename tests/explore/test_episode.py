@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 import pytest
+from explore_helpers import FakeRegistry, ScriptedBackend, calculator_policy, make_ctx
 from helpers import after_result
-from test_explore_episode import FakeRegistry, ScriptedBackend, make_ctx
 
 from toolschool.chat.formats import get_format
 from toolschool.errors import ToolschoolError
@@ -427,7 +427,6 @@ def test_an_output_folder_that_is_a_file_is_one_clear_line(tmp_path) -> None:
 
 
 def _explore_cli(tmp_path, *extra: str):
-    from test_explore_cli import calculator_policy
     from typer.testing import CliRunner
 
     from toolschool.cli import app

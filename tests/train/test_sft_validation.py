@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import CALC
-from test_sft import _example
+from train_helpers import _config, _example, _lora_model, _write
 
 from toolschool.chat.formats import get_format
 from toolschool.train.sft import build_validation_items, prepare_examples, validate
@@ -133,8 +133,6 @@ def _reference(model: Any, rows: list[dict[str, Any]]) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def lora_model(tiny_model_dir: Path):
-    from test_sft_batching import _lora_model
-
     return _lora_model(tiny_model_dir)
 
 
@@ -206,7 +204,6 @@ def test_settings_peft_or_transformers_reject_are_one_line(
 ) -> None:
     """A misspelt LoRA target or scheduler name ended in PEFT's / transformers' traceback (exit 1) after the run's
     config.toml had been replaced; a target matching nothing beside one that matches was silently not trained."""
-    from test_sft import _write
     from typer.testing import CliRunner
 
     from toolschool.cli import app
@@ -230,7 +227,6 @@ def test_warmup_and_lora_alpha_and_targets_are_flags_too(tmp_path: Path, tiny_mo
     import json
     import tomllib
 
-    from test_sft import _write
     from typer.testing import CliRunner
 
     from toolschool.cli import app
@@ -250,8 +246,6 @@ def test_warmup_and_lora_alpha_and_targets_are_flags_too(tmp_path: Path, tiny_mo
 
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
-    from test_sft import _config, _write
-
     tmp_path = tmp_path_factory.mktemp("sft-resume-settings")
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 10)])
     out = tmp_path / "sft"
@@ -280,8 +274,6 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
     method or toolkens setting cannot load the checkpoint (it died in PEFT/transformers with a traceback)."""
     import shutil
 
-    from test_sft import _config
-
     from toolschool.errors import ToolschoolError
     from toolschool.train.sft import run_sft
 
@@ -298,8 +290,6 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
 
 def test_resume_may_train_longer_with_another_rate_or_interval(two_step_run, tiny_model_dir: Path) -> None:
     import shutil
-
-    from test_sft import _config
 
     from toolschool.train.sft import run_sft
 
@@ -363,7 +353,6 @@ def test_a_killed_run_resumed_ends_with_the_same_losses_schedule_and_adapter(
     import json
 
     from safetensors.torch import load_file
-    from test_sft import _config, _write
     from transformers import TrainerCallback
 
     import toolschool.train.sft as sft
@@ -418,7 +407,6 @@ def test_examples_cut_at_max_length_are_announced_before_training() -> None:
 def test_toolkens_on_lines_already_written_in_a_text_format_are_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`--toolkens` renames tool_calls; a json/react line holds its calls as text, so no token was added and the
     run trained without toolkens, silently."""
-    from test_sft import _write
     from typer.testing import CliRunner
 
     from toolschool.cli import app
