@@ -2,7 +2,7 @@
 
 Exploration with a random tiny model yields no usable trial, so the explore stage here is a finished one
 (a trial log and its marker, as the explore stage writes them); the explore stage itself is tested in
-tests/test_explore_*.py. Everything after it runs for real on the tiny model.
+tests/explore/. Everything after it runs for real on the tiny model.
 """
 
 from __future__ import annotations

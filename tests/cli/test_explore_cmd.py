@@ -194,7 +194,7 @@ def test_real_sigint_keeps_every_finished_trial_and_resume_finishes(tmp_path) ->
     from pathlib import Path
 
     script = tmp_path / "slow_explore.py"
-    script.write_text(SLOW_RUN.format(tests=str(Path(__file__).parent)))
+    script.write_text(SLOW_RUN.format(tests=str(Path(__file__).parent.parent)))
     out = tmp_path / "explore"
     args = [sys.executable, str(script), "explore", "--tools", "calculator,weekday", "--episodes", "4"]
     args += ["--stm-slots", "2", "--concurrency", "2", "--out", str(out)]

@@ -124,7 +124,7 @@ def _readme_command_examples() -> list[tuple[list[str], str]]:
     import re
     import shlex
 
-    page = (Path(__file__).resolve().parent.parent / "docs" / "pipeline.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "pipeline.md").read_text(encoding="utf-8")
     block = page.split("## Every command, by example", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
     examples = []
     for line in block.splitlines():
@@ -306,7 +306,7 @@ def _readme_command_lines() -> list[list[str]]:
     import re
     import shlex
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     pages = [root / "README.md", *sorted((root / "docs").glob("*.md"))]  # the README and the reference it points to
     text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     found = []

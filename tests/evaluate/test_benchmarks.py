@@ -13,7 +13,7 @@ from toolschool.evaluate.benchmarks import bfcl, ste
 from toolschool.evaluate.metrics import aggregate, score_item
 from toolschool.evaluate.session import resolve_benchmarks
 
-SHARED_STE = Path(__file__).resolve().parents[2] / "shared" / "data" / "ste" / "tool_test_dev.json"
+SHARED_STE = Path(__file__).resolve().parents[3] / "shared" / "data" / "ste" / "tool_test_dev.json"
 
 
 def test_bfcl_spec_parsing_and_unknown_category() -> None:

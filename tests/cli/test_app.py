@@ -101,7 +101,7 @@ def test_ctrl_c_says_how_the_interrupted_command_continues(monkeypatch, tmp_path
     result = runner.invoke(app, ["explore", "--tools", "calculator", "--out", str(tmp_path / "explore")])
     assert result.exit_code == 130 and "rerun the same command with --resume to continue" in result.output
     monkeypatch.setattr(toolschool.pipeline, "run_pipeline", interrupt)
-    result = runner.invoke(app, ["run", str(Path(__file__).parent.parent / "configs" / "demo.toml")])
+    result = runner.invoke(app, ["run", str(Path(__file__).parents[2] / "configs" / "demo.toml")])
     assert result.exit_code == 130 and "rerun the same command to continue" in result.output
 
 

@@ -89,7 +89,7 @@ def test_server_that_exits_at_start_is_a_clear_error() -> None:
     assert "boom at start" in str(info.value)
 
 
-ODD = f"{sys.executable} {Path(__file__).parent / 'fixtures' / 'mcp' / 'odd_server.py'}"
+ODD = f"{sys.executable} {Path(__file__).parent.parent / 'fixtures' / 'mcp' / 'odd_server.py'}"
 
 
 def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped() -> None:
@@ -164,7 +164,7 @@ def test_a_hung_call_is_a_timeout_and_the_server_is_restarted() -> None:
 
 
 def test_every_page_of_tools_is_listed() -> None:
-    paged = f"{sys.executable} {Path(__file__).parent / 'fixtures' / 'mcp' / 'paged_server.py'}"
+    paged = f"{sys.executable} {Path(__file__).parent.parent / 'fixtures' / 'mcp' / 'paged_server.py'}"
     with build_registry(toolbox=[], mcp=[paged]) as reg:
         assert reg.names() == [f"tool_{i}" for i in range(5)]
         assert reg.call("tool_4", {}).text == "this is tool_4"

@@ -1,5 +1,5 @@
 """The python sandbox's ordinary behaviour: output, tracebacks, the limits the parent reports, the working directory,
-and what happens where bubblewrap is missing. The attacks are in test_tools_sandbox_battery.py."""
+and what happens where bubblewrap is missing. The attacks are in test_sandbox_battery.py."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from toolschool.data.records import (
 )
 from toolschool.errors import DataError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "data"
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "data"
 GSM8K = FIXTURES / "gsm8k_sample.jsonl"
 CRUX = FIXTURES / "cruxeval_sample.jsonl"
 FLAN = FIXTURES / "flan_sample.json"
