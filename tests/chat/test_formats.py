@@ -172,7 +172,7 @@ def test_hermes_bare_calls_in_sequence_and_what_stays_prose() -> None:
 
 def test_hermes_bare_call_with_bad_arguments_says_why() -> None:
     parsed = get_format("hermes").parse('{"name": "weekday", "arguments": "2021-03-04"}', [WEEKDAY])
-    assert parsed.error == "tool call 'weekday': \"arguments\" must be a JSON object, got the string \"2021-03-04\""
+    assert parsed.error == 'tool call \'weekday\': "arguments" must be a JSON object, got the string "2021-03-04"'
 
 
 def test_hermes_no_tool_call_is_final_answer() -> None:
