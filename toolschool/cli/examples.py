@@ -1,5 +1,5 @@
 """Examples shown at the end of each command's `--help`: the README's command lines, so that `toolschool sft
---help` shows how the flags are used together, not only their list (tests/test_scenario_config.py keeps the
+--help` shows how the flags are used together, not only their list (tests/scenarios/test_config.py keeps the
 "Every command, by example" block of docs/pipeline.md and these in step)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Every reader in toolschool goes through `validate_example`, and every bad line i
 stay JSON objects (dicts), as chat templates and TRL expect; `datasets.load_dataset("json", ...)` (datasets
 >= 5) stores columns whose structure differs between lines (calculator `{"expression"}` vs python `{"code"}`
 arguments) with its `Json` feature, so they load back exactly, without null-filled keys from other lines
-(tests/test_data_dataset.py checks the round trip).
+(tests/data/test_dataset.py checks the round trip).
 
 Sources are a local path or, when online, a Hugging Face dataset id; the project never needs a fixed folder.
 """
