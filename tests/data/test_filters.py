@@ -62,6 +62,8 @@ def reason(request: str, name: str, arguments: dict, tools: list[dict], results:
         ("Which weekday is 3/4/2021?", "weekday", {"date": "2021-03-04"}),
         ("What date is 2 weeks after 2024-05-01?", "date_add", {"date": "2024-05-01", "days": 14}),
         ("What date was 10 days before 2024-05-01?", "date_add", {"date": "2024-05-01", "days": -10}),
+        ("What date was 10 days ago, on 2024-05-01?", "date_add", {"date": "2024-05-01", "days": -10}),
+        ("Add -3 days to 2024-05-01", "date_add", {"date": "2024-05-01", "days": -3}),
         ("How many days from March 4 to April 10, 2024?", "date_diff", {"start_date": "2024-03-04",
                                                                         "end_date": "2024-04-10"}),
         ('How many letters are in "hello world"?', "python", {"code": 'print(len("hello world"))'}),
@@ -86,6 +88,8 @@ def test_stated_or_derivable_values_are_grounded(request_text: str, name: str, a
         ("How many cm in 5 km", "unit_convert", {"value": 5, "from_unit": "km", "to_unit": "inch"}, UNIT),
         ("Sum of 1234 and 99", "python", {"code": "print(1234 + 98)"}, PYTHON),  # +/- 1 only as a range bound
         ("Count the letters in banana", "python", {"code": 'print(len("apple"))'}, PYTHON),
+        # a negative value stated without a sign or a direction word: "add 45 days" is not -45 days
+        ("I want to add 45 days to 2018-12-31", "date_add", {"date": "2018-12-31", "days": -45}, NUMBER),
     ],
 )  # fmt: skip
 def test_values_the_request_does_not_state_are_not(

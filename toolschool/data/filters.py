@@ -124,6 +124,19 @@ def _times_24h(text: str) -> set[float]:
     return out
 
 
+# Words that make a stated number negative in a call ("3 days before", "5 degrees below zero", "subtract 9 days").
+_DIRECTION_WORDS = frozenset(
+    "before ago earlier back backward backwards subtract subtracting subtracted minus prior previous less fewer "
+    "remove removing take taking negative below decrease decreasing reduce reducing lose losing lost loss down "
+    "deduct deducting under past".split()
+)
+
+
+def states_direction(text: str) -> bool:
+    """Whether `text` has a word that turns a stated number negative (`_DIRECTION_WORDS`)."""
+    return bool(_DIRECTION_WORDS & set(_word_tokens(text)))
+
+
 def _close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
@@ -155,7 +168,8 @@ class Sources:
         """Stated, negated, one of pi or e, or a stated number scaled by an implied one; for python also a small
         constant, and with `bound` (an argument of `range`) a stated integer +/- 1."""
         stated = self.numbers()
-        candidates = {value, -value}
+        # a negative value stated unsigned needs a direction word: "add 45 days" is not -45 days
+        candidates = {value, -value} if value >= 0 or states_direction(self.request) else {value}
         if any(_close(c, s) for c in candidates for s in stated):
             return True
         if any(math.isclose(abs(value), c, rel_tol=1e-3) for c in _MATH_CONSTANTS):
