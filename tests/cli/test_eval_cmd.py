@@ -1,4 +1,5 @@
-"""`toolschool eval` / `evaluate` end to end: errors on the command line, and a real backend (tiny model)."""
+"""`toolschool eval` (also one checkpoint on its run's test data) end to end: errors on the command line, and a
+real backend (tiny model)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_unknown_benchmark_is_one_clear_line(tmp_path: Path) -> None:
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["evaluate", str(tmp_path / "runs" / "x" / "sft" / "checkpoint-9"), "-n", "3"])
+    result = CliRunner().invoke(app, ["eval", "-m", str(tmp_path / "runs" / "x" / "sft" / "checkpoint-9"), "-n", "3"])
     assert result.exit_code == 2 and "checkpoint" in result.output and "does not exist" in result.output
     result = CliRunner().invoke(app, ["eval", "--model", "./no/such/checkpoint", "--benchmark", "bfcl:simple_python"])
     assert result.exit_code == 2 and "no/such/checkpoint" in result.output
@@ -30,14 +31,14 @@ def test_evaluate_needs_data_when_the_run_has_none(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "config.json").write_text("{}")
-    result = CliRunner().invoke(app, ["evaluate", str(ckpt)])
+    result = CliRunner().invoke(app, ["eval", "-m", str(ckpt)])
     assert result.exit_code == 2 and "pass --data" in result.output
 
 
 def test_evaluate_on_a_folder_that_is_no_model_writes_nothing_into_it(tmp_path: Path) -> None:
     folder = tmp_path / "notes"
     folder.mkdir()
-    result = CliRunner().invoke(app, ["evaluate", str(folder), "--data", str(tmp_path / "test.jsonl")])
+    result = CliRunner().invoke(app, ["eval", "-m", str(folder), "--data", str(tmp_path / "test.jsonl")])
     assert result.exit_code == 2 and "holds no config.json or adapter_config.json" in result.output
     assert list(folder.iterdir()) == []
 
@@ -116,7 +117,7 @@ def test_evaluate_shows_a_toolken_model_its_toolkens(tiny_model_dir: Path, tmp_p
     model = _toolken_model(tiny_model_dir, tmp_path / "merged")
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n" + _calc_line(41, 7) + "\n")
-    result = CliRunner().invoke(app, ["evaluate", str(model), "-n", "2", "--data", str(data)])
+    result = CliRunner().invoke(app, ["eval", "-m", str(model), "-n", "2", "--data", str(data)])
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in next((model / "eval").rglob("data.items.jsonl")).read_text().splitlines()]
     assert [r["tools"] for r in records] == [["<tool_calculator>"], ["<tool_calculator>"]]
@@ -178,7 +179,7 @@ def test_adapter_on_another_base_model_is_one_clear_line(tiny_model_dir: Path, t
     config_file.write_text(config_file.read_text().replace(str(tiny_model_dir), str(other)))
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n")
-    result = CliRunner().invoke(app, ["evaluate", str(adapter), "-n", "1", "--data", str(data)])
+    result = CliRunner().invoke(app, ["eval", "-m", str(adapter), "-n", "1", "--data", str(data)])
     assert result.exit_code == 2, result.output
     assert "does not fit its base model" in result.output and str(other) in result.output
     assert "Traceback" not in result.output
@@ -186,7 +187,8 @@ def test_adapter_on_another_base_model_is_one_clear_line(tiny_model_dir: Path, t
 
 def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A run trained with `--format json` writes calls as JSON text; scoring its checkpoint as hermes would
-    count every call malformed. `evaluate` reads the format from the run's metadata unless --format is given."""
+    count every call malformed. `eval -m CHECKPOINT` reads the format from the run's metadata unless --format is
+    given."""
     import shutil
 
     run = tmp_path / "sft"
@@ -197,11 +199,11 @@ def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n")
     for folder in (run / "merged", run / "checkpoints" / "checkpoint-2"):
-        result = CliRunner().invoke(app, ["evaluate", str(folder), "-n", "1", "--data", str(data)])
+        result = CliRunner().invoke(app, ["eval", "-m", str(folder), "-n", "1", "--data", str(data)])
         assert result.exit_code == 0, result.output
         assert json.loads((folder / "eval" / "summary.json").read_text())["settings"]["format"] == "json"
     result = CliRunner().invoke(
-        app, ["evaluate", str(run / "merged"), "-n", "1", "--data", str(data), "--format", "react"]
+        app, ["eval", "-m", str(run / "merged"), "-n", "1", "--data", str(data), "--format", "react"]
     )
     assert result.exit_code == 0, result.output
     assert json.loads((run / "merged" / "eval" / "summary.json").read_text())["settings"]["format"] == "react"

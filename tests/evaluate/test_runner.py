@@ -641,8 +641,8 @@ def test_eval_cli_refuses_a_model_given_twice_before_writing(tmp_path: Path) -> 
 
 def test_evaluate_num_samples_below_one_names_the_flag(tmp_path: Path) -> None:
     # It was reported as "command-line flag: 'eval.limit' = 0", a name the user never typed.
-    result = CliRunner().invoke(app, ["evaluate", "some-model", "-n", "0", "--data", str(tmp_path / "t.jsonl")])
-    assert result.exit_code == 2 and "--num-samples" in result.output and "eval.limit" not in result.output
+    result = CliRunner().invoke(app, ["eval", "-m", "some-model", "-n", "0", "--data", str(tmp_path / "t.jsonl")])
+    assert result.exit_code == 2 and "--limit" in result.output and "eval.limit" not in result.output
 
 
 def test_eval_prints_the_same_table_it_saves(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -232,7 +232,7 @@ def test_a_model_folder_trained_again_in_place_is_not_resumed(tmp_path: Path) ->
     state_path = next(out.rglob("data.state.json"))
     assert set(json.loads(state_path.read_text())["model_files"]) == {"config.json", "model.safetensors"}
     (model / "model.safetensors").write_bytes(b"the second training")
-    (model / "eval").mkdir()  # what `toolschool evaluate CHECKPOINT` writes into a model folder is not the model
+    (model / "eval").mkdir()  # what `toolschool eval -m CHECKPOINT` writes into a model folder is not the model
     with pytest.raises(ConfigError, match=r"model files: model\.safetensors changed since \(the model was written"):
         run_evaluation(
             [str(model)], [Benchmark("data", items)], EvalOptions(concurrency=1), out, make_backend=None, resume=True

@@ -479,7 +479,7 @@ def test_eval_settings_and_inputs_that_are_refused(tmp_path: Path) -> None:
 
 
 def test_evaluate_checkpoint_without_test_data(tiny_model_dir: Path) -> None:
-    line = cli_error(["evaluate", str(tiny_model_dir)])
+    line = cli_error(["eval", "-m", str(tiny_model_dir)])
     assert f"no test data found for checkpoint '{tiny_model_dir}'" in line
     assert "pass --data test.jsonl" in line
 

@@ -111,7 +111,6 @@ def _register() -> None:
     command("sft", sft_cmd.sft)
     command("rl", rl_cmd.rl)
     command("eval", eval_cmd.eval_command)
-    command("evaluate", eval_cmd.evaluate_command)
     command("report", eval_cmd.report_command)
     command("continual", continual_cmd.continual)
     group("tools", tools_cmd.app)

@@ -1,4 +1,4 @@
-"""`toolschool eval`, `toolschool evaluate CHECKPOINT`, `toolschool report RUN_DIR`."""
+"""`toolschool eval` (models, or one checkpoint on its run's test data), `toolschool report RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def eval_command(
         None, "--benchmark", "-b", help="bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance] | ste"
     ),
     format: str = typer.Option(None, "--format", help="hermes | json | react"),
-    limit: int = typer.Option(None, help="Items per dataset / BFCL category / STE API."),
+    limit: int = typer.Option(None, "--limit", "-n", min=1, help="Items per dataset / BFCL category / STE API."),
     icl: int = typer.Option(None, "--icl", help="K retrieved demonstrations per item."),
     demos: str = typer.Option(None, help="Training JSONL to retrieve demonstrations from."),
     retriever: str = typer.Option(None, help="bm25 (default) | dense"),
@@ -155,7 +155,12 @@ def eval_command(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/eval)."),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
-    """Evaluate models on a test set and/or benchmarks; writes per-item JSONL, summary.json and summary.md."""
+    """Evaluate models on a test set and/or benchmarks; writes per-item JSONL, summary.json and summary.md.
+
+    One checkpoint without a CONFIG (`toolschool eval -m runs/NAME/sft/merged -n 50`) is scored on its run's test
+    data, in the format its run trained with, into CHECKPOINT/eval."""
+    if config_path is None and model and len(model) == 1 and not benchmark:
+        data, format, out = _checkpoint_defaults(model[0], data, format, out)
     overrides = {
         "eval.data": data,
         "eval.benchmarks": list(benchmark) if benchmark else None,
@@ -199,19 +204,10 @@ def _default_data(checkpoint: Path) -> Path | None:
     return None
 
 
-def evaluate_command(
-    checkpoint: str = typer.Argument(..., help="A saved checkpoint folder (or any model name)."),
-    num_samples: int = typer.Option(50, "--num-samples", "-n", min=1, help="Evaluate the first N items."),
-    data: str = typer.Option(
-        None, help="Test JSONL (default: the data the run's eval stage used, else its distill split)."
-    ),
-    format: str = typer.Option(
-        None, "--format", help="hermes | json | react (default: the format the checkpoint's run trained with)"
-    ),
-    out: Path = typer.Option(None, help="Output folder (default: CHECKPOINT/eval)."),
-    resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
-) -> None:
-    """Evaluate one checkpoint on N test items (a shortcut for `toolschool eval --model CHECKPOINT --limit N`)."""
+def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, out: Path | None):
+    """`toolschool eval --model CHECKPOINT` with no CONFIG: the data the checkpoint's run evaluated on (else its
+    distill split) unless --data or --benchmark is given, written into CHECKPOINT/eval unless --out is given; the
+    format the run trained with unless --format is given. Returns (data, format, out)."""
     from toolschool.errors import ConfigError, ModelLoadError
 
     path = Path(checkpoint)
@@ -220,30 +216,31 @@ def evaluate_command(
         raise ModelLoadError(
             f"checkpoint '{checkpoint}' does not exist", hint="pass a folder written by `toolschool sft` or `rl`"
         )
-    if path.is_dir():  # not a model folder: say so before writing CHECKPOINT/eval/ into it
-        from toolschool.models.loading import resolve_source
-        from toolschool.models.spec import parse_model_spec
+    if not path.is_dir():
+        return data, format, out
+    # not a model folder: say so before writing CHECKPOINT/eval/ into it
+    from toolschool.models.loading import resolve_source
+    from toolschool.models.spec import parse_model_spec
 
-        resolve_source(parse_model_spec(checkpoint))
+    resolve_source(parse_model_spec(checkpoint))
     if data is None:
-        found = _default_data(path) if path.is_dir() else None
+        found = _default_data(path)
         if found is None:
             raise ConfigError(
                 f"no test data found for checkpoint '{checkpoint}' (looked upwards for {DEFAULT_DATA_PLACES})",
                 hint="pass --data test.jsonl",
             )
         data = str(found)
-        err_console.print(f"[dim]evaluate: data {escape(data)}, the run's test data (--data overrides)[/dim]")
-    if format is None and path.is_dir():
+        err_console.print(f"[dim]eval: data {escape(data)}, the run's test data (--data overrides)[/dim]")
+    out = out or path / "eval"
+    if format is None:
         from toolschool.train.common import trained_format
 
         found_format = trained_format(path)
         format = found_format[0] if found_format else None
         if format is not None:
-            err_console.print(f"[dim]evaluate: format '{format}', as the run was trained (--format overrides)[/dim]")
-    default_out = path / "eval" if path.is_dir() else None
-    overrides = {"eval.data": data, "eval.limit": num_samples, "eval.format": format}
-    _run(None, overrides, [checkpoint], out or default_out, resume)
+            err_console.print(f"[dim]eval: format '{format}', as the run was trained (--format overrides)[/dim]")
+    return data, format, out
 
 
 def report_command(

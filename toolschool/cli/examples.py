@@ -52,10 +52,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "toolschool eval -b bfcl:simple_python,multiple,parallel,parallel_multiple,irrelevance --limit 20",
         "toolschool eval --data test.jsonl --format json --icl 3 --demos train.jsonl",
         "toolschool eval --benchmark ste --data ../shared/data/ste/tool_test_dev.json",
-    ),
-    "evaluate": (
-        "toolschool evaluate runs/default/sft/checkpoints/checkpoint-100 --num-samples 50 --data "
-        "data/hermes/validation.jsonl",
+        "toolschool eval -m runs/default/sft/checkpoints/checkpoint-100 -n 50",
     ),
     "report": ("toolschool report runs/default",),
     "continual": (

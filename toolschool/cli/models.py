@@ -10,9 +10,7 @@ from rich.table import Table
 
 from toolschool.cli.console import console
 
-app = typer.Typer(
-    help="The embedded model catalog (list, install) and model inspection (info).", no_args_is_help=True
-)
+app = typer.Typer(help="The embedded model catalog (list, install) and model inspection (info).", no_args_is_help=True)
 
 MODEL_HELP = (
     "Model: embedded name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), Hugging Face id, local folder, "
