@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -880,6 +881,20 @@ def _values_first_policy(request: GenerationRequest, counter: dict[str, int]) ->
     return "I am not sure."
 
 
+def _values_first_with(marker: str | None, *replies: str) -> Callable[[GenerationRequest, dict[str, int]], str]:
+    """`_values_first_policy`, except that the prompts whose last message holds `marker` (None: the answer after a
+    result) get `replies`, one after the other."""
+    queue = iter(replies)
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        last = request.messages[-1]
+        if after_result(last) if marker is None else marker in (last.get("content") or ""):
+            return next(queue)
+        return _values_first_policy(request, counter)
+
+    return policy
+
+
 async def test_values_first_imagination_writes_the_request_from_values_and_checks_the_call(tmp_path) -> None:
     """imagine = "values_first": the explorer picks the values, writes the request in a side conversation (no tools
     rendered, the worked examples as earlier turns), the trial's conversation holds only the request, and the trial
@@ -930,15 +945,11 @@ def test_values_already_tried_are_drawn_again() -> None:
 
 
 async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> None:
-    replies = iter(['{"expression": "1 * 7"}', '{"expression": "1 * 7"}', '{"expression": "3 * 7"}'])
-
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        content = request.messages[-1].get("content") or ""
-        if "as a JSON object" in content:
-            return next(replies)
-        return _values_first_policy(request, counter)
-
-    backend = ScriptedBackend(policy)
+    backend = ScriptedBackend(
+        _values_first_with(
+            "as a JSON object", '{"expression": "1 * 7"}', '{"expression": "1 * 7"}', '{"expression": "3 * 7"}'
+        )
+    )
     ctx = make_ctx(tmp_path, backend, stm_slots=2, max_turns=1, imagine="values_first", temperature=0.5)
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
@@ -951,15 +962,9 @@ async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> Non
 async def test_values_first_draws_again_when_the_tool_refuses_the_values(tmp_path) -> None:
     """Values the tool itself refuses (an error, or no output) cannot become a verified trial: drawn again, hotter,
     and logged with why they were set aside; no request is written for them."""
-    replies = iter(['{"expression": "784!"}', '{"expression": "4 * 7"}'])
-
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        content = request.messages[-1].get("content") or ""
-        if "as a JSON object" in content:
-            return next(replies)
-        return _values_first_policy(request, counter)
-
-    backend = ScriptedBackend(policy)
+    backend = ScriptedBackend(
+        _values_first_with("as a JSON object", '{"expression": "784!"}', '{"expression": "4 * 7"}')
+    )
     registry = FakeRegistry()
     ctx = make_ctx(tmp_path, backend, registry=registry, stm_slots=1, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
@@ -992,15 +997,9 @@ async def test_values_first_with_every_draw_refused_logs_an_empty_query(tmp_path
 async def test_values_first_writes_the_request_again_when_it_leaves_a_value_out(tmp_path) -> None:
     """A request that does not state every value asks for something else: written again (hotter), and the one that
     states them all is the trial's request."""
-    requests = iter(['"What is 1 times something?"', '"What is 1 * 7?"'])
-
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        content = request.messages[-1].get("content") or ""
-        if "Write the short message" in content:
-            return next(requests)
-        return _values_first_policy(request, counter)
-
-    backend = ScriptedBackend(policy)
+    backend = ScriptedBackend(
+        _values_first_with("Write the short message", '"What is 1 times something?"', '"What is 1 * 7?"')
+    )
     ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first", temperature=0.5)
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
@@ -1056,13 +1055,7 @@ def test_the_values_first_prompts_ask_a_tool_that_takes_code_for_a_program() -> 
 async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tmp_path) -> None:
     """An answer that does not state the call's result ("It is 8." after 7) is what distill drops: written again
     (hotter); the first one that states it is the trial's answer."""
-    answers = iter(["It is 8.", "It is 7."])
-
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        if after_result(request.messages[-1]):
-            return next(answers)
-        return _values_first_policy(request, counter)
-
+    policy = _values_first_with(None, "It is 8.", "It is 7.")
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()

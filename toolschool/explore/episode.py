@@ -747,21 +747,7 @@ async def _attempt(
             constraint = ctx.trial_constraint(trial.tool, turn, budget_left)
             forced = settings.force_call and turn == 0 and constraint is None
             prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
-            completion = await trial.generate(
-                [*conversation, *trial.messages],
-                stop=fmt.stop,
-                prefill=prefill,
-                max_tokens=settings.max_tokens,
-                constraint=constraint,
-                temperature=settings.attempt_temperature,
-            )
-            raw = prefill + completion.text
-            parsed = fmt.parse(raw, ctx.tool_schemas)
-            for attempt in range(1, ANSWER_ATTEMPTS):
-                # values first, an answer that does not state the call's result is written again: distill drops it
-                if settings.imagine != "values_first" or not answer_misses_result(parsed, trial.steps):
-                    break
-                trial.set_aside_answers.append(str(parsed.final))
+            for attempt in range(ANSWER_ATTEMPTS):
                 completion = await trial.generate(
                     [*conversation, *trial.messages],
                     stop=fmt.stop,
@@ -772,6 +758,11 @@ async def _attempt(
                 )
                 raw = prefill + completion.text
                 parsed = fmt.parse(raw, ctx.tool_schemas)
+                # values first, an answer that does not state the call's result is written again: distill drops it
+                retry = settings.imagine == "values_first" and answer_misses_result(parsed, trial.steps)
+                if not retry or attempt == ANSWER_ATTEMPTS - 1:
+                    break
+                trial.set_aside_answers.append(str(parsed.final))
             last = turn == settings.max_turns or calls_left <= 0
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
