@@ -292,5 +292,9 @@ def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(
     assert "| base | constrained | 100.0 | 75.0 | 50.0 | — | 4 |" in comparison_markdown([row])
     assert "correct: the right tool with arguments matching the gold call's (exact: " in text
     assert "(semantic: equal, or the same call" in comparison_markdown([row], arguments="semantic")
+    from toolschool.config import ARGUMENT_MODES
+    from toolschool.pipeline import ARGUMENT_RULES
+
+    assert set(ARGUMENT_RULES) == set(ARGUMENT_MODES)  # every mode a config may name is described
     assert final_model(eval_models(config)) == ("base", "smollm2-135m")
     assert final_model([("base", "b"), ("sft", "s"), ("sft+rl", "r"), ("explorer (reference)", "e")]) == ("sft+rl", "r")

@@ -117,7 +117,9 @@ def test_evaluate_shows_a_toolken_model_its_toolkens(tiny_model_dir: Path, tmp_p
     model = _toolken_model(tiny_model_dir, tmp_path / "merged")
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n" + _calc_line(41, 7) + "\n")
-    result = CliRunner().invoke(app, ["eval", "-m", str(model), "-n", "2", "--data", str(data)])
+    result = CliRunner().invoke(
+        app, ["eval", "-m", str(model), "-n", "2", "--data", str(data), "--out", str(model / "eval")]
+    )
     assert result.exit_code == 0, result.output
     records = [json.loads(line) for line in next((model / "eval").rglob("data.items.jsonl")).read_text().splitlines()]
     assert [r["tools"] for r in records] == [["<tool_calculator>"], ["<tool_calculator>"]]
@@ -179,7 +181,9 @@ def test_adapter_on_another_base_model_is_one_clear_line(tiny_model_dir: Path, t
     config_file.write_text(config_file.read_text().replace(str(tiny_model_dir), str(other)))
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n")
-    result = CliRunner().invoke(app, ["eval", "-m", str(adapter), "-n", "1", "--data", str(data)])
+    result = CliRunner().invoke(
+        app, ["eval", "-m", str(adapter), "-n", "1", "--data", str(data), "--out", str(tmp_path / "e")]
+    )
     assert result.exit_code == 2, result.output
     assert "does not fit its base model" in result.output and str(other) in result.output
     assert "Traceback" not in result.output
@@ -199,14 +203,29 @@ def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp
     data = tmp_path / "test.jsonl"
     data.write_text(_calc_line(40, 7) + "\n")
     for folder in (run / "merged", run / "checkpoints" / "checkpoint-2"):
-        result = CliRunner().invoke(app, ["eval", "-m", str(folder), "-n", "1", "--data", str(data)])
+        result = CliRunner().invoke(
+            app, ["eval", "-m", str(folder), "-n", "1", "--data", str(data), "--out", str(folder / "eval")]
+        )
         assert result.exit_code == 0, result.output
         assert json.loads((folder / "eval" / "summary.json").read_text())["settings"]["format"] == "json"
     result = CliRunner().invoke(
-        app, ["eval", "-m", str(run / "merged"), "-n", "1", "--data", str(data), "--format", "react"]
+        app,
+        [
+            "eval",
+            "-m",
+            str(run / "merged"),
+            "-n",
+            "1",
+            "--data",
+            str(data),
+            "--format",
+            "react",
+            "--out",
+            str(run / "e"),
+        ],
     )
     assert result.exit_code == 0, result.output
-    assert json.loads((run / "merged" / "eval" / "summary.json").read_text())["settings"]["format"] == "react"
+    assert json.loads((run / "e" / "summary.json").read_text())["settings"]["format"] == "react"
 
 
 def test_evaluate_defaults_to_the_data_the_run_evaluated_on(tmp_path: Path) -> None:

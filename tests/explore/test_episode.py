@@ -531,6 +531,15 @@ def test_a_log_written_before_a_setting_existed_can_still_be_resumed() -> None:
     check_resumable(records, model="m", fmt="hermes", ablations={}, settings={**old, "max_observation_chars": 2000})
     with pytest.raises(ToolschoolError, match="max_turns = 4, this run has 3"):
         check_resumable(records, model="m", fmt="hermes", ablations={}, settings={"stm_slots": 2, "max_turns": 3})
+    # a log from before trial_temperature sampled its attempts at its temperature
+    records[0]["settings"] = {**old, "temperature": 0.9}
+    check_resumable(
+        records, model="m", fmt="hermes", ablations={}, settings={"temperature": 0.9, "trial_temperature": 0.9}
+    )
+    with pytest.raises(ToolschoolError, match="trial_temperature = 0.9, this run has 0.3"):
+        check_resumable(
+            records, model="m", fmt="hermes", ablations={}, settings={"temperature": 0.9, "trial_temperature": 0.3}
+        )
 
 
 async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_stopped_episode(tmp_path) -> None:
@@ -1024,6 +1033,11 @@ async def test_a_program_that_prints_nothing_is_set_aside() -> None:
 
     assert await values_problem(Ctx(), "python", {"code": "1 + 1"}) == "the tool returned nothing"
 
+    class Structured:  # a module or MCP tool returning a structured value: its text is what it returned
+        registry = type("R", (), {"acall": staticmethod(_async(Observation('{"ok": true}', {"ok": True})))})()
+
+    assert await values_problem(Structured(), "lookup", {"q": "x"}) is None
+
 
 def _async(value: Any) -> Any:
     async def call(*args: Any) -> Any:
@@ -1039,9 +1053,14 @@ def test_the_values_first_prompts_ask_a_tool_that_takes_code_for_a_program() -> 
     from toolschool.tools.builtin import builtin_schema
 
     python, calculator = builtin_schema("python"), builtin_schema("calculator")
-    assert takes_code(python["function"]["parameters"]) and not takes_code(calculator["function"]["parameters"])
-    assert takes_code({"properties": {"script": {"type": "string"}}})
-    assert not takes_code({"properties": {"code": {"type": "integer"}}}) and not takes_code(None)
+    assert takes_code("python", python["function"]["parameters"])
+    assert not takes_code("calculator", calculator["function"]["parameters"])
+    assert takes_code("python", {"properties": {"script": {"type": "string"}}})
+    assert takes_code("run", {"properties": {"src": {"type": "string", "description": "The Python program."}}})
+    # a translation tool's source language, a TV programme, a number named code: not programs
+    assert not takes_code("translate", {"properties": {"source": {"type": "string"}, "script": {"type": "string"}}})
+    assert not takes_code("tv", {"properties": {"channel": {"type": "string", "description": "the program to show"}}})
+    assert not takes_code("python", {"properties": {"code": {"type": "integer"}}}) and not takes_code("x", None)
     prompts = PromptSet("hermes")
     common = {"persona": "a baker", "tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"]}
     values = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, **common)
@@ -1080,6 +1099,6 @@ async def test_the_attempt_samples_at_trial_temperature_and_imagination_at_tempe
     side = {r.params.temperature for r in backend.requests if r.tools in (None, [])}
     attempt = {r.params.temperature for r in backend.requests if r.tools not in (None, [])}
     assert side == {0.9} and attempt == {0.3}
-    # unset, the attempt samples at `temperature`, and the logged shape is the one logs had before the setting
+    # unset, the attempt samples at `temperature`, and that is what the log says (a resume compares it)
     assert ExploreSettings(temperature=0.5).attempt_temperature == 0.5
-    assert "trial_temperature" not in ExploreSettings().trial_shape()
+    assert ExploreSettings(temperature=0.5).trial_shape()["trial_temperature"] == 0.5

@@ -157,9 +157,9 @@ def eval_command(
 ) -> None:
     """Evaluate models on a test set and/or benchmarks; writes per-item JSONL, summary.json and summary.md.
 
-    One checkpoint without a CONFIG (`toolschool eval -m runs/NAME/sft/merged -n 50`) is scored on its run's test
-    data, in the format its run trained with, into CHECKPOINT/eval."""
-    if config_path is None and model and len(model) == 1 and not benchmark:
+    One checkpoint without a CONFIG, --data or --benchmark (`toolschool eval -m runs/NAME/sft/merged -n 50`) is
+    scored on its run's test data, in the format its run trained with, into CHECKPOINT/eval."""
+    if config_path is None and model and len(model) == 1 and not benchmark and run_name is None:
         data, format, out = _checkpoint_defaults(model[0], data, format, out)
     overrides = {
         "eval.data": data,
@@ -205,9 +205,9 @@ def _default_data(checkpoint: Path) -> Path | None:
 
 
 def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, out: Path | None):
-    """`toolschool eval --model CHECKPOINT` with no CONFIG: the data the checkpoint's run evaluated on (else its
-    distill split) unless --data or --benchmark is given, written into CHECKPOINT/eval unless --out is given; the
-    format the run trained with unless --format is given. Returns (data, format, out)."""
+    """`toolschool eval --model CHECKPOINT` with no CONFIG: without --data (or --benchmark), the data the
+    checkpoint's run evaluated on (else its distill split), written into CHECKPOINT/eval unless --out is given;
+    the format the run trained with unless --format is given. Returns (data, format, out)."""
     from toolschool.errors import ConfigError, ModelLoadError
 
     path = Path(checkpoint)
@@ -232,7 +232,7 @@ def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, 
             )
         data = str(found)
         err_console.print(f"[dim]eval: data {escape(data)}, the run's test data (--data overrides)[/dim]")
-    out = out or path / "eval"
+        out = out or path / "eval"
     if format is None:
         from toolschool.train.common import trained_format
 

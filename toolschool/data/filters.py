@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.data.dataset import same_request_key
+from toolschool.tools.base import is_code_argument
 
 # ---------------------------------------------------------------------------------------------- numbers
 
@@ -128,7 +129,7 @@ def _times_24h(text: str) -> set[float]:
 _DIRECTION_WORDS = frozenset(
     "before ago earlier back backward backwards subtract subtracting subtracted minus prior previous less fewer "
     "remove removing take taking negative below decrease decreasing reduce reducing lose losing lost loss down "
-    "deduct deducting under past".split()
+    "deduct deducting under".split()
 )
 
 
@@ -390,13 +391,6 @@ def _parameters(tools: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return {}
 
 
-def _is_code(name: str, key: str, schema: dict[str, Any]) -> bool:
-    description = str(schema.get("description") or "").lower()
-    return (
-        key == "code" or (name == "python" and key in ("code", "program", "source")) or "python program" in description
-    )
-
-
 def call_grounding(
     name: str, arguments: dict[str, Any], tools: list[dict[str, Any]], sources: Sources
 ) -> Ungrounded | None:
@@ -412,7 +406,7 @@ def call_grounding(
         elif isinstance(value, str):
             problem = (
                 _python_problem(value, sources)
-                if _is_code(name, key, schema)
+                if is_code_argument(name, key, schema)
                 else _string_problem(value, key, schema, sources)
             )
             if problem is not None:

@@ -283,9 +283,10 @@ EXPECTED_ANSWER_MAX_CHARS = 80
 
 def result_to_state(text: str | None, value: Any = None) -> str | float | None:
     """What a final answer after a tool result must state, for `answer_matches`: the number `value` when the tool
-    returned one, else the result `text`; None when the text is empty or longer than EXPECTED_ANSWER_MAX_CHARS."""
+    returned one, else the result `text` (empty: no answer states it); None when the text is longer than
+    EXPECTED_ANSWER_MAX_CHARS (not compared)."""
     shown = str(text if text is not None else "").strip()
-    if not shown or len(shown) > EXPECTED_ANSWER_MAX_CHARS:
+    if len(shown) > EXPECTED_ANSWER_MAX_CHARS:
         return None
     return value if isinstance(value, int | float) and not isinstance(value, bool) else shown
 

@@ -110,8 +110,7 @@ class ExploreSettings:
         """
         shape = asdict(self)
         del shape["episodes"], shape["target_per_tool"], shape["ablations"]  # ablations are checked on their own
-        if shape["trial_temperature"] is None:
-            del shape["trial_temperature"]  # as logged before it existed: such a log resumes
+        shape["trial_temperature"] = self.attempt_temperature  # the effective one (a log without it: `temperature`)
         return shape
 
     @property
@@ -443,7 +442,7 @@ async def run_trial(
         "parameters": json.dumps(schema.get("parameters", {}), ensure_ascii=False),
         "tool_names": [s["function"]["name"] for s in ctx.tool_schemas],
         "max_turns": settings.max_turns,
-        "code": takes_code(schema.get("parameters")),
+        "code": takes_code(tool, schema.get("parameters")),
     }
     persona = ctx.prompts.persona(settings.seed, tool, episode, slot)
     # 1. imagine — the long-term memory goes into this request only
@@ -593,7 +592,7 @@ def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
             persona="a user",
             description=example["description"],
             values=json.dumps(example["arguments"], ensure_ascii=False),
-            code=takes_code(example["parameters"]),
+            code=takes_code(example["tool"], example["parameters"]),
         )
         messages += [{"role": "user", "content": prompt}, _verbatim(json.dumps(example["query"], ensure_ascii=False))]
     return messages
@@ -623,7 +622,8 @@ async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any])
     if observation.is_error:
         first_line = (str(observation.text).strip().splitlines() or [""])[0]
         return f"the tool refused them: {first_line[:200]}"
-    output = observation.value.get("stdout") if isinstance(observation.value, dict) else observation.text
+    value = observation.value
+    output = value["stdout"] if isinstance(value, dict) and "stdout" in value else observation.text  # a program's
     if not str(output if output is not None else "").strip():
         return "the tool returned nothing"
     return None
@@ -674,16 +674,17 @@ async def _imagine_from_values(
         drawn = parse_values(completion.text)
         if drawn is None:
             problem = "no JSON object"
+        elif repeats_seen_values(drawn, seen):
+            repeated = repeated or drawn  # used if nothing new comes (and the tool takes it)
+            problem = "repeats values already tried"
         else:
-            problem = await values_problem(ctx, trial.tool, drawn)
-            if problem is None and repeats_seen_values(drawn, seen):
-                repeated = repeated or drawn  # usable, if nothing new comes
-                problem = "repeats values already tried"
+            problem = await values_problem(ctx, trial.tool, drawn)  # the tool runs only for values that may be used
         if problem is None:
             values = drawn
             break
         set_aside["values"].append({"values": drawn, "problem": problem})
-    values = values or repeated
+    if values is None and repeated is not None and await values_problem(ctx, trial.tool, repeated) is None:
+        values = repeated
     if values is None:
         return None, "", set_aside
     request_prompt = ctx.prompts.render(
@@ -821,7 +822,7 @@ def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
             "parameters": json.dumps(example["parameters"], ensure_ascii=False),
             "tool_names": [example["tool"]],
             "max_turns": ctx.settings.max_turns,
-            "code": takes_code(example["parameters"]),
+            "code": takes_code(example["tool"], example["parameters"]),
         }
         call_id = f"demo_{index}"
         messages += [

@@ -129,7 +129,8 @@ def check_resumable(
     function's signature or docstring: old trials would hold calls to the old one) is an error. Only `episodes`
     (and which tools to explore) may change: more episodes explore further. Lines written before `settings` was
     logged are checked on model, format, ablations and tools only, and a setting added since a log was written
-    (absent from its `settings`) is not checked, so an older run can still be resumed.
+    (absent from its `settings`) is not checked, so an older run can still be resumed — except `trial_temperature`,
+    which such a log had at its `temperature`.
     """
     if not records:
         return
@@ -142,6 +143,10 @@ def check_resumable(
     logged_settings = first.get("settings")
     if settings is not None and isinstance(logged_settings, dict):
         checks += [(key, logged_settings[key], value) for key, value in settings.items() if key in logged_settings]
+        if "trial_temperature" in settings and "trial_temperature" not in logged_settings:
+            # logged before the setting existed: its attempts were sampled at its `temperature`
+            was = logged_settings.get("temperature")
+            checks.append(("trial_temperature", was, settings["trial_temperature"]))
     if tools is not None and isinstance(first.get("tools"), list):
         offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
         checks.append(("offered tools", offered, tools))

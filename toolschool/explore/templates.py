@@ -37,6 +37,7 @@ TEMPLATE_NAMES = (
 
 DEMONSTRATIONS_FILE = "demonstrations.json"
 PERSONAS_FILE = "personas.json"
+PROGRAMS_FILE = "programs.json"
 
 # The variables each template is rendered with (see toolschool.explore.episode), and sample values to try them
 # with when the prompts are loaded: an override using one its template does not get fails before any work.
@@ -103,7 +104,7 @@ class PromptSet:
         self.searchpath = searchpath
         self.format_name = format_name
         self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
-        self._personas: list[str] | None = None  # personas(), read and checked once
+        self._lists: dict[str, list[str]] = {}  # personas() and programs(), each read and checked once
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(searchpath),
             undefined=jinja2.StrictUndefined,
@@ -141,9 +142,10 @@ class PromptSet:
         path = self.demonstrations_path() if demonstrations > 0 else None
         if path is not None:
             digest.update(path.read_bytes())
-        personas = self._file_path(PERSONAS_FILE)
-        if personas is not None:
-            digest.update(b"personas\0" + personas.read_bytes())
+        for label, name in (("personas", PERSONAS_FILE), ("programs", PROGRAMS_FILE)):
+            path = self._file_path(name)
+            if path is not None:
+                digest.update(label.encode() + b"\0" + path.read_bytes())
         return digest.hexdigest()[:16]
 
     def _file_path(self, name: str) -> Path | None:
@@ -160,26 +162,29 @@ class PromptSet:
 
     def personas(self) -> list[str]:
         """Who might send an imagined request (`personas.json`), checked once: a ConfigError names the file."""
-        if self._personas is None:
+        return self._text_list(PERSONAS_FILE, "personas", "a baker scaling a recipe", "short descriptions of people")
+
+    def programs(self) -> list[str]:
+        """Kinds of program a tool that takes code is offered (`programs.json`), checked once."""
+        return self._text_list(PROGRAMS_FILE, "programs", "sorts a list of words", "what a program does")
+
+    def _text_list(self, name: str, key: str, example: str, what: str) -> list[str]:
+        """The non-empty list of strings under `key` of the data file `name` (see `_file_path`), read once."""
+        if key not in self._lists:
             import json
 
-            path = self._file_path(PERSONAS_FILE)
-            hint = 'write {"personas": ["a baker scaling a recipe", ...]} (short descriptions of people)'
+            path = self._file_path(name)
+            hint = f'write {{"{key}": ["{example}", ...]}} ({what})'
             try:
-                personas = json.loads(path.read_text(encoding="utf-8"))["personas"] if path else []
+                items = json.loads(path.read_text(encoding="utf-8"))[key] if path else []
             except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise ConfigError(f"{path}: not a personas file ({exc})", hint=hint) from None
-            if (
-                not isinstance(personas, list)
-                or not personas
-                or not all(isinstance(p, str) and p.strip() for p in personas)
-            ):
-                raise ConfigError(f'{path}: "personas" must be a non-empty list of non-empty strings', hint=hint)
-            self._personas = [p.strip() for p in personas]
-        return list(self._personas)
+                raise ConfigError(f"{path}: not a {key} file ({exc})", hint=hint) from None
+            if not isinstance(items, list) or not items or not all(isinstance(i, str) and i.strip() for i in items):
+                raise ConfigError(f'{path}: "{key}" must be a non-empty list of non-empty strings', hint=hint)
+            self._lists[key] = [i.strip() for i in items]
+        return list(self._lists[key])
 
-    @staticmethod
-    def situation(seed: int, tool: str, episode: int, slot: int, parameters: dict[str, Any] | None = None) -> str:
+    def situation(self, seed: int, tool: str, episode: int, slot: int, parameters: dict[str, Any] | None = None) -> str:
         """Details of one trial's situation for values-first imagination: a date and three numbers of different
         sizes, drawn by a hash of where the trial stands. Why: a small explorer picking argument values otherwise
         takes the description's own example every time ("5 km to mile", "1234 * 5678"), and a student trained on
@@ -190,8 +195,8 @@ class PromptSet:
         short one-word examples quoted in its description: "km", "pound", "degC") is offered one of them as well, the
         same position in every such list (descriptions list matching examples side by side: "km" with "mile"),
         because a small explorer otherwise picks the first example every time (every unit request was km to mile).
-        A tool that takes a program (`takes_code`) is offered a kind of program (`PROGRAM_KINDS`): told only to vary
-        its programs, the 0.5B wrote the sum of a list in 11 of 16."""
+        A tool that takes a program (`takes_code`) is offered a kind of program (`programs()`): told only to vary its
+        programs, the 0.5B wrote the sum of a list in 11 of 16."""
         import datetime as dt
         import hashlib
         import random
@@ -202,8 +207,9 @@ class PromptSet:
         numbers = [rng.randint(2, 12), rng.randint(13, 400), rng.randint(401, 9999)]
         rng.shuffle(numbers)
         text = f"today is {date.isoformat()}; numbers at hand: {', '.join(str(n) for n in numbers)}"
-        if takes_code(parameters):
-            text += f"; a program that {PROGRAM_KINDS[rng.randrange(len(PROGRAM_KINDS))]}"
+        if takes_code(tool, parameters):
+            programs = self.programs()
+            text += f"; a program that {programs[rng.randrange(len(programs))]}"
         choices = _text_choices(parameters)
         if choices:
             position = rng.randrange(max(len(options) for options in choices.values()))
@@ -270,27 +276,6 @@ class PromptSet:
             )
 
 
-# Kinds of small program a person might want run, offered one per values-first trial of a tool that takes code:
-# common shapes of everyday scripting (loops, lists, text, counting), worded as what the program does.
-PROGRAM_KINDS = (
-    "counts the items of a list that pass a test",
-    "finds the largest and the smallest of a list of numbers",
-    "averages a list of numbers",
-    "sorts a list of words or numbers",
-    "counts the letters or vowels of a word",
-    "reverses a word or a list",
-    "adds up a series of numbers in a loop over a range",
-    "multiplies numbers in a loop (a factorial, a growth over several years)",
-    "finds the numbers in a range that divide evenly by another",
-    "works out a running balance month by month",
-    "counts the words of a sentence",
-    "repeats one calculation for each item of a list and prints each result",
-    "checks whether a number is prime",
-    "converts a list of prices at an exchange rate",
-    "keeps the even (or the odd) numbers of a list",
-    "formats a table of values with a loop",
-)
-
 _QUOTED_WORD = re.compile(r'"([^"\s]{1,20})"')
 
 
@@ -314,21 +299,13 @@ def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
     return choices
 
 
-_CODE_NAMES = ("code", "program", "script", "source")
+def takes_code(tool: str, parameters: dict[str, Any] | None) -> bool:
+    """Whether a tool takes a program (an argument `tools.base.is_code_argument` calls one). The values-first prompts
+    ask such a tool for a program that prints a result, and for a request that says what the program must work out
+    (`code` in the templates); any other tool gets argument values and a request that never mentions code."""
+    from toolschool.tools.base import is_code_argument
 
-
-def takes_code(parameters: dict[str, Any] | None) -> bool:
-    """Whether a tool takes a program: a text argument named code, program, script or source, or described as a
-    program. The values-first prompts ask such a tool for a program that prints a result, and for a request that
-    says what the program must work out (`code` in the templates); any other tool gets argument values and a
-    request that never mentions code."""
     properties = parameters.get("properties") if isinstance(parameters, dict) else None
     if not isinstance(properties, dict):
         return False
-    for name, spec in properties.items():
-        if not isinstance(spec, dict) or spec.get("type") not in (None, "string"):
-            continue
-        description = str(spec.get("description") or "").casefold()
-        if str(name).casefold() in _CODE_NAMES or "program" in description:
-            return True
-    return False
+    return any(is_code_argument(tool, str(name), spec) for name, spec in properties.items())

@@ -34,6 +34,20 @@ def valid_unicode(value: Any) -> Any:
     return value
 
 
+def is_code_argument(tool: str, key: str, spec: dict[str, Any]) -> bool:
+    """Whether argument `key` of `tool` is a program: named `code`, a `program`/`source`/`script` text of the
+    python tool, or described as a Python program. Explore asks such a tool for programs and requests that say what
+    to work out; distill checks such a value's literals rather than the value as a whole."""
+    if not isinstance(spec, dict) or spec.get("type") not in (None, "string"):
+        return False
+    description = str(spec.get("description") or "").casefold()
+    return (
+        key == "code"
+        or (tool == "python" and key in ("program", "source", "script"))
+        or "python program" in description
+    )
+
+
 @dataclass
 class Observation:
     text: str  # what the model sees
