@@ -200,14 +200,17 @@ def test_evaluate_uses_the_format_the_run_trained_with(tiny_model_dir: Path, tmp
     (run / "checkpoints").mkdir()
     shutil.copytree(tiny_model_dir, run / "checkpoints" / "checkpoint-2")
     (run / "toolschool_sft.json").write_text(json.dumps({"format": "json", "method": "lora"}))
-    data = tmp_path / "test.jsonl"
+    (tmp_path / "distill").mkdir()  # the run's test data, found upwards from the checkpoint
+    data = tmp_path / "distill" / "validation.jsonl"
     data.write_text(_calc_line(40, 7) + "\n")
     for folder in (run / "merged", run / "checkpoints" / "checkpoint-2"):
-        result = CliRunner().invoke(
-            app, ["eval", "-m", str(folder), "-n", "1", "--data", str(data), "--out", str(folder / "eval")]
-        )
+        result = CliRunner().invoke(app, ["eval", "-m", str(folder), "-n", "1"])
         assert result.exit_code == 0, result.output
         assert json.loads((folder / "eval" / "summary.json").read_text())["settings"]["format"] == "json"
+    # with --data it is scored like any model: in --format (hermes), a line naming the trained format
+    result = CliRunner().invoke(app, ["eval", "-m", str(run / "merged"), "--data", str(data), "--out", str(run / "h")])
+    assert result.exit_code == 0 and "was trained with the json format" in " ".join(result.output.split())
+    assert json.loads((run / "h" / "summary.json").read_text())["settings"]["format"] == "hermes"
     result = CliRunner().invoke(
         app,
         [

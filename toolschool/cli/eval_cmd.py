@@ -205,9 +205,9 @@ def _default_data(checkpoint: Path) -> Path | None:
 
 
 def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, out: Path | None):
-    """`toolschool eval --model CHECKPOINT` with no CONFIG: without --data (or --benchmark), the data the
-    checkpoint's run evaluated on (else its distill split), written into CHECKPOINT/eval unless --out is given;
-    the format the run trained with unless --format is given. Returns (data, format, out)."""
+    """`toolschool eval --model CHECKPOINT` with no CONFIG, --data or --benchmark: the data the checkpoint's run
+    evaluated on (else its distill split), in the format the run trained with unless --format is given, written
+    into CHECKPOINT/eval unless --out is given. Returns (data, format, out); with --data, eval as usual."""
     from toolschool.errors import ConfigError, ModelLoadError
 
     path = Path(checkpoint)
@@ -223,16 +223,16 @@ def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, 
     from toolschool.models.spec import parse_model_spec
 
     resolve_source(parse_model_spec(checkpoint))
-    if data is None:
-        found = _default_data(path)
-        if found is None:
-            raise ConfigError(
-                f"no test data found for checkpoint '{checkpoint}' (looked upwards for {DEFAULT_DATA_PLACES})",
-                hint="pass --data test.jsonl",
-            )
-        data = str(found)
-        err_console.print(f"[dim]eval: data {escape(data)}, the run's test data (--data overrides)[/dim]")
-        out = out or path / "eval"
+    if data is not None:  # eval as with any model: the configured format and output folder
+        return data, format, out
+    found = _default_data(path)
+    if found is None:
+        raise ConfigError(
+            f"no test data found for checkpoint '{checkpoint}' (looked upwards for {DEFAULT_DATA_PLACES})",
+            hint="pass --data test.jsonl",
+        )
+    data = str(found)
+    err_console.print(f"[dim]eval: data {escape(data)}, the run's test data (--data overrides)[/dim]")
     if format is None:
         from toolschool.train.common import trained_format
 
@@ -240,7 +240,7 @@ def _checkpoint_defaults(checkpoint: str, data: str | None, format: str | None, 
         format = found_format[0] if found_format else None
         if format is not None:
             err_console.print(f"[dim]eval: format '{format}', as the run was trained (--format overrides)[/dim]")
-    return data, format, out
+    return data, format, out or path / "eval"
 
 
 def report_command(
