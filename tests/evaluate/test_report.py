@@ -10,11 +10,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from eval_helpers import TEST, TRAIN, Recorder, settings, write
 from typer.testing import CliRunner
 
 from toolschool.cli import app
 from toolschool.errors import ToolschoolError
+from toolschool.evaluate.items import items_from_file
 from toolschool.evaluate.report import bar_groups, build_report, curve_groups, summary_markdown
+from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
 from toolschool.train.forgetting import forgetting_summary
 
 CHROMIUM_FLAGS = [
@@ -270,3 +273,58 @@ def test_ste_rates_show_only_on_ste_rows() -> None:
     assert "| ste_well_formed | ste_api_match |" in both
     assert "| bfcl | all | m | free | 2 | 50.0 | – | – |" in both
     assert "| ste | all | m | free | 2 | 50.0 | 0.0 | 100.0 |" in both
+
+
+def test_the_report_says_which_summary_is_icl_and_whether_the_items_are_the_same(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    data = write(tmp_path / "test.jsonl", TEST)
+    demos = write(tmp_path / "train.jsonl", TRAIN)
+    items = items_from_file(data)
+    for folder, chosen, scored in (
+        ("eval", settings(tmp_path, data=str(data)), items),
+        ("eval_icl", settings(tmp_path, icl=1, demos=str(demos), data=str(data)), items),
+    ):
+        run_evaluation(
+            ["m"],
+            [Benchmark("data", scored)],
+            make_options(chosen),
+            run / folder,
+            make_backend=lambda _n: Recorder(),
+            settings=chosen,
+        )
+    text = (build_report(run).with_name("report.md")).read_text()
+    assert "zero-shot" in text and f"1 bm25-retrieved demonstrations from `{demos}`, pool of 2" in text
+    assert "not scored on the same items" not in text
+    chosen = settings(tmp_path, icl=1, demos=str(demos), data=str(data))
+    run_evaluation(  # the same number of items would hide it: two of the three, and another one
+        ["m"],
+        [Benchmark("data", items[:2])],
+        make_options(chosen),
+        run / "eval_icl",
+        make_backend=lambda _n: Recorder(),
+        settings=chosen,
+    )
+    text = (build_report(run).with_name("report.md")).read_text()
+    assert "Warning: the data rows all of m (eval), m (eval_icl) were not scored on the same items" in text
+
+
+def test_the_report_compares_bfcl_categories_scored_on_the_same_items(tmp_path: Path) -> None:
+    """Zero-shot on three BFCL categories, ICL on two of them: the `all` rows differ, the category rows do not."""
+    from toolschool.evaluate.benchmarks import bfcl
+
+    run = tmp_path / "run"
+    demos = write(tmp_path / "train.jsonl", TRAIN)
+    for folder, spec, chosen in (
+        ("eval", "bfcl:simple_python,multiple,irrelevance", settings(tmp_path)),
+        ("eval_icl", "bfcl:simple_python,irrelevance", settings(tmp_path, icl=1, demos=str(demos))),
+    ):
+        run_evaluation(
+            ["m"],
+            [Benchmark("bfcl", bfcl.load_items(spec, limit=1))],
+            make_options(chosen),
+            run / folder,
+            make_backend=lambda _n: Recorder(),
+            settings=chosen,
+        )
+    text = (build_report(run).with_name("report.md")).read_text()
+    assert "Warning: the bfcl rows all of m (eval), m (eval_icl) were not scored on the same items" in text

@@ -1,6 +1,7 @@
 """An evaluation session (`run_evaluation`, `toolschool eval`).
 
-In-context learning end to end: what retrieval may show, what the results record, and what the report compares.
+In-context learning end to end: what retrieval may show and what the results record (what the report compares:
+tests/evaluate/test_report.py).
 
 `toolschool eval --resume` keeps an interrupted evaluation's items only where they were scored as the rest will be:
 the same model, the same settings that decide a verdict, and the same items.
@@ -13,59 +14,15 @@ import json
 from pathlib import Path
 
 import pytest
-from eval_helpers import _calc_item, _FlakyBackend, _hermes
-from helpers import CALC
+from eval_helpers import TEST, TRAIN, Recorder, _calc_item, _FlakyBackend, _hermes, settings, write
 from typer.testing import CliRunner
 
-from toolschool.chat.types import tool_call
 from toolschool.cli import app
 from toolschool.errors import ConfigError
 from toolschool.evaluate.items import items_from_file
-from toolschool.evaluate.report import build_report
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions
 from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
-from toolschool.models.backend import Backend, Completion, GenerationRequest
-
-
-def calc_line(query: str, expression: str, answer: str, item_id: str) -> dict:
-    messages = [
-        {"role": "user", "content": query},
-        {"role": "assistant", "content": "", "tool_calls": [tool_call("calculator", {"expression": expression}, "c1")]},
-        {"role": "tool", "tool_call_id": "c1", "content": answer},
-        {"role": "assistant", "content": f"The answer is {answer}."},
-    ]
-    return {"messages": messages, "tools": [CALC], "meta": {"id": item_id}}
-
-
-TEST = [
-    calc_line("What is 12 * 34?", "12*34", "408", "t1"),
-    calc_line("What is 56 * 78?", "56*78", "4368", "t2"),
-    calc_line("What is 90 * 12?", "90*12", "1080", "t3"),
-]
-TRAIN = [calc_line("What is 11 * 22?", "11*22", "242", "d1"), calc_line("What is 33 * 44?", "33*44", "1452", "d2")]
-
-
-class Recorder(Backend):
-    name = "recorder"
-
-    def __init__(self) -> None:
-        self.requests: list[GenerationRequest] = []
-
-    async def generate(self, request: GenerationRequest) -> list[Completion]:
-        self.requests.append(request)
-        return [Completion(text="I don't know.")]
-
-
-def write(path: Path, lines: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines), encoding="utf-8")
-    return path
-
-
-def settings(tmp_path: Path, **changes: object) -> dict:
-    base = {"format": "hermes", "arguments": "exact", "retriever": "bm25", "icl": 0, "max_tokens": 8}
-    base |= {"temperature": 0.0, "concurrency": 2, "execute": False, "max_turns": 2, "data": None, "demos": None}
-    return base | changes
 
 
 def test_no_prompt_shows_another_evaluated_item(tmp_path: Path) -> None:
@@ -109,61 +66,6 @@ def test_a_pool_of_only_evaluated_items_is_refused_before_anything_is_written(tm
         run_evaluation(
             ["m"], [Benchmark("data", items_from_file(data))], options, out, make_backend=lambda _n: Recorder()
         )
-
-
-def test_the_report_says_which_summary_is_icl_and_whether_the_items_are_the_same(tmp_path: Path) -> None:
-    run = tmp_path / "run"
-    data = write(tmp_path / "test.jsonl", TEST)
-    demos = write(tmp_path / "train.jsonl", TRAIN)
-    items = items_from_file(data)
-    for folder, chosen, scored in (
-        ("eval", settings(tmp_path, data=str(data)), items),
-        ("eval_icl", settings(tmp_path, icl=1, demos=str(demos), data=str(data)), items),
-    ):
-        run_evaluation(
-            ["m"],
-            [Benchmark("data", scored)],
-            make_options(chosen),
-            run / folder,
-            make_backend=lambda _n: Recorder(),
-            settings=chosen,
-        )
-    text = (build_report(run).with_name("report.md")).read_text()
-    assert "zero-shot" in text and f"1 bm25-retrieved demonstrations from `{demos}`, pool of 2" in text
-    assert "not scored on the same items" not in text
-    chosen = settings(tmp_path, icl=1, demos=str(demos), data=str(data))
-    run_evaluation(  # the same number of items would hide it: two of the three, and another one
-        ["m"],
-        [Benchmark("data", items[:2])],
-        make_options(chosen),
-        run / "eval_icl",
-        make_backend=lambda _n: Recorder(),
-        settings=chosen,
-    )
-    text = (build_report(run).with_name("report.md")).read_text()
-    assert "Warning: the data rows all of m (eval), m (eval_icl) were not scored on the same items" in text
-
-
-def test_the_report_compares_bfcl_categories_scored_on_the_same_items(tmp_path: Path) -> None:
-    """Zero-shot on three BFCL categories, ICL on two of them: the `all` rows differ, the category rows do not."""
-    from toolschool.evaluate.benchmarks import bfcl
-
-    run = tmp_path / "run"
-    demos = write(tmp_path / "train.jsonl", TRAIN)
-    for folder, spec, chosen in (
-        ("eval", "bfcl:simple_python,multiple,irrelevance", settings(tmp_path)),
-        ("eval_icl", "bfcl:simple_python,irrelevance", settings(tmp_path, icl=1, demos=str(demos))),
-    ):
-        run_evaluation(
-            ["m"],
-            [Benchmark("bfcl", bfcl.load_items(spec, limit=1))],
-            make_options(chosen),
-            run / folder,
-            make_backend=lambda _n: Recorder(),
-            settings=chosen,
-        )
-    text = (build_report(run).with_name("report.md")).read_text()
-    assert "Warning: the bfcl rows all of m (eval), m (eval_icl) were not scored on the same items" in text
 
 
 # Resuming an interrupted evaluation (--resume).

@@ -20,34 +20,12 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from pipeline_helpers import _trial
 from rich.console import Console
 
 from toolschool.config import load_config
 from toolschool.errors import ToolschoolError
 from toolschool.pipeline import STAGES, is_done, run_pipeline
-from toolschool.tools.registry import build_registry
-
-with build_registry(only=["calculator"]) as _registry:
-    CALC = _registry.schemas()[0]  # as the explore stage logs it: the run refuses trials of an edited schema
-
-
-def _trial(index: int, a: int, b: int) -> dict:
-    observation = {"text": str(a * b), "value": a * b, "is_error": False, "error_kind": None}
-    call = {"name": "calculator", "arguments": {"expression": f"{a} * {b}"}, "id": "c1", "observation": observation}
-    return {
-        "v": 1,
-        "tool": "calculator",
-        "episode": index,
-        "slot": 0,
-        "status": "ok",
-        "query": f"How much is {a} times {b} for order {index}?",
-        "steps": [{"calls": [call]}],
-        "final_answer": f"It is {a * b}.",
-        "reflection": "Yes",
-        "solved": True,
-        "tools": [CALC],
-        "model": "test",
-    }
 
 
 def _explored(config) -> None:
