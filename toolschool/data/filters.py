@@ -151,6 +151,7 @@ class Sources:
 
     def __post_init__(self) -> None:
         self._numbers: set[float] | None = None
+        self._direction: bool | None = None
 
     def texts(self) -> list[str]:
         return [self.request, *self.results]
@@ -170,7 +171,7 @@ class Sources:
         constant, and with `bound` (an argument of `range`) a stated integer +/- 1."""
         stated = self.numbers()
         # a negative value stated unsigned needs a direction word: "add 45 days" is not -45 days
-        candidates = {value, -value} if value >= 0 or states_direction(self.request) else {value}
+        candidates = {value, -value} if value >= 0 or self.states_direction() else {value}
         if any(_close(c, s) for c in candidates for s in stated):
             return True
         if any(math.isclose(abs(value), c, rel_tol=1e-3) for c in _MATH_CONSTANTS):
@@ -181,6 +182,12 @@ class Sources:
         if python and value == int(value) and abs(value) <= PYTHON_SMALL_CONSTANT:
             return True
         return bound and any(_close(c, s + step) for c in candidates for s in stated for step in (1, -1))
+
+    def states_direction(self) -> bool:
+        """Whether the request has a word that turns a stated number negative (read once per request)."""
+        if self._direction is None:
+            self._direction = states_direction(self.request)
+        return self._direction
 
     def dates(self) -> set[dt.date]:
         out: set[dt.date] = set()
