@@ -1083,6 +1083,46 @@ async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tm
     assert record["messages"][-1]["content"] == "It is 7."
 
 
+async def test_values_first_draws_the_call_again_when_the_tool_refuses_it(tmp_path) -> None:
+    """The values ran clean, so a call read from the request that the tool refuses is the explorer's slip (the 0.5B
+    leaves a program's closing quote out: `print(3)}`): drawn again, hotter, and logged with why; the trial keeps
+    the call that ran, and only its result reaches the conversation."""
+    policy = _values_first_with(
+        "Request: What is", 'CALL calculator {"expression": "1 * 7)"}', 'CALL calculator {"expression": "1 * 7"}'
+    )
+    backend = ScriptedBackend(policy)
+    registry = FakeRegistry()
+    ctx = make_ctx(
+        tmp_path, backend, registry=registry, stm_slots=1, max_turns=1, imagine="values_first", temperature=0.5
+    )
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (aside,) = record["set_aside"]["calls"]
+    assert aside["calls"] == [{"name": "calculator", "arguments": {"expression": "1 * 7)"}}]
+    assert aside["problem"].startswith("the tool refused them: Error: the tool 'calculator' failed")
+    (step,) = [s for s in record["steps"] if s["calls"]]
+    assert [c["arguments"] for c in step["calls"]] == [{"expression": "1 * 7"}]
+    assert record["intent_matched"] is True and is_verified(record)
+    assert registry.calls[-2:] == [("calculator", {"expression": "1 * 7)"}), ("calculator", {"expression": "1 * 7"})]
+    assert not any("failed" in str(m.get("content")) for m in record["messages"])
+    drawn = [r.params.temperature for r in backend.requests if "Request: What is" in str(r.messages[-1]["content"])]
+    assert drawn == [0.5, 0.65]
+
+
+def test_a_result_problem_names_the_error_line_of_a_traceback() -> None:
+    from toolschool.explore.episode import calls_problem, result_problem
+
+    traceback = (
+        "Traceback (most recent call last):\n  File \"main.py\", line 1\n    print(3)}\nSyntaxError: unmatched '}'"
+    )
+    assert result_problem({"text": traceback, "is_error": True}) == "the tool refused them: SyntaxError: unmatched '}'"
+    assert result_problem({"text": "(no output)", "value": {"stdout": ""}}) == "the tool returned nothing"
+    assert result_problem({"text": "7", "value": None}) is None
+    other = {"name": "other", "observation": {"text": "Error", "is_error": True}}
+    assert calls_problem("calculator", [other]) is None  # only the explored tool's calls are checked
+
+
 async def test_the_attempt_samples_at_trial_temperature_and_imagination_at_temperature(tmp_path) -> None:
     """At 0.9 the 0.5B leaves a program's closing quote out one call in three (`print(8 - 56)}`), which a grammar
     cannot tell from code; imagination needs that heat, the calls do not: `trial_temperature` is the attempt's."""

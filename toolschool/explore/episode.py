@@ -300,6 +300,7 @@ class _Trial:
         self.completion_tokens = 0
         self.final_answer: str | None = None
         self.set_aside_answers: list[str] = []  # values first: answers written again (`answer_misses_result`)
+        self.set_aside_calls: list[dict[str, Any]] = []  # values first: calls drawn again (`calls_problem`)
         self._generations = 0
 
     async def generate(
@@ -501,7 +502,9 @@ async def run_trial(
         "query_raw": query_raw,
         "imagined_values": imagined_values,
         "intent_matched": intent_matched,
-        "set_aside": None if set_aside is None else {**set_aside, "answers": trial.set_aside_answers},
+        "set_aside": None
+        if set_aside is None
+        else {**set_aside, "calls": trial.set_aside_calls, "answers": trial.set_aside_answers},
         "steps": trial.steps,
         "final_answer": trial.final_answer,
         "reflection": reflection,
@@ -613,19 +616,39 @@ def answer_misses_result(parsed: ParsedReply, steps: list[dict[str, Any]]) -> bo
     return expected is not None and not answer_matches(parsed.final, expected)
 
 
-async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any]) -> str | None:
-    """Why the tool's own run on imagined values rules them out, or None: it refused them (an error), or it returned
-    nothing (a program that prints nothing). Why: no request written from such values can become a verified trial
-    (the call read from it fails too, or shows no result to answer with), and a small explorer proposes many (km to
-    m/s, "784!", a program without print()); a run costs far less than the request and the trial."""
-    observation = await _execute(ctx, tool, values)
-    if observation.is_error:
-        first_line = (str(observation.text).strip().splitlines() or [""])[0]
-        return f"the tool refused them: {first_line[:200]}"
-    value = observation.value
-    output = value["stdout"] if isinstance(value, dict) and "stdout" in value else observation.text  # a program's
+def result_problem(observation: dict[str, Any]) -> str | None:
+    """Why a tool's result (an observation's dict form) can end no verified trial, or None: the tool refused the
+    call (an error: its last line, where a traceback names the error), or it returned nothing (a program that
+    prints nothing)."""
+    if observation.get("is_error"):
+        lines = str(observation.get("text")).strip().splitlines() or [""]
+        named = [line for line in lines if re.match(r"^\w*(Error|Exception)\b", line.strip())]
+        return f"the tool refused them: {(named[-1] if named else lines[0]).strip()[:200]}"
+    value = observation.get("value")
+    output = value["stdout"] if isinstance(value, dict) and "stdout" in value else observation.get("text")
     if not str(output if output is not None else "").strip():
         return "the tool returned nothing"
+    return None
+
+
+async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any]) -> str | None:
+    """Why the tool's own run on imagined values rules them out, or None (`result_problem`). Why: no request
+    written from such values can become a verified trial (the call read from it fails too, or shows no result to
+    answer with), and a small explorer proposes many (km to m/s, "784!", a program without print()); a run costs
+    far less than the request and the trial."""
+    return result_problem((await _execute(ctx, tool, values)).to_dict())
+
+
+def calls_problem(tool: str, records: list[dict[str, Any]]) -> str | None:
+    """Why the calls a trial's reply ran (`_run_calls` records) are drawn again, or None: a call to the explored
+    tool failed or returned nothing (`result_problem`). Values first, the values already ran clean, so such a call
+    is the explorer's slip, not the request's: the 0.5B leaves a program's closing quote out one call in six
+    (`print(3)}` is still a JSON string, so no grammar can catch it), and a trial spent on it is one distill drops."""
+    for record in records:
+        if record.get("name") == tool:
+            problem = result_problem(record.get("observation") or {})
+            if problem is not None:
+                return problem
     return None
 
 
@@ -748,6 +771,8 @@ async def _attempt(
             constraint = ctx.trial_constraint(trial.tool, turn, budget_left)
             forced = settings.force_call and turn == 0 and constraint is None
             prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
+            last = turn == settings.max_turns or calls_left <= 0
+            ran: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None = None
             for attempt in range(ANSWER_ATTEMPTS):
                 completion = await trial.generate(
                     [*conversation, *trial.messages],
@@ -759,12 +784,22 @@ async def _attempt(
                 )
                 raw = prefill + completion.text
                 parsed = fmt.parse(raw, ctx.tool_schemas)
-                # values first, an answer that does not state the call's result is written again: distill drops it
-                retry = settings.imagine == "values_first" and answer_misses_result(parsed, trial.steps)
-                if not retry or attempt == ANSWER_ATTEMPTS - 1:
+                if settings.imagine != "values_first":
+                    break
+                final_attempt = attempt == ANSWER_ATTEMPTS - 1
+                if parsed.calls and parsed.error is None and not last:
+                    # values first, a call the tool refuses or that returns nothing is drawn again: distill drops it
+                    ran = await _run_calls(ctx, trial, parsed, turn, calls_left)
+                    problem = calls_problem(trial.tool, ran[0])
+                    if problem is None or final_attempt:
+                        break
+                    calls = [{"name": c["name"], "arguments": c["arguments"]} for c in ran[0]]
+                    trial.set_aside_calls.append({"calls": calls, "problem": problem})
+                    continue
+                # an answer that does not state the call's result is written again: distill drops it
+                if not answer_misses_result(parsed, trial.steps) or final_attempt:
                     break
                 trial.set_aside_answers.append(str(parsed.final))
-            last = turn == settings.max_turns or calls_left <= 0
             if parsed.final is not None and not parsed.calls and parsed.error is None:
                 trial.steps.append(_step(completion, raw, parsed, executed=False))
                 trial.messages.append(parsed.as_message())
@@ -783,7 +818,9 @@ async def _attempt(
                 step["feedback"] = feedback
                 trial.messages += [_verbatim(raw), {"role": "user", "content": feedback}]
             else:
-                step["calls"], skipped, tool_messages = await _run_calls(ctx, trial, parsed, turn, calls_left)
+                if ran is None:
+                    ran = await _run_calls(ctx, trial, parsed, turn, calls_left)
+                step["calls"], skipped, tool_messages = ran
                 calls_left -= len(step["calls"])
                 if skipped:
                     step["skipped_calls"] = skipped

@@ -13,8 +13,9 @@ Fields of one line (version 1):
 - `query` (cleaned imagined query), `query_raw` (the model's text);
 - imagine = "values_first" only (else null): `imagined_values` (the argument values the request was written from),
   `intent_matched` (the call read from the request has them), `set_aside` {values: [{values, problem}], requests:
-  [{request, problem}], answers: [text]} (draws not used: values the tool refused or that repeat those tried,
-  requests that leave a value out, final answers that do not state the call's result);
+  [{request, problem}], calls: [{calls: [{name, arguments}], problem}], answers: [text]} (draws not used: values
+  the tool refused or that repeat those tried, requests that leave a value out, calls the tool refused or that
+  returned nothing — they ran, their results were not shown —, final answers that do not state the call's result);
 - `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`, `arguments`,
   `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw: the observation text,
   cut at `max_observation_chars`), `skipped_calls` (only when a reply held more calls than the budget of `max_turns`

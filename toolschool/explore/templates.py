@@ -38,6 +38,7 @@ TEMPLATE_NAMES = (
 DEMONSTRATIONS_FILE = "demonstrations.json"
 PERSONAS_FILE = "personas.json"
 PROGRAMS_FILE = "programs.json"
+CALCULATIONS_FILE = "calculations.json"
 
 # The variables each template is rendered with (see toolschool.explore.episode), and sample values to try them
 # with when the prompts are loaded: an override using one its template does not get fails before any work.
@@ -104,7 +105,7 @@ class PromptSet:
         self.searchpath = searchpath
         self.format_name = format_name
         self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
-        self._lists: dict[str, list[str]] = {}  # personas() and programs(), each read and checked once
+        self._lists: dict[str, list[str]] = {}  # personas(), programs(), calculations(): each read, checked once
         self._env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(searchpath),
             undefined=jinja2.StrictUndefined,
@@ -142,7 +143,11 @@ class PromptSet:
         path = self.demonstrations_path() if demonstrations > 0 else None
         if path is not None:
             digest.update(path.read_bytes())
-        for label, name in (("personas", PERSONAS_FILE), ("programs", PROGRAMS_FILE)):
+        for label, name in (
+            ("personas", PERSONAS_FILE),
+            ("programs", PROGRAMS_FILE),
+            ("calculations", CALCULATIONS_FILE),
+        ):
             path = self._file_path(name)
             if path is not None:
                 digest.update(label.encode() + b"\0" + path.read_bytes())
@@ -167,6 +172,12 @@ class PromptSet:
     def programs(self) -> list[str]:
         """Kinds of program a tool that takes code is offered (`programs.json`), checked once."""
         return self._text_list(PROGRAMS_FILE, "programs", "sorts a list of words", "what a program does")
+
+    def calculations(self) -> list[str]:
+        """Kinds of calculation a tool that takes an arithmetic expression is offered (`calculations.json`)."""
+        return self._text_list(
+            CALCULATIONS_FILE, "calculations", "splits a bill among friends", "what a calculation works out"
+        )
 
     def _text_list(self, name: str, key: str, example: str, what: str) -> list[str]:
         """The non-empty list of strings under `key` of the data file `name` (see `_file_path`), read once."""
@@ -196,7 +207,10 @@ class PromptSet:
         same position in every such list (descriptions list matching examples side by side: "km" with "mile"),
         because a small explorer otherwise picks the first example every time (every unit request was km to mile).
         A tool that takes a program (`takes_code`) is offered a kind of program (`programs()`): told only to vary its
-        programs, the 0.5B wrote the sum of a list in 11 of 16."""
+        programs, the 0.5B wrote the sum of a list in 11 of 16. One that takes an arithmetic expression
+        (`takes_expression`) is offered a kind of everyday calculation (`calculations()`): without, the 0.5B wrote a
+        product of two numbers stated in symbols ("1234 * 273") in 8 of 10, and a student taught on those read
+        "(145 + 285) divided by 13" as 145 + 285."""
         import datetime as dt
         import hashlib
         import random
@@ -210,6 +224,9 @@ class PromptSet:
         if takes_code(tool, parameters):
             programs = self.programs()
             text += f"; a program that {programs[rng.randrange(len(programs))]}"
+        elif takes_expression(tool, parameters):
+            calculations = self.calculations()
+            text += f"; a calculation that {calculations[rng.randrange(len(calculations))]}"
         choices = _text_choices(parameters)
         if choices:
             position = rng.randrange(max(len(options) for options in choices.values()))
@@ -297,6 +314,17 @@ def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
             if len(quoted) >= 2:
                 choices[name] = quoted
     return choices
+
+
+def takes_expression(tool: str, parameters: dict[str, Any] | None) -> bool:
+    """Whether a tool takes an arithmetic expression (an argument `tools.base.is_expression_argument` calls one):
+    its values-first situation names a kind of everyday calculation."""
+    from toolschool.tools.base import is_expression_argument
+
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return False
+    return any(is_expression_argument(tool, str(name), spec) for name, spec in properties.items())
 
 
 def takes_code(tool: str, parameters: dict[str, Any] | None) -> bool:

@@ -48,6 +48,18 @@ def is_code_argument(tool: str, key: str, spec: dict[str, Any]) -> bool:
     )
 
 
+def is_expression_argument(tool: str, key: str, spec: dict[str, Any]) -> bool:
+    """Whether argument `key` of `tool` is an arithmetic expression: a text named `expression` or `formula`, or
+    described as a math or arithmetic expression. Explore offers such a tool kinds of everyday calculation, so a
+    small explorer writes more than the description's own example."""
+    if not isinstance(spec, dict) or spec.get("type") not in (None, "string") or is_code_argument(tool, key, spec):
+        return False
+    description = str(spec.get("description") or "").casefold()
+    return key in ("expression", "formula") or any(
+        f"{kind} expression" in description for kind in ("math", "mathematical", "arithmetic")
+    )
+
+
 @dataclass
 class Observation:
     text: str  # what the model sees
