@@ -151,3 +151,73 @@ def test_fenced_form_resolves_definitions_and_is_left_out_for_other_references(c
         "type": "object", "properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}}}  # fmt: skip
     assert "```json" not in Constraint.for_tools("hermes", [relative], "auto").key()
     assert "```json" in auto.key()
+
+
+PYTHON = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run a Python program.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "The program."}},
+            "required": ["code"],
+        },
+    },
+}
+
+BALANCED_PROGRAMS = [
+    "print(sum(i * i for i in range(1, 19)))",
+    "x = {'a': [1, 2]}\nprint(x['a'])",
+    'print("}")',
+    "print('it\\'s (')",
+    "# it's a (comment\nprint(1)",
+    "print(f'{3 + 4}')",
+    'print("a\\"b")',
+    "s = '\\\\'\nprint(s)",
+    "def f(x):\n\treturn x * 2\nprint(f(3))",
+    "print('''a''')",
+    'print(r"\\d+")',
+    "print('é ☃')",
+]
+UNBALANCED_PROGRAMS = ["print(3)}", "print(3))", "print([1, 2)", "print('a)", "x = {1: 2]", 'print("a)']
+
+
+@pytest.mark.parametrize("fmt_name", ["hermes", "json", "react"])
+def test_a_program_argument_is_held_to_balanced_brackets_and_closed_strings(compiler, fmt_name: str) -> None:
+    """A JSON string may hold "}", so `print(3)}` (a small model closing the call before the program's quote) is a
+    valid JSON call; a program argument is held to code whose brackets balance outside its string literals and
+    comments, in every form a call takes, while other tools' strings stay free."""
+    fmt = get_format(fmt_name)
+    constraints = [Constraint.for_tools(fmt_name, [PYTHON, CALC], choice) for choice in ("auto", "required", "python")]
+
+    def call(name: str, arguments: dict) -> str:
+        message = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": name, "arguments": arguments}}],
+        }
+        return fmt.format_reply(message)[len(fmt.prefill) :]
+
+    for constraint in constraints:
+        for code in BALANCED_PROGRAMS:
+            assert accepts(compiler, constraint, call("python", {"code": code})), (constraint.describe(), code)
+        for code in UNBALANCED_PROGRAMS:
+            assert not accepts(compiler, constraint, call("python", {"code": code})), (constraint.describe(), code)
+    auto = constraints[0]
+    assert accepts(compiler, auto, call("calculator", {"expression": "(1 + 2)}"}))  # not a program: any string
+    if fmt_name == "hermes":  # the bare and the fenced call objects Qwen writes
+        assert not accepts(compiler, auto, '{"name": "python", "arguments": {"code": "print(3)}"}}')
+        assert accepts(compiler, auto, '{"name": "python", "arguments": {"code": "print(3)"}}')
+        fenced = "```json\n" + json.dumps({"name": "python", "arguments": {"code": "print(3)}"}}, indent=2) + "\n```"
+        assert not accepts(compiler, auto, fenced)
+        assert accepts(compiler, auto, fenced.replace("print(3)}", "print(3)"))
+
+
+def test_only_program_arguments_are_marked_for_the_code_grammar() -> None:
+    from toolschool.chat.constraints import CODE_KEY
+
+    (python,), (calc,) = (Constraint.for_tools("hermes", [t], "auto").schemas() for t in (PYTHON, CALC))
+    assert python[1]["properties"]["code"][CODE_KEY] is True
+    assert CODE_KEY not in json.dumps(calc[1])
+    assert CODE_KEY not in json.dumps(PYTHON)  # the caller's schema is not changed

@@ -29,10 +29,34 @@ from typing import Any
 
 import torch
 
-from toolschool.chat.constraints import Constraint
+from toolschool.chat.constraints import CODE_KEY, Constraint
 from toolschool.errors import ToolschoolError
 
 SEPARATORS = (", ", ": ")
+# A program argument (`CODE_KEY`) is compiled as a const of this text, which is then replaced by `CODE_RULES`.
+_CODE_MARKER = "toolschool-code-placeholder-7f3c"
+# A JSON string holding Python code whose (), [] and {} balance outside string literals and comments, and whose
+# string literals close: Python's own lexing, enough to refuse what a small model writes when it closes the call
+# before the program (`print(3)}`). Literals: '...' (a " inside is JSON's \"), "..." (JSON \"...\"), a backslash
+# escape inside either (JSON \\ then one character); triple quotes read as three literals; comments run to the
+# JSON \n. All other JSON string content (escapes included) is free.
+CODE_RULES = r"""
+tsc_code_string ::= "\"" tsc_code "\""
+tsc_code ::= tsc_item*
+tsc_item ::= tsc_plain | tsc_escape | tsc_nested | tsc_sq | tsc_dq | tsc_comment
+tsc_nested ::= "(" tsc_code ")" | "[" tsc_code "]" | "{" tsc_code "}"
+tsc_plain ::= [^\0-\x1f\"\\()\[\]{}'#]
+tsc_hex ::= [0-9A-Fa-f]
+tsc_unicode ::= "u" tsc_hex tsc_hex tsc_hex tsc_hex
+tsc_escape ::= "\\" ([nrtbf/\\] | tsc_unicode)
+tsc_any ::= [^\0-\x1f\"\\] | "\\" ([\"\\/bfnrt] | tsc_unicode)
+tsc_sq ::= "'" tsc_sq_item* "'"
+tsc_sq_item ::= [^\0-\x1f\"\\'] | "\\" ([nrtbf/\"] | tsc_unicode) | "\\\\" tsc_any
+tsc_dq ::= "\\\"" tsc_dq_item* "\\\""
+tsc_dq_item ::= [^\0-\x1f\"\\] | "\\" ([nrtbf/] | tsc_unicode) | "\\\\" tsc_any
+tsc_comment ::= "#" tsc_comment_item*
+tsc_comment_item ::= [^\0-\x1f\"\\] | "\\" ([\"/bfrt] | tsc_unicode) | "\\\\"
+"""
 # xgrammar prefixes its messages with a time and a source location: "[21:26:32] /project/cpp/x.cc:83: "
 _LOCATION = re.compile(r"^\s*\[[\d:]+\]\s*\S+:\d+:\s*")
 
@@ -130,10 +154,24 @@ class GrammarCompiler:
 
     def _ebnf(self, schema: Any, indent: int | None = None) -> str:
         layout = {"separators": SEPARATORS} if indent is None else {"indent": indent, "separators": (",", ": ")}
+        placed = _place_code(schema)
         grammar = self._xgr.Grammar.from_json_schema(
-            json.dumps(schema, ensure_ascii=False), any_whitespace=False, **layout
+            json.dumps(placed, ensure_ascii=False), any_whitespace=False, **layout
         )
+        if placed != schema:  # the program arguments: their const placeholder becomes the code grammar
+            return str(grammar).replace(f'\\"{_CODE_MARKER}\\"', '" tsc_code_string "') + CODE_RULES
         return str(grammar)
+
+
+def _place_code(node: Any) -> Any:
+    """`node` with every program argument's schema (marked `CODE_KEY`) replaced by a const placeholder."""
+    if isinstance(node, dict):
+        if node.get(CODE_KEY) is True:
+            return {"const": _CODE_MARKER}
+        return {key: _place_code(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_place_code(value) for value in node]
+    return node
 
 
 def _param(constraint: Constraint) -> str:
