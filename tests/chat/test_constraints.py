@@ -214,10 +214,62 @@ def test_a_program_argument_is_held_to_balanced_brackets_and_closed_strings(comp
         assert accepts(compiler, auto, fenced.replace("print(3)}", "print(3)"))
 
 
-def test_only_program_arguments_are_marked_for_the_code_grammar() -> None:
+def _tool(name: str, code: dict, description: str = "") -> dict:
+    parameters = {"type": "object", "properties": {"code": code}, "required": ["code"]}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+def test_only_plain_python_program_arguments_are_marked_for_the_code_grammar() -> None:
+    """The code grammar replaces the property's schema: a `code` with an enum, a length, a null option, or one that
+    is no Python program (a country code, a shell command) keeps its JSON schema."""
     from toolschool.chat.constraints import CODE_KEY
 
     (python,), (calc,) = (Constraint.for_tools("hermes", [t], "auto").schemas() for t in (PYTHON, CALC))
     assert python[1]["properties"]["code"][CODE_KEY] is True
     assert CODE_KEY not in json.dumps(calc[1])
     assert CODE_KEY not in json.dumps(PYTHON)  # the caller's schema is not changed
+    kept = [
+        _tool("country", {"type": "string", "enum": ["US", "FR"]}),
+        _tool("run", {"type": "string", "description": "A Python program.", "maxLength": 20}),
+        _tool("run", {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "A Python program."}),
+        _tool("shell", {"type": "string", "description": "The shell command."}),
+    ]
+    for tool in kept:
+        ((_, schema),) = Constraint.for_tools("hermes", [tool], "auto").schemas()
+        assert CODE_KEY not in json.dumps(schema), tool
+    described = _tool("run", {"type": "string", "description": "The Python program to run."})
+    assert Constraint.for_tools("hermes", [described], "auto").schemas()[0][1]["properties"]["code"][CODE_KEY]
+
+
+def test_a_code_argument_that_keeps_its_schema_keeps_its_rules(compiler) -> None:
+    country = _tool("country", {"type": "string", "enum": ["US", "FR"]})
+    nullable = _tool("run", {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "A Python program."})
+    required = [Constraint.for_tools("hermes", [t], "required") for t in (country, nullable)]
+    call = '<tool_call>\n{{"name": "{}", "arguments": {{"code": {}}}}}\n</tool_call>'
+    assert accepts(compiler, required[0], call.format("country", '"FR"'))
+    assert not accepts(compiler, required[0], call.format("country", '"XX"'))
+    assert accepts(compiler, required[1], call.format("run", "null"))
+
+
+def test_a_code_placeholder_the_library_printed_otherwise_is_a_constraint_error(compiler, monkeypatch) -> None:
+    """Were the const placeholder printed another way (another xgrammar version), the model would be forced to write
+    the placeholder as its program: the compile fails with the tool named instead."""
+    from collections import OrderedDict
+
+    from toolschool.models import grammar
+    from toolschool.models.grammar import ConstraintError, GrammarCompiler
+
+    real = compiler._xgr.Grammar.from_json_schema
+
+    class Printed:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def __str__(self) -> str:
+            return self.text.replace(f'\\"{grammar._CODE_MARKER}\\"', f"'{grammar._CODE_MARKER}'")
+
+    monkeypatch.setattr(compiler._xgr.Grammar, "from_json_schema", lambda *a, **k: Printed(str(real(*a, **k))))
+    fresh = GrammarCompiler.__new__(GrammarCompiler)
+    fresh.__dict__.update(compiler.__dict__, _cache=OrderedDict(), _schema_grammars={})
+    with pytest.raises(ConstraintError, match="tool 'python'.*placeholder was not found"):
+        fresh.compile(Constraint.for_tools("hermes", [PYTHON], "python"))

@@ -1110,6 +1110,46 @@ async def test_values_first_draws_the_call_again_when_the_tool_refuses_it(tmp_pa
     assert drawn == [0.5, 0.65]
 
 
+async def test_a_call_refused_at_every_draw_is_the_step_and_its_error_is_shown(tmp_path) -> None:
+    from toolschool.explore.episode import ANSWER_ATTEMPTS
+
+    refused = 'CALL calculator {"expression": "1 * 7)"}'
+    policy = _values_first_with("Request: What is", *[refused] * ANSWER_ATTEMPTS)
+    registry = FakeRegistry()
+    ctx = make_ctx(
+        tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=1, imagine="values_first"
+    )
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert len(record["set_aside"]["calls"]) == ANSWER_ATTEMPTS - 1
+    (step,) = [s for s in record["steps"] if s["calls"]]
+    assert step["error"] is True and record["intent_matched"] is False
+    assert [name for name, _ in registry.calls].count("calculator") == 1 + ANSWER_ATTEMPTS  # the values, then 3 calls
+    assert any("failed" in str(m.get("content")) for m in record["messages"] if m["role"] == "tool")
+
+
+async def test_a_refused_call_is_not_drawn_again_without_values_first(tmp_path) -> None:
+    """Imagining the request directly, the explorer learns from the error itself (STE): nothing is drawn again."""
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if content.rstrip().endswith("User request:"):
+            return 'User request: "What is 1 * 7?"'
+        if after_result(request.messages[-1]):
+            return "It failed."
+        if "Yes" in content and "No" in content:
+            return "No"
+        return 'CALL calculator {"expression": "1 * 7)"}'
+
+    registry = FakeRegistry()
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=1)
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["set_aside"] is None and len(registry.calls) == 1
+
+
 def test_a_result_problem_names_the_error_line_of_a_traceback() -> None:
     from toolschool.explore.episode import calls_problem, result_problem
 

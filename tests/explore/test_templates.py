@@ -31,7 +31,10 @@ def test_situation_leaves_alone_arguments_without_a_list_of_one_word_choices() -
     # calculator's examples are expressions ("1234 * 5678"): offering them would make every request use them
     for tool in ("calculator", "weekday"):
         text = PROMPTS.situation(3, tool, 1, 0, _parameters(tool))
-        assert text.startswith(PROMPTS.situation(3, tool, 1, 0)) and '"' not in text
+        assert '"' not in text
+    assert PROMPTS.situation(3, "weekday", 1, 0, _parameters("weekday")) == PROMPTS.situation(3, "weekday", 1, 0)
+    calculator = PROMPTS.situation(3, "calculator", 1, 0, _parameters("calculator"))
+    assert calculator.startswith(PROMPTS.situation(3, "calculator", 1, 0) + "; a calculation that ")
     enum = {"type": "object", "properties": {"seat": {"type": "string", "enum": ["aisle", "window"]}, "n": {}}}
     assert PROMPTS.situation(0, "book", 0, 0, enum).split("; ")[-1] in ('seat "aisle"', 'seat "window"')
 
@@ -66,6 +69,8 @@ def test_situation_offers_a_tool_that_takes_an_expression_a_kind_of_calculation(
     assert takes_expression("calc", {"properties": {"q": {"type": "string", "description": "A math expression."}}})
     assert not takes_expression("python", _parameters("python"))  # a program, offered a kind of program instead
     assert not takes_expression("calc", {"properties": {"expression": {"type": "integer"}}})
+    cron = {"properties": {"expression": {"type": "string", "description": "A cron expression."}}}
+    assert not takes_expression("schedule", cron)  # an expression of another language is no calculation
     for tool in ("python", "weekday", "unit_convert", "date_add", "date_diff"):
         assert "a calculation" not in PROMPTS.situation(0, tool, 0, 0, _parameters(tool))
 

@@ -222,10 +222,24 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
         return parameters
     name = tool["function"]["name"]
     marked = {
-        key: {**spec, CODE_KEY: True} if is_code_argument(name, str(key), spec) else spec
+        key: {**spec, CODE_KEY: True} if is_code_argument(name, str(key), spec) and _python_text(name, spec) else spec
         for key, spec in properties.items()
     }
     return parameters if marked == properties else {**parameters, "properties": marked}
+
+
+# What a schema may say of a string beyond its type; a program argument with any of them keeps its JSON schema.
+_STRING_LIMITS = ("enum", "const", "pattern", "format", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength")
+
+
+def _python_text(tool: str, spec: dict[str, Any]) -> bool:
+    """Whether a program argument is held to the code grammar: a plain string (the grammar replaces its schema, so
+    one with an enum, a pattern, a length or a null option keeps the schema's own rules) of the python tool or
+    described as Python or a program (a shell `code` or a country `code` stays any string)."""
+    if spec.get("type") != "string" or any(key in spec for key in _STRING_LIMITS):
+        return False
+    description = str(spec.get("description") or "").casefold()
+    return tool == "python" or "python" in description or "program" in description
 
 
 def _schema(schema: dict[str, Any], indent: int | None = None) -> dict[str, Any]:

@@ -642,8 +642,8 @@ async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any])
 def calls_problem(tool: str, records: list[dict[str, Any]]) -> str | None:
     """Why the calls a trial's reply ran (`_run_calls` records) are drawn again, or None: a call to the explored
     tool failed or returned nothing (`result_problem`). Values first, the values already ran clean, so such a call
-    is the explorer's slip, not the request's: the 0.5B leaves a program's closing quote out one call in six
-    (`print(3)}` is still a JSON string, so no grammar can catch it), and a trial spent on it is one distill drops."""
+    is the explorer's slip, not the request's (a program without `print`, a name error; free decoding, the 0.5B's
+    `print(3)}`, which the code grammar refuses when constrained), and a trial spent on it is one distill drops."""
     for record in records:
         if record.get("name") == tool:
             problem = result_problem(record.get("observation") or {})
@@ -774,6 +774,7 @@ async def _attempt(
             last = turn == settings.max_turns or calls_left <= 0
             ran: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None = None
             for attempt in range(ANSWER_ATTEMPTS):
+                ran = None
                 completion = await trial.generate(
                     [*conversation, *trial.messages],
                     stop=fmt.stop,

@@ -39,23 +39,21 @@ _CODE_MARKER = "toolschool-code-placeholder-7f3c"
 # string literals close: Python's own lexing, enough to refuse what a small model writes when it closes the call
 # before the program (`print(3)}`). Literals: '...' (a " inside is JSON's \"), "..." (JSON \"...\"), a backslash
 # escape inside either (JSON \\ then one character); triple quotes read as three literals; comments run to the
-# JSON \n. All other JSON string content (escapes included) is free.
+# JSON \n. All other JSON string content (escapes included) is free. Written as runs of a character class between
+# the special items, not one item per character: xgrammar precomputes a token's fit inside a run, so a mask costs
+# ~0.1 ms (SmolLM2) instead of ~70 ms, where every token would cross a rule boundary.
 CODE_RULES = r"""
 tsc_code_string ::= "\"" tsc_code "\""
-tsc_code ::= tsc_item*
-tsc_item ::= tsc_plain | tsc_escape | tsc_nested | tsc_sq | tsc_dq | tsc_comment
+tsc_code ::= tsc_run (tsc_special tsc_run)*
+tsc_special ::= tsc_escape | tsc_nested | tsc_sq | tsc_dq | tsc_comment
 tsc_nested ::= "(" tsc_code ")" | "[" tsc_code "]" | "{" tsc_code "}"
-tsc_plain ::= [^\0-\x1f\"\\()\[\]{}'#]
-tsc_hex ::= [0-9A-Fa-f]
-tsc_unicode ::= "u" tsc_hex tsc_hex tsc_hex tsc_hex
+tsc_run ::= [^\0-\x1f\"\\()\[\]{}'#]*
+tsc_unicode ::= "u" [0-9A-Fa-f] [0-9A-Fa-f] [0-9A-Fa-f] [0-9A-Fa-f]
 tsc_escape ::= "\\" ([nrtbf/\\] | tsc_unicode)
 tsc_any ::= [^\0-\x1f\"\\] | "\\" ([\"\\/bfnrt] | tsc_unicode)
-tsc_sq ::= "'" tsc_sq_item* "'"
-tsc_sq_item ::= [^\0-\x1f\"\\'] | "\\" ([nrtbf/\"] | tsc_unicode) | "\\\\" tsc_any
-tsc_dq ::= "\\\"" tsc_dq_item* "\\\""
-tsc_dq_item ::= [^\0-\x1f\"\\] | "\\" ([nrtbf/] | tsc_unicode) | "\\\\" tsc_any
-tsc_comment ::= "#" tsc_comment_item*
-tsc_comment_item ::= [^\0-\x1f\"\\] | "\\" ([\"/bfrt] | tsc_unicode) | "\\\\"
+tsc_sq ::= "'" [^\0-\x1f\"\\']* (("\\" ([nrtbf/\"] | tsc_unicode) | "\\\\" tsc_any) [^\0-\x1f\"\\']*)* "'"
+tsc_dq ::= "\\\"" [^\0-\x1f\"\\]* (("\\" ([nrtbf/] | tsc_unicode) | "\\\\" tsc_any) [^\0-\x1f\"\\]*)* "\\\""
+tsc_comment ::= "#" [^\0-\x1f\"\\]* (("\\" ([\"/bfrt] | tsc_unicode) | "\\\\") [^\0-\x1f\"\\]*)*
 """
 # xgrammar prefixes its messages with a time and a source location: "[21:26:32] /project/cpp/x.cc:83: "
 _LOCATION = re.compile(r"^\s*\[[\d:]+\]\s*\S+:\d+:\s*")
@@ -159,7 +157,10 @@ class GrammarCompiler:
             json.dumps(placed, ensure_ascii=False), any_whitespace=False, **layout
         )
         if placed != schema:  # the program arguments: their const placeholder becomes the code grammar
-            return str(grammar).replace(f'\\"{_CODE_MARKER}\\"', '" tsc_code_string "') + CODE_RULES
+            text = str(grammar).replace(f'\\"{_CODE_MARKER}\\"', '" tsc_code_string "')
+            if _CODE_MARKER in text:  # the library printed the const another way: say so, never force the marker
+                raise ValueError("a program argument's placeholder was not found in the compiled grammar")
+            return text + CODE_RULES
         return str(grammar)
 
 

@@ -55,9 +55,15 @@ def is_expression_argument(tool: str, key: str, spec: dict[str, Any]) -> bool:
     if not isinstance(spec, dict) or spec.get("type") not in (None, "string") or is_code_argument(tool, key, spec):
         return False
     description = str(spec.get("description") or "").casefold()
+    if any(other in description for other in _OTHER_EXPRESSIONS):
+        return False
     return key in ("expression", "formula") or any(
         f"{kind} expression" in description for kind in ("math", "mathematical", "arithmetic")
     )
+
+
+# Expressions of other languages: a cron, regex, JSONPath, XPath or SQL `expression` is no calculation.
+_OTHER_EXPRESSIONS = ("cron", "regex", "regular expression", "jsonpath", "xpath", "sql", "query", "pattern")
 
 
 @dataclass
