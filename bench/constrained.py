@@ -98,7 +98,7 @@ async def throughput(model: str, repeats: int, max_tokens: int, sequential: int)
     so a load change on a shared machine hits the modes alike; a figure is the median over requests / batches.
     Tokens per CPU second (this process's, all threads) is steadier where other jobs share the CPU; the grammar's
     share of decode time (timed inside the backend: `GenerationStats.mask_seconds`) is the steadiest."""
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     backend = make_backend(model, dtype="fp32", max_batch_size=16)
     samples: dict[str, dict[str, list[dict[str, float]]]] = {m: {"1": [], "16": []} for m in MODES}

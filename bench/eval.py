@@ -20,9 +20,9 @@ from pathlib import Path
 
 import machine  # bench/ is the script's folder, first on sys.path
 
+from toolschool.engine.backends import make_backend
 from toolschool.evaluate.benchmarks import bfcl
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
-from toolschool.models.backends import make_backend
 
 
 async def run(model: str, n_items: int, max_tokens: int, batch: int) -> dict:

@@ -37,12 +37,12 @@ import machine  # bench/ is the script's folder, first on sys.path
 from generate import busy_cpu_seconds, own_cpu_seconds  # bench/ is the script's folder, first on sys.path
 
 from toolschool.chat.formats import get_format
+from toolschool.engine.backends import make_backend
 from toolschool.explore.episode import ExploreContext, ExploreSettings
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.runner import run_exploration
 from toolschool.explore.templates import PromptSet
-from toolschool.models.backends import make_backend
 from toolschool.tools.registry import build_registry
 
 TOOLS = ["calculator", "weekday"]  # few schemas: shorter prompts, a run of minutes on a small CPU

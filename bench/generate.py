@@ -32,8 +32,8 @@ from pathlib import Path
 import machine  # bench/ is the script's folder, first on sys.path
 import torch
 
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.models.backend import GenerationRequest, SamplingParams
-from toolschool.models.backends.local import LocalBackend
 from toolschool.models.loading import load_model
 from toolschool.tools.builtin import builtin_schema
 

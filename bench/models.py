@@ -70,7 +70,7 @@ def zero_shot(name: str, heldout: Path, limit: int, max_tokens: int, out_root: P
 
 
 def speed(name: str, max_tokens: int) -> dict:
-    from toolschool.models.backends.local import LocalBackend
+    from toolschool.engine.local_backend import LocalBackend
     from toolschool.models.loading import load_model
 
     load_model("smollm2-135m", dtype="fp32")  # imports and the first torch set-up, not counted below

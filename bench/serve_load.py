@@ -188,7 +188,7 @@ async def burst(url: str, port: int, number: int, max_body_bytes: int) -> dict[s
 def render_seconds(model: str, sizes_mb: list[float]) -> list[dict[str, Any]]:
     """How long the generation worker spends rendering and tokenizing one prompt, by body size: the work a body
     costs every other request before its length can be refused (what the body limit bounds)."""
-    from toolschool.models.backends.local import render_prompt
+    from toolschool.engine.local_backend import render_prompt
     from toolschool.models.loading import load_tokenizer
     from toolschool.serve.app import parse_body, to_generation_request
 
@@ -217,7 +217,7 @@ async def backend_bursts(model: str, bursts: int) -> list[dict[str, Any]]:
     work from one that waits longer."""
     import dataclasses
 
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
     from toolschool.serve.app import parse_body, to_generation_request
 
     backend = make_backend(model, max_batch_size=16)

@@ -7,7 +7,7 @@ LoRA settings, batch size, steps and seed; only the batching differs:
   to its longest row (`padding_free=False`), default `max_length` (1024);
 - `padding-free`: TRL's `padding_free=True` (each batch one packed sequence, per-row position ids);
 - `shared-prefix`: toolschool's default (`sft.batching = "shared_prefix"`): the rows' common system prompt +
-  tool schemas runs once per batch, the LM head only at learned positions (toolschool/train/sft_batching.py).
+  tool schemas runs once per batch, the LM head only at learned positions (toolschool/engine/shared_prefix_sft.py).
 
 Settings pinned for all variants, and why:
 - `gradient_checkpointing=False`: TRL turns it on by default; it recomputes the forward (~1/3 more compute) to
@@ -63,9 +63,9 @@ def _worker(variant: str, data: Path, model_name: str, steps: int, batch: int, m
 
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.engine.shared_prefix_sft import SharedPrefixCollator, shared_prefix_trainer
     from toolschool.models.loading import load_model
     from toolschool.train.sft import prepare_examples
-    from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_trainer
 
     torch.manual_seed(0)
     examples, _ = load_dataset_jsonl(data, on_error="skip")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.models.backend import Completion, GenerationRequest
-from toolschool.models.backends.local import LocalBackend
 
 
 async def _one_at_a_time(backend: LocalBackend, requests: list[GenerationRequest]) -> list[Completion]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.local import LocalBackend
+from toolschool.engine.backends import make_backend
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.serve.server import running_server
 
 

@@ -61,7 +61,7 @@ def test_eval_with_a_model_that_cannot_load_leaves_the_run_folder_alone(tmp_path
 
 def test_bfcl_through_a_real_local_backend(tiny_model_dir: Path, tmp_path: Path) -> None:
     """A tiny random model writes garbage: every item is scored (malformed counted), nothing crashes."""
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     items = bfcl.load_items("bfcl:simple_python,irrelevance", limit=2)
     out = tmp_path / "eval"

@@ -501,7 +501,7 @@ def test_an_interrupted_judge_run_resumes_without_asking_again(tmp_path: Path) -
 
 def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path: Path, monkeypatch) -> None:
     """[model] dtype/device apply to every model the run loads: the judge was loaded with the defaults."""
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
     from toolschool.config import load_config
     from toolschool.data.distill import run_distill_stage
 
@@ -594,7 +594,7 @@ class GarbageJudge(ScriptedBackend):
 
 
 def test_judge_replies_without_a_verdict_are_counted_reported_and_not_kept(tmp_path: Path, monkeypatch) -> None:
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
 
     monkeypatch.setattr(backends, "make_backend", lambda spec, **kwargs: GarbageJudge({}))
     log = tmp_path / "trials.jsonl"

@@ -133,7 +133,7 @@ def test_an_explorer_model_without_a_judge_runs_the_round_trip_and_chitchat(tmp_
 
 def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, monkeypatch) -> None:
     """[distill] explorer_model, else [pipeline] explorer when it is not the student, else the judge."""
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
     from toolschool.config import load_config
     from toolschool.data.distill import distill_explorer, run_distill_stage
 

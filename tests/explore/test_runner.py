@@ -15,7 +15,7 @@ from toolschool.explore.templates import PromptSet
 
 
 def test_tiny_model_explores_concurrently_and_logs_every_trial(tiny_model_dir, tmp_path) -> None:
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     backend = make_backend(str(tiny_model_dir), dtype="fp32", device="cpu", max_batch_size=4)
     settings = ExploreSettings(

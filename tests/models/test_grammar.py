@@ -12,9 +12,9 @@ from helpers import CALC, PICK
 
 from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import get_format
+from toolschool.engine.backends import make_backend
+from toolschool.engine.sampling import sample_next
 from toolschool.models.backend import GenerationRequest, SamplingParams
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.sampling import sample_next
 from toolschool.models.grammar import ConstraintError
 
 pytest.importorskip("xgrammar")

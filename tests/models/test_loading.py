@@ -138,3 +138,77 @@ def test_missing_cuda_is_a_clear_error_not_a_torch_assertion(monkeypatch: pytest
         resolve_device("cuda:2")
     assert resolve_device("cuda:1") == "cuda:1"
     assert resolve_device("cpu") == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("base", "message"),
+    [
+        (None, "names no base model"),
+        ("", "names no base model"),
+        (7, "names no base model"),
+        ("/machine/it/was/trained/on/merged", "is not an existing folder"),
+    ],
+)
+def test_an_adapter_whose_base_cannot_be_found_is_one_clear_error(tmp_path: Path, base: object, message: str) -> None:
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "base_model_name_or_path": base}))
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load_model(str(tmp_path))
+    assert f"adapter folder '{tmp_path}'" in str(info.value)
+    assert "base_model_name_or_path" in str(info.value)
+
+
+@pytest.fixture
+def adapter_dir(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    )
+    model.save_pretrained(tmp_path / "adapter")
+    return tmp_path / "adapter"
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "unknown peft_type"])
+def test_a_damaged_adapter_folder_is_one_clear_error(adapter_dir: Path, damage: str) -> None:
+    """An adapter copied half-way, cut short, or written by another tool raised PEFT's own exception (a
+    HFValidationError about repo ids for a missing file, a SafetensorError, a KeyError) as a traceback."""
+    weights = adapter_dir / "adapter_model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    elif damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:100])
+    else:
+        config = json.loads((adapter_dir / "adapter_config.json").read_text())
+        (adapter_dir / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "NOPE"}))
+    with pytest.raises(ModelLoadError, match=f"could not load the adapter in '{adapter_dir}'") as info:
+        load_model(str(adapter_dir), dtype="fp32")
+    assert "adapter_model.safetensors" in str(info.value)
+
+
+def test_dtype_names_map_to_torch_dtypes_and_unknown_ones_are_refused(tiny_model_dir: Path) -> None:
+    from toolschool.errors import ConfigError
+    from toolschool.models.device import parse_dtype
+
+    assert parse_dtype("bf16", "cpu") == parse_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert parse_dtype("fp16", "cpu") == torch.float16 and parse_dtype("float32", "cpu") == torch.float32
+    assert next(load_model(str(tiny_model_dir), dtype="bf16").model.parameters()).dtype == torch.bfloat16
+    with pytest.raises(ConfigError, match="unknown dtype 'float' — use auto, bf16, fp16 or fp32"):
+        load_model(str(tiny_model_dir), dtype="float")
+
+
+def test_an_adapter_on_a_hub_base_reads_the_cache_first_and_names_the_base(
+    adapter_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An adapter trained on a hub model records its id; that base was loaded like a local folder (no cache-first
+    lookup), and a base missing from the cache was reported as 'could not load model <adapter folder> ... check
+    that the folder was written by save_pretrained'."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "nobody/no-such-model-xyz"
+    (adapter_dir / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError) as info:
+        load_model(str(adapter_dir), dtype="fp32")
+    message = str(info.value)
+    assert "model 'nobody/no-such-model-xyz' (the base model of adapter" in message
+    assert "is not in the local Hugging Face cache and HF_HUB_OFFLINE=1" in message

@@ -555,8 +555,8 @@ def test_sft_template_without_role_headers_trains_padding_free_and_refuses_only_
     import copy
 
     from toolschool.chat.formats import get_format
+    from toolschool.engine.shared_prefix_sft import check_prefixes_shareable
     from toolschool.train.sft import prepare_examples
-    from toolschool.train.sft_batching import check_prefixes_shareable
 
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -605,8 +605,8 @@ def test_device_that_this_machine_lacks() -> None:
 def test_local_backend_names_the_cache_it_cannot_batch() -> None:
     from transformers import DynamicCache, MistralConfig
 
+    from toolschool.engine.local_backend import _check_plain_layers
     from toolschool.errors import ModelLoadError
-    from toolschool.models.backends.local import _check_plain_layers
 
     config = MistralConfig(
         num_hidden_layers=1, sliding_window=8, hidden_size=16, num_attention_heads=2, num_key_value_heads=1

@@ -295,7 +295,7 @@ def _served_backend(model: Path, scripted: _Scripted, *flags: str) -> Any:
     """What `toolschool serve --model MODEL` would serve, with `scripted` in place of the loaded model."""
     from typer.testing import CliRunner
 
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
     import toolschool.serve.server as server
     from toolschool.cli import app
 

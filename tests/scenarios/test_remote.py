@@ -12,9 +12,9 @@ import pytest
 from fastapi import FastAPI, Request
 from helpers import CALC
 
+from toolschool.engine.backends import make_backend
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.local import LocalBackend
 from toolschool.serve.server import running_app, running_server
 
 
@@ -104,7 +104,7 @@ def test_the_room_a_context_length_refusal_leaves_is_read_from_its_message(messa
     import httpx
     import openai
 
-    from toolschool.models.backends.openai_http import context_room
+    from toolschool.models.openai_http import context_room
 
     response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
     error = openai.BadRequestError("refused", response=response, body={"message": message, "code": 400})
@@ -193,7 +193,7 @@ def test_an_explorer_name_the_endpoint_does_not_serve_stops_before_any_episode(u
     episode, errors.jsonl, exit 1 and a summary titled 'exploration — None (None)', instead of one line before
     any work as for an unreachable endpoint."""
     from toolschool.explore.stage import run_explore_stage
-    from toolschool.models.backends.openai_http import EndpointError
+    from toolschool.models.openai_http import EndpointError
 
     config = _explore_config(tmp_path, f"openai:{url}#wrong")
     with pytest.raises(EndpointError, match=r"has no model 'wrong' .*it serves: tiny"):
@@ -275,7 +275,7 @@ def test_an_exploration_whose_episodes_all_failed_still_names_its_model(tmp_path
     model and format from the first trial, so it said `exploration — None (None)` and summary.json held nulls."""
     from toolschool.explore.stage import run_explore_stage
     from toolschool.models.backend import Backend, Completion
-    from toolschool.models.backends.openai_http import EndpointError
+    from toolschool.models.openai_http import EndpointError
 
     class Refusing(Backend):
         name = "refusing"

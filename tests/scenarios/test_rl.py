@@ -81,7 +81,7 @@ def test_under_accelerate_only_the_main_process_ends_the_log_and_writes_the_summ
     from typer.testing import CliRunner
 
     from toolschool.cli import app
-    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
+    from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
 
     monkeypatch.setattr(SharedPromptGRPOTrainer, "is_world_process_zero", lambda self: False)
     out = tmp_path / "rl"

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 
 from toolschool.chat.formats import get_format
 from toolschool.cli import app
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.models.backend import Backend, Completion, GenerationRequest
-from toolschool.models.backends.local import LocalBackend
-from toolschool.models.backends.openai_http import _completion_from_choice
+from toolschool.models.openai_http import _completion_from_choice
 from toolschool.serve.app import ChatCompletionRequest, to_response
 from toolschool.serve.server import running_server
 

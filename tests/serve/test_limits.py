@@ -10,7 +10,7 @@ import httpx
 import pytest
 from serve_fixtures import backend  # noqa: F401 - fixture
 
-from toolschool.models.backends.local import LocalBackend
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.serve.app import create_app
 from toolschool.serve.limits import MAX_DEPTH, json_values_problem, parameters_problem
 from toolschool.serve.server import running_app

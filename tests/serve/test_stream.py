@@ -23,9 +23,9 @@ from helpers import CALC, HI, WEATHER
 from openai import AsyncOpenAI
 from serve_fixtures import backend, base_url  # noqa: F401 - fixtures (F811 off for these files)
 
+from toolschool.engine.backends import make_backend
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.models.backend import Backend, Completion, GenerationRequest, SamplingParams, StreamEvent
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.local import LocalBackend
 from toolschool.serve.partial_calls import PartialCall, calls_so_far, encode_prefix
 from toolschool.serve.server import running_server
 from toolschool.serve.stream import partial_suffix, sendable

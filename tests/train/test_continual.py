@@ -568,7 +568,7 @@ def test_eval_limit_takes_held_out_items_of_every_tool_of_the_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--eval-limit 4 on a batch of two tools with 4 held-out items each scores 2 of each, not 4 of the first."""
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
     from toolschool.models.backend import Backend, Completion, GenerationRequest
     from toolschool.train.continual import evaluate_rounds_model
 
@@ -645,7 +645,7 @@ def test_a_round_evaluation_broken_off_after_k_items_resumes_after_them(
     """Continual learning scored a round's items in memory and wrote them at the end: a crash or Ctrl-C during a
     round's evaluation lost every scored item, and the rerun scored them all again. Now it scores as `toolschool
     eval` does: each item's line is written as it is scored, and the rerun scores only the others."""
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
 
     _fake_sft(monkeypatch)
     rows = [_conversation(t, k, split="train" if k < 3 else "test") for t in ("shout", "reverse") for k in range(6)]
@@ -694,7 +694,7 @@ def test_a_round_evaluation_broken_off_then_rerun_with_other_settings_scores_eve
 ) -> None:
     """The items a broken-off evaluation scored are kept only for the same model, items and scoring settings:
     with another reply length they are scored again, and the run says why."""
-    import toolschool.models.backends as backends
+    import toolschool.engine.backends as backends
 
     _fake_sft(monkeypatch)
     rows = [_conversation("shout", k, split="train" if k < 3 else "test") for k in range(6)]

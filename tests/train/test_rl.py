@@ -196,7 +196,7 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
+    from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
     from toolschool.train.rl import read_reward_curve, run_rl
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

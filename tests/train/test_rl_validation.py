@@ -194,7 +194,7 @@ def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
     import toolschool.train.validation as validation
     from toolschool.chat.formats import get_format
     from toolschool.data.records import example_to_format
-    from toolschool.models.backends.local import render_prompt
+    from toolschool.engine.local_backend import render_prompt
     from toolschool.train.rl import run_rl
 
     fmt = get_format(fmt_name)

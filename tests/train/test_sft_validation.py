@@ -167,7 +167,7 @@ def _edge_batch(case: str, tokenizer: Any) -> list[dict[str, Any]]:
     ],
 )
 def test_shared_prefix_equals_rows_alone_in_edge_cases(case: str, lora_model, tokenizer) -> None:
-    from toolschool.train.sft_batching import SharedPrefixCollator, shared_prefix_loss_sum
+    from toolschool.engine.shared_prefix_sft import SharedPrefixCollator, shared_prefix_loss_sum
 
     rows = _edge_batch(case, tokenizer)
     params = [p for p in lora_model.parameters() if p.requires_grad]

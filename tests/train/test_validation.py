@@ -35,9 +35,9 @@ def _load(tiny_model_dir: Path) -> Any:
 
 
 def _eval_results(loaded: Any, examples: list[dict[str, Any]], fmt_name: str, max_tokens: int) -> list[Any]:
+    from toolschool.engine.local_backend import LocalBackend
     from toolschool.evaluate.items import item_from_example
     from toolschool.evaluate.runner import EvalOptions, evaluate_items
-    from toolschool.models.backends.local import LocalBackend
 
     async def run() -> list[Any]:
         backend = LocalBackend(loaded)
@@ -56,9 +56,9 @@ def test_validation_prompts_replies_and_rates_are_toolschool_evals(
 ) -> None:
     """Same lines, same model: validation's prompts are the token ids evaluation's local backend feeds the model,
     and its greedy replies and rates are evaluation's."""
+    from toolschool.engine.local_backend import LocalBackend
     from toolschool.evaluate.metrics import aggregate
     from toolschool.models.backend import GenerationRequest, SamplingParams
-    from toolschool.models.backends.local import LocalBackend
 
     loaded = _load(tiny_model_dir)
     fmt = get_format(fmt_name)

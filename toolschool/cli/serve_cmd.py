@@ -33,8 +33,8 @@ def serve(
     max_body_mb: float = typer.Option(1.0, help="Largest request body accepted, in MiB (larger: HTTP 413)."),
 ) -> None:
     """Serve MODEL at http://HOST:PORT/v1 (chat completions with tools, models); batches concurrent requests."""
+    from toolschool.engine.backends import make_backend
     from toolschool.evaluate.toolkens import backend_for_model
-    from toolschool.models.backends import make_backend
     from toolschool.models.spec import parse_model_spec
     from toolschool.serve.formats import FormatBackend, served_format
     from toolschool.serve.server import base_url, bind_socket, check_log_level, check_port, run_server
@@ -84,8 +84,8 @@ def generate(
 ) -> None:
     """Answer one prompt with any backend (local or openai:URL#name) and show the parsed hermes reply."""
     from toolschool.chat.formats import get_format
+    from toolschool.engine.backends import make_backend
     from toolschool.models.backend import GenerationRequest, SamplingParams
-    from toolschool.models.backends import make_backend
     from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
 
     unknown = [t for t in tool if t not in BUILTIN_NAMES]

@@ -976,7 +976,7 @@ async def run_distill(
 
     An endpoint is reached (and its model looked for) before `ready()` is called and any work starts: an unreachable
     one, or a model that cannot load, stops distill before it writes anything."""
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     backends: dict[str, Backend] = {}
     try:

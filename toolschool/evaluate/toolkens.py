@@ -104,7 +104,7 @@ def backend_for_model(backend: Backend, model: str) -> Backend:
 def open_model_backend(model: str, *, dtype: str | None, device: str | None) -> Backend:
     """A backend for an evaluated model as `toolschool eval`, the eval stage of `toolschool run` and the benches open
     it: `make_backend` with the run's [model] dtype and device, spoken to as the model is (`backend_for_model`)."""
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     return backend_for_model(make_backend(model, dtype=dtype, device=device), model)
 

@@ -55,7 +55,7 @@ def _describe_tool_sources(config: ToolschoolConfig) -> str:
 
 
 def default_backend_factory(config: ToolschoolConfig) -> Backend:
-    from toolschool.models.backends import make_backend
+    from toolschool.engine.backends import make_backend
 
     concurrency = config.explore.concurrency
     return make_backend(

@@ -368,11 +368,11 @@ def evaluate_rounds_model(
     it is scored, so an evaluation interrupted part-way resumes after its last scored item; one scored with other
     settings, another model or other items (`session.finished_items` says which) is scored again from the start,
     with a line through `say`. `resume=False` scores every item again (what finished items files hold is replaced)."""
+    from toolschool.engine.backends import make_backend
     from toolschool.evaluate.items import item_from_example
     from toolschool.evaluate.metrics import aggregate, per_tool_accuracy
     from toolschool.evaluate.runner import EvalOptions
     from toolschool.evaluate.session import evaluate_into, fingerprint, finished_items
-    from toolschool.models.backends import make_backend
 
     settings = config.continual
     per_batch = []

@@ -558,9 +558,9 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
 
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
+    from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
     from toolschool.models.device import resolve_device
     from toolschool.models.loading import load_model
-    from toolschool.train.grpo_shared import SharedPromptGRPOTrainer
     from toolschool.train.sft import check_has_assistant
 
     settings = config.rl

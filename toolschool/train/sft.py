@@ -17,7 +17,7 @@ What this module adds on top of TRL:
 Batching (`sft.batching`, see bench/sft.py for the measured figures):
 - `shared_prefix` (default): batches group examples with the same rendered system block (system prompt + tool
   schemas); that block runs once per batch and only the rows' own tokens run on top of its keys/values
-  (sft_batching.py; exact loss and gradients);
+  (`toolschool.engine.shared_prefix_sft`; exact loss and gradients);
 - `padding_free` (TRL `padding_free`): each batch is one concatenated sequence with per-example position ids;
   transformers builds a block-diagonal attention mask from them, so no compute is spent on padding;
 - `padded`: TRL's default collator, each batch padded to its longest row.
@@ -106,7 +106,7 @@ def prepare_examples(examples: Sequence[dict[str, Any]], fmt: Any, tokenizer: An
     Each row also records `prefix_length`: how many leading tokens are its rendered system block (system prompt +
     tool schemas), the part shared-prefix batching runs once per batch. It never reaches a learned token.
     """
-    from toolschool.train.sft_batching import PrefixFinder, prefix_length
+    from toolschool.engine.shared_prefix_sft import PrefixFinder, prefix_length
 
     finder = PrefixFinder(tokenizer)
     data = PreparedData(rows=[])
@@ -288,13 +288,13 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
 
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
-    from toolschool.models.loading import load_model
-    from toolschool.train.sft_batching import (
+    from toolschool.engine.shared_prefix_sft import (
         SharedPrefixCollator,
         check_prefixes_shareable,
         shared_prefix_trainer,
         with_resumable_token_counts,
     )
+    from toolschool.models.loading import load_model
     from toolschool.train.whole_run import WholeRunTotals, checkpoint_seconds
 
     settings = config.sft
@@ -490,7 +490,7 @@ def truncation_warning(stats: dict[str, int], max_length: int) -> str | None:
 
 def resolve_batching(settings: SFTSection) -> str:
     """`sft.batching`, honouring the older `sft.padding_free` flag (true = padding_free, false = padded)."""
-    from toolschool.train.sft_batching import BATCHING_MODES
+    from toolschool.engine.shared_prefix_sft import BATCHING_MODES
 
     if settings.batching not in BATCHING_MODES:
         raise ConfigError(

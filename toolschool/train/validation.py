@@ -51,9 +51,9 @@ def build_validation_items(
     """Prompts of the first `limit` examples (their first assistant turn is what is scored), built and with the
     gold read as evaluation builds and reads them, so validation rates and `toolschool eval` rates on the same
     lines agree."""
+    from toolschool.engine.local_backend import render_prompt
     from toolschool.evaluate.items import item_from_example
     from toolschool.evaluate.runner import sent_messages
-    from toolschool.models.backends.local import render_prompt
 
     items = []
     for index, example in enumerate(examples[:limit]):
@@ -86,14 +86,14 @@ def generate_replies(
     shared system prompt and tool list prefilled once, prepacked weights), built around the model being trained;
     a prompt the model's context cannot hold gives its ContextLengthError, scored as evaluation scores it.
 
-    The backend forwards through a view of the model that shares its parameters (`packed.packed_view`, LoRA
+    The backend forwards through a view of the model that shares its parameters (`packed_weights.packed_view`, LoRA
     folded in, re-packed whenever a weight changed) and leaves the model, its modules' modes and its config as
     they are. It is built for one validation and closed after it (its worker thread ends, its KV caches and packed
     weights are freed before training goes on); an error in generation ends the validation with that error.
     """
     import asyncio
 
-    from toolschool.models.backends.local import LocalBackend
+    from toolschool.engine.local_backend import LocalBackend
     from toolschool.models.loading import LoadedModel
     from toolschool.models.spec import ModelSpec
 

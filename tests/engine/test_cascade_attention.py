@@ -10,9 +10,8 @@ import pytest
 import torch
 from backend_helpers import _assert_same_run, _one_at_a_time
 
-from toolschool.models.backend import GenerationRequest, SamplingParams
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.cascade import (
+from toolschool.engine.backends import make_backend
+from toolschool.engine.cascade_attention import (
     ATTENTION_NAME,
     MIN_SHARED,
     CascadePlan,
@@ -20,6 +19,7 @@ from toolschool.models.backends.cascade import (
     attention_forward,
     plan_groups,
 )
+from toolschool.models.backend import GenerationRequest, SamplingParams
 
 
 class _Attention:

@@ -22,9 +22,9 @@ rows (and a row's completion when it ends), and the caller's coroutine decodes t
 
 Three things keep a batched decode step near the cost of its matrix multiplies on a CPU: the KV cache lives in
 preallocated buffers written in place (`kv_buffer.BufferedLayer`, instead of a whole-cache copy per step),
-forward passes go through a view of the model with oneDNN-prepacked linear weights (`packed.packed_view`), and
-rows whose prompts start alike read their shared prefix's keys once for the group (`cascade`: their queries
-become one query block, the shape the CPU attention kernel runs fast).
+forward passes go through a view of the model with oneDNN-prepacked linear weights
+(`packed_weights.packed_view`), and rows whose prompts start alike read their shared prefix's keys once for the
+group (`cascade_attention`: their queries become one query block, the shape the CPU attention kernel runs fast).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from typing import Any
 
 import torch
 
+from toolschool.engine.cascade_attention import CascadePlan, Group, plan_groups, use_cascade_attention
+from toolschool.engine.kv_buffer import BufferedLayer, pad_left
+from toolschool.engine.openmp import release_thread_pool
+from toolschool.engine.packed_weights import packed_view, packing_available
+from toolschool.engine.sampling import sample_next
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, StreamEvent
-from toolschool.models.backends.cascade import CascadePlan, Group, plan_groups, use_cascade_attention
-from toolschool.models.backends.kv_buffer import BufferedLayer, pad_left
-from toolschool.models.backends.packed import packed_view, packing_available
-from toolschool.models.backends.sampling import sample_next
 from toolschool.models.grammar import GrammarCompiler, RowMasks
-from toolschool.models.openmp import release_thread_pool
 
 
 class BackendClosedError(ToolschoolError):
@@ -97,7 +97,7 @@ class GenerationStats:
     decode_tokens: int = 0  # tokens fed through decode steps (one per row per step)
     reused_prompt_tokens: int = 0  # prompt tokens whose KV came from the prefix cache instead of a forward pass
     prefill_passes: int = 0  # forward passes spent on prefill (several prompts can share one)
-    shared_prefix_steps: int = 0  # decode steps whose attention read shared prompt prefixes once (`cascade`)
+    shared_prefix_steps: int = 0  # decode steps whose attention read shared prompt prefixes once (`cascade_attention`)
     mask_seconds: float = 0.0  # constrained rows' grammar work: filling and applying token masks, advancing matchers
 
 
@@ -268,8 +268,8 @@ class LocalBackend(Backend):
         self._forward_model = packed_view(self.model) if self.packed else self.model
         self.tokenizer = loaded.tokenizer
         self.device = torch.device(loaded.device)
-        # Decode steps read a prompt prefix that several rows share once for all of them (`cascade`); the view's
-        # attention layers are its own, so only they are switched.
+        # Decode steps read a prompt prefix that several rows share once for all of them (`cascade_attention`); the
+        # view's attention layers are its own, so only they are switched.
         self.shared_prefix_attention = (
             self._forward_model is not self.model
             and self.device.type == "cpu"
@@ -308,7 +308,7 @@ class LocalBackend(Backend):
         self._positions_B: torch.Tensor | None = None
         self._logits_BV: torch.Tensor | None = None
         self._thread = threading.Thread(target=self._run, name=f"toolschool-generate-{self.name}", daemon=True)
-        release_thread_pool()  # the team that loaded the model (see `toolschool.models.openmp`)
+        release_thread_pool()  # the team that loaded the model (see `toolschool.engine.openmp`)
         self._thread.start()
 
     # ----------------------------------------------------------------------------------------------- callers

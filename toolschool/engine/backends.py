@@ -1,8 +1,9 @@
-"""Generation backends behind one interface (`toolschool.models.backend.Backend`).
+"""The backend for a model name, behind one interface (`toolschool.models.backend.Backend`).
 
 `make_backend(model)` takes a model name as written on the command line (see `toolschool.models.spec`):
-`openai:URL#name` gives the OpenAI-compatible HTTP backend, anything else loads local weights into the
-continuously batching local backend.
+`openai:URL#name` gives the OpenAI-compatible HTTP backend (`toolschool.models.openai_http`), anything else loads
+local weights into this engine's continuously batching local backend (`toolschool.engine.local_backend`). It lives
+here, above both, so that `toolschool.models` never imports the engine.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def make_backend(
     """
     spec = parse_model_spec(model) if isinstance(model, str) else model
     if spec.kind == "openai":
-        from toolschool.models.backends.openai_http import OpenAIBackend
+        from toolschool.models.openai_http import OpenAIBackend
 
         return OpenAIBackend(spec, api_key=api_key, concurrency=concurrency, timeout=timeout, max_retries=max_retries)
-    from toolschool.models.backends.local import LocalBackend
+    from toolschool.engine.local_backend import LocalBackend
     from toolschool.models.loading import load_model
 
     return LocalBackend(load_model(spec, device=device, dtype=dtype), max_batch_size=max_batch_size)

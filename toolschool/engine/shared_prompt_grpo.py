@@ -8,7 +8,7 @@ prompt computed again and again.
 
 `SharedPromptGRPOTrainer` overrides TRL's `_get_per_token_logps_and_entropies` for text-only batches: rows are
 grouped by their prompt tokens, each distinct prompt (minus its last token) runs once through
-`toolschool.train.shared_prefix` (its keys/values gathered for the rows sharing it, gradients summed into the one
+`toolschool.engine.shared_prefix` (its keys/values gathered for the rows sharing it, gradients summed into the one
 computation), and each row's last prompt token + completion runs on top. The log-probs (and entropies) of the
 completion tokens come from TRL's own chunked log-prob kernel (`trl.kernels.ChunkedLogProbFunction`) with the
 temperature and soft-capping TRL's fused LM head applies, and only on completion positions: TRL's fused head on a
@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from trl import GRPOTrainer
 
-from toolschool.models.backends.kv_buffer import BufferedLayer
-from toolschool.models.backends.packed import packed_view, packing_available
-from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
+from toolschool.engine.kv_buffer import BufferedLayer
+from toolschool.engine.packed_weights import packed_view, packing_available
+from toolschool.engine.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 
 # Config fields by which some architectures rescale logits before the softmax (TRL's fused head reads them);
 # a model with any of them set keeps TRL's path rather than a second copy of that logic here.

@@ -1,8 +1,13 @@
-"""The local backend: continuous batching gives each request what it would get alone."""
+"""The local backend: continuous batching gives each request what it would get alone; defects found by using it
+as a vLLM / HF user would."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,13 +15,13 @@ import torch
 from backend_helpers import _assert_same_run, _one_at_a_time
 from helpers import CALC
 
+from toolschool.engine import local_backend as local_module
+from toolschool.engine.backends import make_backend
+from toolschool.engine.kv_buffer import BufferedLayer
+from toolschool.engine.local_backend import BackendClosedError, LocalBackend
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Completion, GenerationRequest, SamplingParams
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.kv_buffer import BufferedLayer
-from toolschool.models.backends.local import BackendClosedError, LocalBackend
-from toolschool.models.backends.packed import PackedLinear, packed_view, packing_available
-from toolschool.models.backends.sampling import sample_next
+from toolschool.models.loading import load_model
 
 PROMPTS = ["What is 2+2?", "Tell me a joke about cats.", "hi", "What is the capital of France?", "Compute 17*23."]
 
@@ -160,33 +165,6 @@ def test_make_backend_rejects_bad_models(tmp_path: Path) -> None:
         LocalBackend.__init__(object.__new__(LocalBackend), None, max_batch_size=0)
 
 
-def test_sampling_greedy_top_p_and_logprobs() -> None:
-    logits = torch.tensor([[0.0, 3.0, 1.0], [0.0, 3.0, 1.0], [5.0, 0.0, 4.9]])
-    gens = [None, torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)]
-    tokens, logprobs = sample_next(logits, [0.0, 1.0, 1.0], [1.0, 1e-6, 1.0], gens)
-    assert tokens[0] == 1 and tokens[1] == 1  # greedy; top_p that small keeps only the top token
-    assert tokens[2] in (0, 2)
-    expected = torch.log_softmax(logits, dim=-1)[torch.arange(3), torch.tensor(tokens)]
-    assert torch.allclose(torch.tensor(logprobs), expected)
-
-
-def test_sampling_draws_the_distribution_and_never_a_zero_probability_token() -> None:
-    """The draw (one uniform a row, inverted through the cumulative distribution) follows the probabilities,
-    never picks a token top_p cut (or one of probability 0 at either end), and a row's draw depends only on its
-    own generator, not on the rows beside it."""
-    probs = torch.tensor([0.0, 0.1, 0.0, 0.6, 0.3, 0.0])
-    logits = torch.log(probs).expand(4000, -1).contiguous()
-    gens = [torch.Generator().manual_seed(i) for i in range(4000)]
-    tokens, _ = sample_next(logits, [1.0] * 4000, [1.0] * 4000, gens)
-    counts = torch.bincount(torch.tensor(tokens), minlength=6).double() / 4000
-    assert counts[0] == counts[2] == counts[5] == 0
-    assert torch.allclose(counts, probs.double(), atol=0.03)
-    cut, _ = sample_next(logits[:500], [1.0] * 500, [0.8] * 500, [torch.Generator().manual_seed(i) for i in range(500)])
-    assert set(cut) == {3, 4}  # top_p 0.8 keeps 0.6 + 0.3, drops the 0.1
-    alone = [sample_next(logits[:1], [1.0], [1.0], [torch.Generator().manual_seed(i)])[0][0] for i in range(50)]
-    assert alone == tokens[:50]
-
-
 def _sampled(budgets: list[int]) -> list[GenerationRequest]:
     """Seeded sampled requests: the tiny random model's greedy output is one repeated token, its samples are not."""
     return [
@@ -213,154 +191,6 @@ async def test_kv_buffer_growth_across_capacity_gives_the_same_tokens(
     _assert_same_run([c[0] for c in results], alone)
 
 
-def test_buffered_layer_joins_rows_in_place_after_one_rebuild() -> None:
-    torch.manual_seed(0)
-    layer = BufferedLayer()
-    layer.headroom = 4
-    first = torch.randn(2, 2, 6, 8)
-    layer.update(first, -first)
-    second = torch.randn(1, 2, 3, 8)
-    layer.join(second, -second, max_rows=8)  # no spare rows yet: rebuilt with room for as many rows again
-    buffer = layer._key_buf
-    assert buffer is not None and buffer.shape[0] == 6
-    longer = torch.randn(2, 2, 9, 8)  # longer than the batch: the view grows to the left, in place
-    layer.join(longer, -longer, max_rows=8)
-    assert layer._key_buf is buffer and layer.keys.shape == (5, 2, 9, 8)
-    zeros = torch.zeros
-    assert torch.equal(layer.keys[:2, :, :3], zeros(2, 2, 3, 8)) and torch.equal(layer.keys[:2, :, 3:], first)
-    assert torch.equal(layer.keys[2, :, :6], zeros(2, 6, 8)) and torch.equal(layer.keys[2, :, 6:], second[0])
-    assert torch.equal(layer.keys[3:], longer) and torch.equal(layer.values[3:], -longer)
-    step = torch.randn(5, 2, 1, 8)
-    keys, _ = layer.update(step, -step)
-    assert layer._key_buf is buffer and torch.equal(keys[:, :, -1:], step) and torch.equal(keys[3:, :, :-1], longer)
-    for _ in range(4):  # past the spare positions on the right: rebuilt, keeping the spare rows
-        keys, _ = layer.update(step, -step)
-    assert layer._key_buf is not buffer and layer._key_buf.shape[0] == 6 and torch.equal(keys[3:, :, :9], longer)
-    buffer = layer._key_buf
-    layer.join(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), max_rows=8)
-    assert layer._key_buf is buffer and layer.keys.shape == (6, 2, 14, 8)
-    layer.keep_rows([], rows=5, drop_front=0)
-    layer.join(torch.randn(2, 2, 20, 8), torch.randn(2, 2, 20, 8), max_rows=8)  # too long for the spare: rebuilt
-    assert layer._key_buf is not buffer and layer.keys.shape == (7, 2, 20, 8)
-    assert torch.equal(layer.keys[3:5, :, -14:-5], longer) and not layer.keys.isnan().any()
-
-
-def test_buffered_layer_matches_concatenation() -> None:
-    torch.manual_seed(0)
-    layer = BufferedLayer()
-    layer.headroom = 3
-    steps = [torch.randn(4, 2, n, 8) for n in (5, 1, 1, 1, 1, 1)]  # crosses the capacity boundary twice
-    for chunk in steps:
-        keys, values = layer.update(chunk, -chunk)
-    expected = torch.cat(steps, dim=2)
-    assert torch.equal(keys, expected) and torch.equal(values, -expected)
-    earlier = keys.clone()
-    # Rows 0 and 2 leave: row 3 moves into slot 0, and the first position is dropped.
-    layer.keep_rows([(0, 3)], rows=2, drop_front=1)
-    assert torch.equal(layer.keys, earlier[[3, 1], :, 1:])
-    newcomer = torch.randn(1, 2, 4, 8)
-    layer.join(newcomer, -newcomer)
-    assert layer.keys.shape == (3, 2, 9, 8)
-    assert torch.equal(layer.keys[:2], earlier[[3, 1], :, 1:])
-    assert torch.equal(layer.keys[2, :, :5], torch.zeros(2, 5, 8)) and torch.equal(layer.keys[2:, :, 5:], newcomer)
-    step = torch.randn(3, 2, 1, 8)
-    keys, values = layer.update(step, -step)
-    assert torch.equal(keys[:, :, -1:], step) and torch.equal(values[:2, :, :-1], -earlier[[3, 1], :, 1:])
-    # Keys assigned from outside (as prefill does) are adopted into a fresh buffer on the next update.
-    layer.keys, layer.values = keys[:1].clone(), values[:1].clone()
-    more, _ = layer.update(step[:1], step[:1])
-    assert torch.equal(more[:, :, :-1], keys[:1]) and torch.equal(more[:, :, -1:], step[:1])
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_packed_view_matches_the_model_and_leaves_it_untouched(tiny_model_dir: Path, dtype: str) -> None:
-    from toolschool.models.loading import load_model
-
-    model = load_model(str(tiny_model_dir), device="cpu", dtype=dtype).model
-    if not packing_available(model):
-        pytest.skip(f"this torch build or CPU has no oneDNN {dtype} linear")
-    view = packed_view(model)
-    assert any(isinstance(m, PackedLinear) for m in view.modules())
-    assert not any(isinstance(m, PackedLinear) for m in model.modules())  # the original keeps nn.Linear
-    assert {id(p) for p in view.parameters()} == {id(p) for p in model.parameters()}  # shared, not copied
-    ids = torch.tensor([[5, 17, 300, 42, 9]])
-    atol = 1e-4 if dtype == "fp32" else 2e-2  # bf16: the same oneDNN kernels, up to summation order
-    with torch.inference_mode():
-        assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=atol)
-    # Weights changed in place (as training does) are re-packed, not served stale.
-    with torch.no_grad():
-        model.lm_head.weight.mul_(2.0)
-    with torch.inference_mode():
-        assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=atol)
-
-
-def test_packed_view_runs_its_own_layers_under_an_instance_forward_patch(tiny_model_dir: Path) -> None:
-    """TRL's GRPOTrainer sets `model.forward` to a closure over the original forward (its fused LM head)."""
-    from trl.trainer.utils import add_fused_lm_head
-
-    from toolschool.models.loading import load_model
-
-    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
-    add_fused_lm_head(model)
-    assert "forward" in model.__dict__
-    view = packed_view(model, pack=False)
-    calls = []
-    for module in view.modules():
-        if isinstance(module, PackedLinear):
-            module.register_forward_hook(lambda *_: calls.append(1))
-    ids = torch.tensor([[5, 17, 300, 42, 9]])
-    with torch.inference_mode():
-        logits = view(input_ids=ids).logits
-        assert torch.allclose(logits, model(input_ids=ids).logits, atol=1e-4)
-    assert calls  # the view's wrapped layers ran, not the original model's
-
-
-@pytest.mark.parametrize("pack", [True, False])
-def test_packed_view_folds_lora_adapters_and_follows_their_updates(tiny_model_dir: Path, pack: bool) -> None:
-    """A PEFT LoRA model in training mode: the view computes its eval-mode output (W + s * B @ A, no dropout),
-    refolds after an in-place update, sees a disabled adapter, and leaves the model's modes alone."""
-    from peft import LoraConfig, get_peft_model
-
-    from toolschool.models.loading import load_model
-
-    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
-    if pack and not packing_available(model):
-        pytest.skip("this torch build has no oneDNN linear")
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.5, target_modules="all-linear"))
-    torch.manual_seed(0)
-    for name, param in peft.named_parameters():
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.05)
-    peft.train()
-    view = packed_view(peft.get_base_model(), pack=pack)
-    folded = [m for m in view.modules() if isinstance(m, PackedLinear) and m.adapters]
-    assert folded, "the LoRA linears were not folded"
-    ids = torch.tensor([[5, 17, 300, 42, 9]])
-
-    def eval_logits() -> torch.Tensor:
-        peft.eval()
-        try:
-            with torch.no_grad():
-                return peft(input_ids=ids).logits
-        finally:
-            peft.train()
-
-    with torch.no_grad():
-        assert torch.allclose(view(input_ids=ids).logits, eval_logits(), atol=1e-4)
-    assert all(m.training for m in peft.modules())  # the view did not switch the policy to eval
-    with torch.no_grad():  # an optimizer step changes the adapters in place
-        for name, param in peft.named_parameters():
-            if "lora_A" in name:
-                param.mul_(-1.5)
-        assert torch.allclose(view(input_ids=ids).logits, eval_logits(), atol=1e-4)
-        with peft.disable_adapter():
-            peft.eval()
-            plain = peft(input_ids=ids).logits
-            assert torch.allclose(view(input_ids=ids).logits, plain, atol=1e-4)
-            peft.train()
-        assert not torch.allclose(view(input_ids=ids).logits, plain, atol=1e-4)
-
-
 async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend) -> None:
     plain = LocalBackend(backend.loaded, max_batch_size=4, pack_weights=False)
     try:
@@ -373,7 +203,7 @@ async def test_packed_and_plain_weights_give_the_same_run(backend: LocalBackend)
 
 
 def test_prefix_cache_keeps_one_entry_per_conversation_within_its_budget() -> None:
-    from toolschool.models.backends.local import PrefixCache
+    from toolschool.engine.local_backend import PrefixCache
 
     def kv(n: int):  # noqa: ANN202 - the copy callback `store` takes: positions `start` onward of n
         return lambda start: [(torch.zeros(1, 1, n - start, 2), torch.zeros(1, 1, n - start, 2))]
@@ -400,7 +230,7 @@ def test_prefix_cache_keeps_one_entry_per_conversation_within_its_budget() -> No
 
 
 def test_prefix_cache_entries_share_the_positions_they_start_with_and_copy_only_the_rest() -> None:
-    from toolschool.models.backends.local import PrefixCache
+    from toolschool.engine.local_backend import PrefixCache
 
     layers = 2
     truth = torch.arange(200, dtype=torch.float32)  # position p holds p (layer 0 keys), p + 1000 (values), ...
@@ -453,7 +283,7 @@ def test_prefix_cache_entries_share_the_positions_they_start_with_and_copy_only_
 def test_prefix_cache_entry_sharing_part_of_a_segment_holds_only_its_own_positions() -> None:
     """An entry that shares the start of another's segment copies that part: a slice would keep the whole segment
     in memory after the other entry is evicted, beyond what `max_tokens` counts."""
-    from toolschool.models.backends.local import PrefixCache
+    from toolschool.engine.local_backend import PrefixCache
 
     def copy_of(n: int):  # noqa: ANN202
         def copy(start: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -509,7 +339,7 @@ async def test_finished_replies_are_cached_for_the_next_turn(backend: LocalBacke
 
 
 def test_prefill_buckets_keep_similar_rows_together_and_split_outliers() -> None:
-    from toolschool.models.backends.local import prefill_buckets
+    from toolschool.engine.local_backend import prefill_buckets
 
     # similar short suffixes on the same cached prompt: one pass (a pass costs more than a little padding)
     assert prefill_buckets([(30, 265), (33, 265), (28, 265), (35, 265)]) == [[2, 0, 1, 3]]
@@ -533,3 +363,198 @@ async def test_prompts_of_very_different_lengths_are_prefilled_in_separate_passe
             assert _prefix_of(completions[0].token_ids, _alone(b, request), b.stop_token_ids)
     finally:
         await b.aclose()
+
+
+# ------------------------------------------------------------------------- defects found as a vLLM / HF user
+
+
+def _scripted_sampler(script: list[int]):
+    """A `sample_next` that emits `script` one token per step (for a single row), with the model's log-probs."""
+    state = {"step": 0}
+
+    def sample(logits_BV: torch.Tensor, *_: object) -> tuple[list[int], list[float]]:
+        token = script[min(state["step"], len(script) - 1)]
+        state["step"] += 1
+        logprobs = torch.log_softmax(logits_BV.float(), dim=-1)[:, token]
+        return [token] * logits_BV.shape[0], logprobs.tolist()
+
+    return sample
+
+
+def _generate(backend: LocalBackend, **params: object):
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], params=SamplingParams(**params))
+    return asyncio.run(backend.generate(request))
+
+
+@pytest.fixture
+def end_ids_model(tiny_model_dir: Path, tmp_path: Path) -> Path:
+    """The tiny model, with a generation config that lists two end ids (as Qwen2.5 / Llama 3.1 checkpoints do)."""
+    folder = tmp_path / "two-end-ids"
+    shutil.copytree(tiny_model_dir, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    config["eos_token_id"] = [2, 0]  # <|im_end|> (the tokenizer's eos) and <|endoftext|>
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_every_end_id_of_the_generation_config_is_kept(end_ids_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    loaded = load_model(str(end_ids_model), dtype="fp32")
+    assert sorted(loaded.model.generation_config.eos_token_id) == [0, 2]  # HF generate stops at both, too
+    backend = LocalBackend(loaded, max_batch_size=2)
+    try:
+        hello = backend.tokenizer.encode("Hello", add_special_tokens=False)
+        monkeypatch.setattr(local_module, "sample_next", _scripted_sampler([*hello, 0, *hello]))
+        (completion,) = _generate(backend, max_tokens=10)
+    finally:
+        asyncio.run(backend.aclose())
+    assert completion.finish_reason == "stop"
+    assert completion.text == "Hello"
+    assert completion.token_ids == [*hello, 0]
+
+
+@pytest.fixture
+def fresh_backend(tiny_model_dir: Path) -> Iterator[LocalBackend]:
+    b = LocalBackend(load_model(str(tiny_model_dir), dtype="fp32"), max_batch_size=2)
+    yield b
+    asyncio.run(b.aclose())
+
+
+def test_a_stop_string_of_many_byte_tokens_is_found(
+    fresh_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = "🙂" * 10  # two byte-level tokens per emoji: 20 tokens for 10 characters
+    tokens = fresh_backend.tokenizer.encode("Answer: 42" + stop + " and more", add_special_tokens=False)
+    assert len(fresh_backend.tokenizer.encode(stop, add_special_tokens=False)) > len(stop) + 8
+    monkeypatch.setattr(local_module, "sample_next", _scripted_sampler(tokens))
+    (completion,) = _generate(fresh_backend, max_tokens=len(tokens) + 5, stop=[stop])
+    assert completion.finish_reason == "stop"
+    assert completion.text == "Answer: 42"
+
+
+def test_an_empty_stop_string_is_refused(fresh_backend: LocalBackend) -> None:
+    with pytest.raises(ToolschoolError, match="stop strings must not be empty"):
+        _generate(fresh_backend, max_tokens=4, stop=["Observation:", ""])
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n": 2.0}, "n must be an integer, got 2.0"),
+        ({"max_tokens": "16"}, "max_tokens must be an integer, got '16'"),
+        ({"stop": [123]}, "stop strings must be strings, got [123]"),
+        ({"temperature": "0.7"}, "temperature must be a number, got '0.7'"),
+        ({"logprobs": "yes"}, "logprobs must be true or false, got 'yes'"),
+    ],
+)
+def test_sampling_values_of_the_wrong_type_are_refused_before_they_fail_the_batch(
+    fresh_backend: LocalBackend, params: dict, message: str
+) -> None:
+    """From the Python API nothing validated types: `stop=[123]` or `n=2.0` failed every request in the batch."""
+    with pytest.raises(ToolschoolError, match=re.escape(message)):
+        SamplingParams(**params).check()
+
+
+def test_a_single_stop_string_is_one_stop_not_its_characters(fresh_backend: LocalBackend) -> None:
+    assert SamplingParams(stop="Observation:").stop == ["Observation:"]
+    (plain,) = _generate(fresh_backend, max_tokens=8, temperature=1.0, seed=1)
+    stop = "\x00" + plain.text[-1]  # never in the text as a whole, while its last character is
+    (same,) = _generate(fresh_backend, max_tokens=8, temperature=1.0, seed=1, stop=stop)
+    assert same.text == plain.text and same.finish_reason == plain.finish_reason
+
+
+def test_a_vanishing_temperature_is_greedy_and_fails_no_one(fresh_backend: LocalBackend) -> None:
+    """1e-50 is a positive float but 0 in fp32: dividing the logits by it made NaN probabilities, and the sampler's
+    error failed every request in the batch. Like vLLM, temperatures below 1e-5 decode greedily."""
+
+    async def both():
+        tiny = GenerationRequest(
+            [{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=6, temperature=1e-50)
+        )
+        other = GenerationRequest(
+            [{"role": "user", "content": "ho"}], params=SamplingParams(max_tokens=6, temperature=1.0)
+        )
+        return await asyncio.gather(fresh_backend.generate(tiny), fresh_backend.generate(other))
+
+    (tiny,), (other,) = asyncio.run(both())
+    (greedy,) = _generate(fresh_backend, max_tokens=6)
+    assert tiny.token_ids == greedy.token_ids
+    assert other.token_ids
+
+
+def test_a_seed_torch_cannot_take_is_refused_without_failing_its_neighbours(fresh_backend: LocalBackend) -> None:
+    """torch.Generator takes 64-bit seeds; a larger one raised inside the shared prefill pass, failing every
+    request prefilled beside it (they shared the cached chat-template prefix) with 'Overflow when unpacking'."""
+
+    def request(seed: int | float) -> GenerationRequest:
+        params = SamplingParams(max_tokens=4, temperature=1.0, seed=seed)  # type: ignore[arg-type]
+        return GenerationRequest([{"role": "user", "content": "hi"}], params=params)
+
+    async def together():
+        await fresh_backend.generate(request(0))  # caches the prompt, so the next two share one prefill pass
+        return await asyncio.gather(
+            fresh_backend.generate(request(2**64)), fresh_backend.generate(request(1)), return_exceptions=True
+        )
+
+    bad, good = asyncio.run(together())
+    assert isinstance(bad, ToolschoolError)
+    assert "seed must be an integer in [-2**63, 2**64), got 18446744073709551616" in str(bad)
+    assert not isinstance(good, BaseException) and good[0].token_ids
+    with pytest.raises(ToolschoolError, match="seed must be an integer"):
+        asyncio.run(fresh_backend.generate(request(1.5)))
+
+
+def test_a_model_without_a_chat_template_is_refused_when_the_backend_is_made(tmp_path: Path) -> None:
+    """A base model's tokenizer (no chat_template, no ChatML tokens to install one for) used to fail each request
+    with 'check the messages: roles system/user/assistant/tool...', which blames the conversation."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "</s>", "hello", "world"])}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token="</s>", unk_token="[UNK]").save_pretrained(tmp_path)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match=f"model '{tmp_path}' has no chat template") as info:
+        make_backend(str(tmp_path), dtype="fp32")
+    assert "chat_template" in str(info.value)
+
+
+def test_a_prompt_that_fills_the_context_exactly_is_not_said_to_exceed_it(fresh_backend: LocalBackend) -> None:
+    request = GenerationRequest([{"role": "user", "content": "hi"}], params=SamplingParams(max_tokens=4))
+    fresh_backend.max_positions = len(fresh_backend.render_prompt(request))
+    with pytest.raises(ToolschoolError) as info:
+        asyncio.run(fresh_backend.generate(request))
+    assert (
+        f"the prompt has {fresh_backend.max_positions} tokens, as many as the {fresh_backend.max_positions} positions"
+        in str(info.value)
+    )
+    assert "no room for a reply" in str(info.value)
+
+
+def test_a_sliding_window_model_is_refused_when_the_backend_is_made(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """The local backend batches full-attention caches only; a sliding-window model used to start and then fail
+    every request with that message (one error per exploration episode) instead of stopping once."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        sliding_window=16,
+    )
+    MistralForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="batches full-attention KV caches only; this model uses DynamicSliding"):
+        make_backend(str(tmp_path), dtype="fp32")

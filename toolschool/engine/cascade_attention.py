@@ -172,7 +172,7 @@ def register() -> None:
 
 
 def use_cascade_attention(view: nn.Module) -> bool:
-    """Point the attention layers of a model view (`packed.packed_view`, whose modules are its own) at
+    """Point the attention layers of a model view (`packed_weights.packed_view`, whose modules are its own) at
     `attention_forward`; return whether any layer was switched. Only attention layers of the usual
     transformers shape (a `config`, a `layer_idx` and grouped key/value heads) are switched; the original model
     and its config are untouched."""

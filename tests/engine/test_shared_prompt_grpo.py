@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from toolschool.train.grpo_shared import SharedPromptGRPOTrainer, shared_prompt_logps, supports_shared_prompts
+from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer, shared_prompt_logps, supports_shared_prompts
 
 TEMPERATURE = 0.7  # not 1, so the temperature scaling is part of what is compared
 PAD = 0
@@ -149,7 +149,7 @@ def test_reference_pass_with_adapter_disabled(trainer):
     g = torch.Generator().manual_seed(3)
     prompt = _tokens(9, g)
     ids, mask, keep = _batch([prompt, prompt], [_tokens(3, g), _tokens(5, g)])
-    from toolschool.models.backends.packed import PackedLinear, packing_available
+    from toolschool.engine.packed_weights import PackedLinear, packing_available
 
     calls = []
     hook = torch.nn.modules.module.register_module_forward_hook(

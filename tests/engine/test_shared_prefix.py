@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
+from toolschool.engine.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 
 
 @pytest.fixture()

@@ -14,11 +14,11 @@ from fastapi.responses import JSONResponse
 from helpers import CALC
 
 from toolschool.chat.formats import get_format
+from toolschool.engine.backends import make_backend
+from toolschool.engine.local_backend import LocalBackend
 from toolschool.errors import ToolschoolError
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
-from toolschool.models.backends import make_backend
-from toolschool.models.backends.local import LocalBackend
-from toolschool.models.backends.openai_http import EndpointError, OpenAIBackend
+from toolschool.models.openai_http import EndpointError, OpenAIBackend
 from toolschool.models.spec import parse_model_spec
 from toolschool.serve.server import bind_socket, running_app, running_server
 
@@ -312,7 +312,7 @@ def test_context_length_refusals_of_other_servers_are_recognised(body: dict[str,
     import httpx
     import openai
 
-    from toolschool.models.backends.openai_http import context_length_param
+    from toolschool.models.openai_http import context_length_param
 
     response = httpx.Response(400, request=httpx.Request("POST", "http://127.0.0.1/v1/chat/completions"))
     assert context_length_param(openai.BadRequestError("refused", response=response, body=body)) == param

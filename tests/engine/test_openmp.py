@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from toolschool.models.openmp import release_thread_pool
+from toolschool.engine.openmp import release_thread_pool
 
 pytestmark = pytest.mark.skipif(not release_thread_pool(), reason="torch does not run on GNU OpenMP here")
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from toolschool.models.backends.kv_buffer import pad_left
+from toolschool.engine.kv_buffer import pad_left
 
 
 def decoder_and_head(model: Any) -> tuple[Any, Any]:

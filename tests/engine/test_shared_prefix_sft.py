@@ -11,9 +11,9 @@ import torch
 from train_helpers import _config, _example, _lora_model, _write
 
 from toolschool.config import load_config
+from toolschool.engine.shared_prefix_sft import PrefixGroupedSampler, SharedPrefixCollator, shared_prefix_loss_sum
 from toolschool.errors import ConfigError
 from toolschool.train.sft import prepare_examples, resolve_batching, run_sft
-from toolschool.train.sft_batching import PrefixGroupedSampler, SharedPrefixCollator, shared_prefix_loss_sum
 
 
 def _with_system(example: dict, text: str) -> dict:

@@ -12,10 +12,11 @@ of the training time. Here:
   seen, continues with the same data);
 - `SharedPrefixCollator` emits the distinct prefixes, right-padded suffixes and next-token targets;
 - `shared_prefix_trainer` subclasses TRL's SFTTrainer (logging, checkpointing, callbacks unchanged): its
-  `compute_loss` runs `shared_prefix_hidden_states` (exact loss and gradients, see shared_prefix.py), applies
-  the LM head only at positions with a target (no vocabulary projection for prompt tokens), and normalises
-  like TRL: summed token losses / `num_items_in_batch` under gradient accumulation, else / the batch's label
-  count. It logs `tokens_run` (prefix once per batch + suffixes) next to `tokens_represented` (full rows).
+  `compute_loss` runs `shared_prefix_hidden_states` (exact loss and gradients, see
+  `toolschool.engine.shared_prefix`), applies the LM head only at positions with a target (no vocabulary
+  projection for prompt tokens), and normalises like TRL: summed token losses / `num_items_in_batch` under
+  gradient accumulation, else / the batch's label count. It logs `tokens_run` (prefix once per batch +
+  suffixes) next to `tokens_represented` (full rows).
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from typing import Any
 
 import torch
 
+from toolschool.engine.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 from toolschool.errors import DataError
-from toolschool.train.shared_prefix import decoder_and_head, group_by_prefix, shared_prefix_hidden_states
 
 BATCHING_MODES = ("shared_prefix", "padding_free", "padded")
 _PROBES = ("A", "B")
