@@ -28,7 +28,8 @@ from typing import Any
 
 import machine  # bench/ is the script's folder, first on sys.path
 
-from toolschool.data.distill import DistillOptions, run_distill
+from toolschool.data.distill.options import DistillOptions
+from toolschool.data.distill.runner import run_distill
 from toolschool.data.heldout import builtin_heldout
 from toolschool.tools.registry import build_registry
 

@@ -170,3 +170,30 @@ class ScriptedBackend(Backend):
 
 def calc_trial(episode: int, query: str, expression: str, result: str, tool: str = "calculator") -> dict:
     return trial(tool, episode, 0, query, [{"calls": [call(tool, {"expression": expression}, result)]}], result)
+
+
+def check_counts_add_up(summary: dict) -> None:
+    """What each filter lost is what its drop reasons count, per tool and in the yield; a tool's final lines are its
+    kept originals + paraphrases, the no-tool row's its irrelevance + chit-chat + out-of-scope lines."""
+    from toolschool.data.distill.summary import FILTERS, NO_TOOL
+
+    dropped = summary["dropped"]
+    for tool, row in summary["per_tool"].items():
+        assert row["train"] + row["validation"] == row["final"], tool
+        if tool == NO_TOOL:
+            assert (
+                row["irrelevance"] + row["chitchat"] + row["out_of_scope"]
+                == row["final"]
+                == summary["no_tool"]["lines"]
+            )
+            continue
+        before = "trials"
+        for name, step in FILTERS:
+            assert row[before] - row[step] == sum(dropped[name].get(tool, {}).values()), (tool, name)
+            before = step
+        assert row["dedupe"] + row["paraphrases"] == row["final"], tool
+    entered = summary["total"]["trials"]
+    for stage, (name, step) in zip(summary["yield"], FILTERS, strict=True):
+        assert stage["filter"] == name and stage["entered"] == entered and stage["kept"] == summary["total"][step]
+        assert stage["removed"] == sum(stage["reasons"].values()) == entered - stage["kept"]
+        entered = stage["kept"]

@@ -301,7 +301,8 @@ def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
 
 def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.data.distill import nothing_to_train, run_distill_stage
+    from toolschool.data.distill.stage import run_distill_stage
+    from toolschool.data.distill.summary import nothing_to_train
 
     out_dir, summary = run_distill_stage(config, console=console)
     empty = nothing_to_train(summary)  # which step kept nothing: the rules, or a judge that kept none

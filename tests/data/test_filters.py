@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from distill_helpers import call, good_trials, trial
 
-from toolschool.data.distill import DistillOptions, distill
+from toolschool.data.distill.options import DistillOptions
+from toolschool.data.distill.runner import distill
 from toolschool.data.filters import (
     DATE,
     DEMONSTRATION_ECHO,

@@ -77,7 +77,9 @@ def test_the_held_out_check_and_distill_dedupe_agree_on_what_is_one_request() ->
     only, distill's dedupe also dropped punctuation: a training query written `WHICH DAY OF THE WEEK WAS 2021-03-04 !`
     was a duplicate to distill but a new request to the held-out set, which kept that item as a test item."""
     from toolschool.data.dataset import same_request_key
-    from toolschool.data.distill import Candidate, dedupe, paraphrase_problem
+    from toolschool.data.distill.dedupe import dedupe
+    from toolschool.data.distill.paraphrase import paraphrase_problem
+    from toolschool.data.distill.rules import Candidate
 
     def candidate(index: int, query: str) -> Candidate:
         return Candidate(f"weekday/e{index}/s0", "weekday", query, [], [], [], "x")

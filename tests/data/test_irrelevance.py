@@ -12,7 +12,9 @@ from distill_helpers import TOOLS, ScriptedBackend, calc_trial, good_trials
 from toolschool.config import load_config
 from toolschool.data.cache import ReplyCache
 from toolschool.data.dataset import load_dataset_jsonl, same_request_key, validate_example
-from toolschool.data.distill import NO_TOOL, DistillOptions, distill
+from toolschool.data.distill.options import DistillOptions
+from toolschool.data.distill.runner import distill
+from toolschool.data.distill.summary import NO_TOOL
 from toolschool.data.irrelevance import (
     OUT_OF_SCOPE_REPLIES,
     OUT_OF_SCOPE_TASKS,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from distill_helpers import TOOLS, ScriptedBackend, calc_trial, good_trials, hermes_call
 
-from toolschool.data.distill import DistillOptions, distill
+from toolschool.data.distill.options import DistillOptions
+from toolschool.data.distill.runner import distill
 from toolschool.data.round_trip import (
     MALFORMED,
     NO_CALL,
@@ -135,7 +136,7 @@ def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, m
     """[distill] explorer_model, else [pipeline] explorer when it is not the student, else the judge."""
     import toolschool.engine.backends as backends
     from toolschool.config import load_config
-    from toolschool.data.distill import distill_explorer, run_distill_stage
+    from toolschool.data.distill.stage import distill_explorer, run_distill_stage
 
     made: list[str] = []
 

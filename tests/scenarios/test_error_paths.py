@@ -175,7 +175,8 @@ def test_distill_trial_log_line_that_is_not_a_trial(tmp_path: Path) -> None:
     ],
 )
 def test_distill_api_refuses_out_of_range_options(tmp_path: Path, changes: dict[str, Any], message: str) -> None:
-    from toolschool.data.distill import DistillOptions, distill
+    from toolschool.data.distill.options import DistillOptions
+    from toolschool.data.distill.runner import distill
 
     opts = DistillOptions(trials=tmp_path / "trials.jsonl", out=tmp_path / "out", **changes)
     trial = {

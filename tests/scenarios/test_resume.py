@@ -308,7 +308,7 @@ sys.stdin.read()
 def test_a_judge_cache_line_cut_by_a_kill_does_not_break_the_run_after_the_next(tmp_path: Path) -> None:
     """distill's cache.jsonl (judge and paraphrase replies) ignored a line cut by a kill -9 but appended the next
     reply to it: the run after that stopped with "cache.jsonl:2: not a cache entry — delete the cache file"."""
-    from toolschool.data.distill import ReplyCache
+    from toolschool.data.cache import ReplyCache
 
     path = tmp_path / "cache.jsonl"
     path.write_text(json.dumps({"key": "a", "value": "Yes"}) + "\n" + json.dumps({"key": "b", "value": "No"})[:12])

@@ -249,7 +249,8 @@ def distill(
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
     from toolschool.config import load_config, stage_path
-    from toolschool.data.distill import nothing_to_train, run_distill_stage
+    from toolschool.data.distill.stage import run_distill_stage
+    from toolschool.data.distill.summary import nothing_to_train
     from toolschool.pipeline import refuse_finished_stage
 
     overrides = {

@@ -83,6 +83,19 @@ _SAMPLE_VALUES: dict[str, Any] = {
 }
 
 
+def template_environment(searchpath: list[str]) -> jinja2.Environment:
+    """How every prompt template of the project is read: plain text (no escaping), a variable a template uses but
+    is not given is an error rather than empty text, the file's last newline is not part of the prompt."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(searchpath),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        autoescape=False,
+    )
+
+
 def format_prompt_dir(format_name: str) -> Path:
     directory = PROMPTS_DIR / format_name
     return directory if directory.is_dir() else PROMPTS_DIR / FALLBACK_FORMAT
@@ -106,14 +119,7 @@ class PromptSet:
         self.format_name = format_name
         self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
         self._lists: dict[str, list[str]] = {}  # personas(), programs(), calculations(): each read, checked once
-        self._env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(searchpath),
-            undefined=jinja2.StrictUndefined,
-            trim_blocks=True,
-            lstrip_blocks=True,
-            keep_trailing_newline=False,
-            autoescape=False,
-        )
+        self._env = template_environment(searchpath)
         for name in TEMPLATE_NAMES:  # fail before any work if an override is broken
             try:
                 self._env.get_template(f"{name}.jinja")
