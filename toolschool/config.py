@@ -73,7 +73,11 @@ class RunSection(Section):
 
 
 class ModelSection(Section):
-    name: str = Field("smollm2-135m", description="model: embedded name, HF id, folder or openai:URL#name")
+    name: str = Field(
+        "smollm2-135m",
+        description="embedded name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b), Hugging Face id, local "
+        "folder, or openai:URL#name",
+    )
     dtype: Annotated[str, _one_of(MODEL_DTYPES)] = Field(
         "auto", description="auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware has it)"
     )
@@ -81,9 +85,14 @@ class ModelSection(Section):
 
 
 class ToolsSection(Section):
-    toolbox: list[str] = Field(default_factory=lambda: ["builtin"], description="built-in toolboxes to load")
-    mcp: list[str] = Field(default_factory=list, description='MCP servers over stdio, e.g. "mcp-server-time"')
-    modules: list[str] = Field(default_factory=list, description="Python modules of @tool functions")
+    toolbox: list[str] = Field(default_factory=lambda: ["builtin"], description="built-in toolboxes to load: builtin")
+    mcp: list[str] = Field(
+        default_factory=list,
+        description='MCP server commands over stdio (one command line each), e.g. "mcp-server-time"',
+    )
+    modules: list[str] = Field(
+        default_factory=list, description="Python modules of @tool functions: pkg.mod or a path to a .py file"
+    )
     only: list[str] = Field(default_factory=list, description="keep only these tool names (empty: all)")
     call_timeout: float = Field(
         120.0,
@@ -95,27 +104,29 @@ class ToolsSection(Section):
 
 class SFTSection(Section):
     train: str | None = Field(None, description="training JSONL (default: the run's distill/train.jsonl)")
-    validation: str | None = Field(None, description="validation JSONL (default: the run's distill/validation.jsonl)")
+    validation: str | None = Field(
+        None, description="validation JSONL for in-training validation (default: the run's distill/validation.jsonl)"
+    )
     format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
     method: TrainMethod = Field("lora", description="lora | full")
-    lora_rank: int = Field(32, ge=1)
-    lora_alpha: int = Field(64, ge=1)
+    lora_rank: int = Field(32, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(64, ge=1, description="LoRA alpha")
     lora_dropout: float = Field(
         0.0,
         ge=0.0,
         lt=1.0,
-        description="PEFT's default; on CPU a dropout mask per LoRA layer costs ~12% of a step (bernoulli RNG)",
+        description="LoRA dropout (0 is PEFT's default; on CPU a dropout mask per LoRA layer costs ~12% of a step)",
     )
     target_modules: list[str] = Field(
-        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
+        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names, e.g. q_proj)'
     )
     batch_size: int = Field(8, ge=1, description="sequences per optimizer step per process")
-    gradient_accumulation: int = Field(1, ge=1)
-    num_steps: int = Field(800, ge=1)
-    max_length: int = Field(512, ge=16, description="tokens; longer examples are truncated and counted")
-    learning_rate: float = Field(2e-4, gt=0)
-    warmup_steps: int = Field(20, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
+    gradient_accumulation: int = Field(1, ge=1, description="batches per optimizer step")
+    num_steps: int = Field(800, ge=1, description="optimizer steps")
+    max_length: int = Field(512, ge=16, description="tokens per example; longer ones are truncated and counted")
+    learning_rate: float = Field(2e-4, gt=0, description="peak learning rate")
+    warmup_steps: int = Field(20, ge=0, description="learning-rate warm-up steps")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     lr_scheduler: str = Field("cosine", description="transformers scheduler name")
     batching: str = Field(
         "shared_prefix",
@@ -130,11 +141,11 @@ class SFTSection(Section):
     padding_free: bool | None = Field(
         None, description="older form of batching: true = padding_free, false = padded (do not set both)"
     )
-    checkpoint_interval: int = Field(200, ge=1)
-    log_interval: int = Field(50, ge=1)
-    validation_interval: int = Field(200, ge=1)
-    validation_samples: int = Field(50, ge=0)
-    validation_max_tokens: int = Field(128, ge=1)
+    checkpoint_interval: int = Field(200, ge=1, description="steps between checkpoints")
+    log_interval: int = Field(50, ge=1, description="steps between log records")
+    validation_interval: int = Field(200, ge=1, description="steps between validations")
+    validation_samples: int = Field(50, ge=0, description="validation items generated each time; 0: no validation")
+    validation_max_tokens: int = Field(128, ge=1, description="tokens generated per validation item")
     toolkens: bool = Field(False, description="add one token <tool_NAME> per tool (STE toolkens)")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
     dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
@@ -218,30 +229,34 @@ class RLSection(Section):
         50, ge=1, description="steps between validations (also before the first step and after the last)"
     )
     validation_samples: int = Field(16, ge=0, description="validation items generated each time; 0: no validation")
-    mode: str = Field("single_turn", description="single_turn (reward the first reply) | multi_turn (run the tools)")
+    mode: str = Field(
+        "single_turn",
+        description="single_turn (reward the first reply) | multi_turn (execute the tools, reward the final answer)",
+    )
     format: FormatName = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
     rewards: list[str] = Field(
         default_factory=lambda: ["format", "tool", "arguments", "length"],
-        description='reward components: format, tool, arguments, length, answer; or ["fine_grained"]',
+        description="reward components: format, tool, arguments, length, answer; or fine_grained (an alternative "
+        "correctness reward)",
     )
     reward_weights: list[float] | None = Field(None, description="one weight per reward (default: all 1.0)")
     method: TrainMethod = Field("lora", description="lora | full")
-    lora_rank: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    lora_rank: int = Field(16, ge=1, description="LoRA rank")
+    lora_alpha: int = Field(32, ge=1, description="LoRA alpha")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
     target_modules: list[str] = Field(
         default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
     )
-    learning_rate: float = Field(1e-5, gt=0)
+    learning_rate: float = Field(1e-5, gt=0, description="learning rate")
     batch_size: int = Field(
         8, ge=1, description="completions per optimizer step per process (prompts x num_generations)"
     )
     num_generations: int = Field(4, ge=2, description="samples per prompt (the group of the advantages)")
-    num_steps: int = Field(500, ge=1)
+    num_steps: int = Field(500, ge=1, description="optimizer steps")
     max_tokens: int = Field(128, ge=1, description="completion tokens (multi_turn: all turns together)")
     max_prompt_tokens: int = Field(1024, ge=16, description="longer prompts are refused with their line")
-    temperature: float = Field(1.0, gt=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature of the completions")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: the probability mass sampled from")
     beta: float = Field(0.04, ge=0.0, description="KL coefficient to the reference (starting) model")
     epsilon: float = Field(0.2, gt=0.0, description="clipping range of the policy ratio")
     loss_type: str = Field("dapo", description="TRL loss_type: grpo | dapo | dr_grpo | bnpo | ...")
@@ -249,8 +264,8 @@ class RLSection(Section):
     max_tool_iterations: int = Field(4, ge=1, description="multi_turn: tool rounds per rollout")
     ref_model: str | None = Field(None, description="reference model for the KL (default: the starting model)")
     use_vllm: bool = Field(False, description="generate with vLLM (GPU only; TRL's colocate mode)")
-    log_interval: int = Field(10, ge=1)
-    checkpoint_interval: int = Field(100, ge=1)
+    log_interval: int = Field(10, ge=1, description="steps between log records")
+    checkpoint_interval: int = Field(100, ge=1, description="steps between checkpoints")
     log_completions: bool = Field(False, description="print sampled completions at each log step")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
     dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16")
@@ -264,7 +279,9 @@ class EvalSection(Section):
     models: list[str] = Field(default_factory=list, description="models side by side (default: [model].name)")
     data: str | None = Field(None, description="test JSONL of conversations (or the STE test JSON with benchmark ste)")
     benchmarks: list[str] = Field(
-        default_factory=list, description='e.g. ["bfcl:simple_python,multiple", "ste"] (empty: evaluate data)'
+        default_factory=list,
+        description="benchmarks: bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance] | ste "
+        "(empty: evaluate data)",
     )
     format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
     limit: int | None = Field(None, ge=1, description="items per dataset / BFCL category / STE API")
@@ -275,9 +292,11 @@ class EvalSection(Section):
     )
     execute: bool = Field(False, description="run predicted calls, feed observations back, score the final answer")
     max_turns: int = Field(4, ge=1, description="replies per item with execute")
-    max_tokens: int = Field(256, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    concurrency: int = Field(16, ge=1, description="items in flight at once (the backend batches them)")
+    max_tokens: int = Field(256, ge=1, description="tokens per reply")
+    temperature: float = Field(0.0, ge=0.0, description="sampling temperature (0: greedy)")
+    concurrency: int = Field(
+        16, ge=1, description="items in flight at once (the backend batches them; 1: one at a time)"
+    )
     arguments: Annotated[str, _one_of(ARGUMENT_MODES)] = Field(
         "exact", description="exact | semantic: argument matching that decides 'correct'"
     )
@@ -305,7 +324,9 @@ class DistillSection(Section):
     dedupe_threshold: float = Field(
         0.9, gt=0.0, le=1.0, description="token-set Jaccard at which queries are duplicates"
     )
-    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of original queries in validation")
+    validation_fraction: float = Field(
+        0.1, ge=0.0, lt=1.0, description="share of the original queries held out for validation, per tool"
+    )
     require_solved: bool = Field(False, description="also require the explorer's reflection to say Yes")
     concurrency: int = Field(16, ge=1, description="judge/paraphrase requests in flight")
     temperature: float = Field(0.8, ge=0.0, description="paraphrase sampling temperature")
@@ -355,18 +376,25 @@ class DistillSection(Section):
 class DatasetSection(Section):
     """`toolschool dataset build-calc-python`: sources are local files or Hugging Face ids (ID[:CONFIG]:SPLIT)."""
 
-    gsm8k: str = Field("openai/gsm8k:main:train", description="GSM8K-style {question, answer} (file or HF id)")
-    cruxeval: str = Field("cruxeval-org/cruxeval:test", description="CRUXEval-style {code, input, output}")
+    gsm8k: str = Field(
+        "openai/gsm8k:main:train", description="GSM8K-style {question, answer}: file, or HF id ID[:CONFIG]:SPLIT"
+    )
+    cruxeval: str = Field(
+        "cruxeval-org/cruxeval:test", description="CRUXEval-style {code, input, output}: file or HF id"
+    )
     instructions: str = Field(
-        "tatsu-lab/alpaca:train", description="{dialog_history, response} or {instruction, input, output}"
+        "tatsu-lab/alpaca:train",
+        description="no-tool data {dialog_history, response} or {instruction, input, output}: file or HF id",
     )
     size: int = Field(1000, ge=0, description="examples in all")
     ratios: dict[str, float] = Field(
         default_factory=lambda: {"calculator": 0.4, "python_exec": 0.3, "no_tool": 0.3},
-        description="share of each category (normalised)",
+        description="share of each category (normalised): calculator, python_exec, no_tool",
     )
-    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0)
-    formats: list[str] = Field(default_factory=lambda: ["hermes", "json"], description="hermes and/or json")
+    validation_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="share of the examples held out for validation")
+    formats: list[str] = Field(
+        default_factory=lambda: ["hermes", "json"], description="formats written: hermes and/or json"
+    )
     max_expression_chars: int = Field(200, ge=10, description="longest composed calculator expression kept")
     max_prompt_chars: int = Field(2000, ge=10, description="longest no-tool prompt + response kept")
     workers: int = Field(2, ge=1, description="parallel sandbox runs for python_exec")
@@ -376,7 +404,11 @@ class DatasetSection(Section):
 class ContinualSection(Section):
     """Learn tool batches in rounds: SFT per round (settings from [sft]) plus a replay of earlier batches."""
 
-    batches: str | None = Field(None, description="JSON file: a list of batches, each a list of tool names")
+    batches: str | None = Field(
+        None,
+        description="JSON file: a list of batches, each a list of tool names, one batch per round. A batch added at "
+        "the end later (and its lines to data) keeps the folder's finished rounds: only the new round trains",
+    )
     data: str | None = Field(None, description="JSONL of conversations, split by meta.tool (else the calls)")
     general: str | None = Field(None, description="JSONL of general (no-tool) conversations mixed into every round")
     general_ratio: float = Field(0.0, ge=0.0, description="general examples per new training example of a round")
@@ -387,7 +419,11 @@ class ContinualSection(Section):
     test_fraction: float = Field(
         0.2, ge=0.0, lt=1.0, description="held-out share per tool for lines without meta.split (seeded)"
     )
-    eval_limit: int | None = Field(None, ge=1, description="held-out items evaluated per batch (default: all)")
+    eval_limit: int | None = Field(
+        None,
+        ge=1,
+        description="held-out items evaluated per batch, taken in turn from each of its tools (default: all)",
+    )
     eval_max_tokens: int = Field(128, ge=1, description="tokens generated per evaluated reply")
     eval_batch_size: int = Field(16, ge=1, description="replies decoded together during evaluation")
     out: str | None = Field(None, description="output folder (default: runs/NAME/continual)")
@@ -400,7 +436,11 @@ class PipelineSection(Section):
         default_factory=lambda: ["explore", "distill", "sft", "rl", "eval", "report"],
         description="stages to run, in pipeline order (explore, distill, sft, rl, eval, report)",
     )
-    explorer: str | None = Field(None, description="exploring model (default: [model].name, the student)")
+    explorer: str | None = Field(
+        None,
+        description="exploring model, e.g. openai:http://127.0.0.1:8000/v1#served-name (default: [model].name, the "
+        "student)",
+    )
     compare_explorer: bool = Field(
         True, description="the eval stage also scores the explorer zero-shot, as the reference row of the table"
     )
