@@ -5,42 +5,41 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from toolschool.cli.console import console, err_console
+from toolschool.cli.options import config_options, flag
 
 
+@config_options(
+    "continual.batches",
+    "continual.data",
+    "continual.general",
+    "continual.general_ratio",
+    "continual.general_count",
+    "continual.replay_ratio",
+    "continual.replay",
+    flag("model.name", "--model", "-m", lead="Starting model"),
+    "continual.steps_per_round",
+    "continual.test_fraction",
+    "continual.eval_limit",
+    "continual.eval_max_tokens",
+    flag("sft.format", lead="SFT and evaluation"),
+    flag("sft.batch_size", lead="SFT"),
+    flag("sft.max_length", lead="SFT", note="every tool schema is in the prompt"),
+    flag("sft.learning_rate", "--learning-rate", "--lr", lead="SFT"),
+    flag("run.name", "--run"),
+    "run.seed",
+)
 def continual(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
-    batches: str = typer.Option(
-        None,
-        "--batches",
-        help="JSON list of lists of tool names, one list per round. A batch added at the end later (and its lines "
-        "to --data) keeps the folder's finished rounds: only the new round trains.",
-    ),
-    data: str = typer.Option(None, "--data", help="Dataset JSONL (conversations with meta.tool)."),
-    general: str = typer.Option(None, "--general", help="JSONL of general no-tool conversations to mix in."),
-    general_ratio: float = typer.Option(None, help="General examples per new training example of a round."),
-    general_count: int = typer.Option(None, help="General examples per round (overrides --general-ratio)."),
-    replay_ratio: float = typer.Option(None, help="Share of each earlier batch replayed (default 0.1)."),
-    replay: bool = typer.Option(None, "--replay/--no-replay", help="--no-replay: the baseline without replay."),
+    *,
+    overrides: dict[str, Any],
     compare: bool = typer.Option(False, "--compare", help="Run with and without replay; write both side by side."),
-    model: str = typer.Option(None, "--model", "-m", help="Starting model (embedded name, HF id, folder)."),
-    steps_per_round: int = typer.Option(None, help="SFT steps per round (default: sft.num_steps)."),
-    test_fraction: float = typer.Option(None, help="Held-out share per tool for lines without meta.split."),
-    eval_limit: int = typer.Option(
-        None, help="Held-out items evaluated per batch, taken in turn from each of its tools (default: all)."
-    ),
-    eval_max_tokens: int = typer.Option(None, help="Tokens generated per evaluated reply."),
-    format: str = typer.Option(None, "--format", help="hermes | json | react"),
-    batch_size: int = typer.Option(None, help="SFT sequences per step."),
-    max_length: int = typer.Option(None, help="SFT tokens per example (every tool schema is in the prompt)."),
-    learning_rate: float = typer.Option(None, "--learning-rate", "--lr", help="SFT learning rate (sft.learning_rate)."),
-    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/continual)."),
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/continual or continual_no_replay)."),
-    seed: int = typer.Option(None),
 ) -> None:
     """Fine-tune on tool batches in rounds with replay; evaluate every seen batch after each round."""
     from toolschool.config import dump_toml, load_config
@@ -56,31 +55,12 @@ def continual(
     )
     from toolschool.train.forgetting import write_comparison
 
+    replay = overrides["continual.replay"]
     if compare and replay is False:
         raise ConfigError("--compare runs both with and without replay", hint="drop --no-replay")
-    if replay is False and replay_ratio is not None:
+    if replay is False and overrides["continual.replay_ratio"] is not None:
         raise ConfigError("--replay-ratio has nothing to set with --no-replay", hint="drop one of the two")
-    overrides = {
-        "model.name": model,
-        "continual.batches": batches,
-        "continual.data": data,
-        "continual.general": general,
-        "continual.general_ratio": general_ratio,
-        "continual.general_count": general_count,
-        "continual.replay_ratio": replay_ratio,
-        "continual.replay": replay,
-        "continual.steps_per_round": steps_per_round,
-        "continual.test_fraction": test_fraction,
-        "continual.eval_limit": eval_limit,
-        "continual.eval_max_tokens": eval_max_tokens,
-        "continual.out": str(out) if out is not None else None,
-        "sft.format": format,
-        "sft.batch_size": batch_size,
-        "sft.max_length": max_length,
-        "sft.learning_rate": learning_rate,
-        "run.name": run_name,
-        "run.seed": seed,
-    }
+    overrides["continual.out"] = str(out) if out is not None else None
     config = load_config(config_path, overrides)
 
     def say(text: str) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from toolschool.cli.console import console, err_console
+from toolschool.cli.options import config_options, flag
 from toolschool.errors import ConfigError
 
 app = typer.Typer(help="Build, validate and inspect training datasets (JSONL conversations).", no_args_is_help=True)
@@ -43,21 +45,23 @@ def _split_list(value: str | None) -> list[str] | None:
 
 
 @app.command("build-calc-python")
+@config_options(
+    "dataset.gsm8k",
+    "dataset.cruxeval",
+    "dataset.instructions",
+    "dataset.size",
+    flag("dataset.ratios", "--ratio", type=list[str], parse=_parse_ratios, note="each CATEGORY=SHARE"),
+    flag("dataset.formats", type=str, parse=_split_list, note="comma-separated"),
+    "dataset.validation_fraction",
+    "dataset.max_expression_chars",
+    "dataset.workers",
+    "run.seed",
+    flag("run.name", "--run"),
+)
 def build_calc_python_cmd(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML (\\[dataset]); flags override it."),
-    gsm8k: str = typer.Option(None, help="GSM8K-style {question, answer}: file, or HF id ID[:CONFIG]:SPLIT."),
-    cruxeval: str = typer.Option(None, help="CRUXEval-style {code, input, output}: file or HF id."),
-    instructions: str = typer.Option(
-        None, help="No-tool data {dialog_history, response} or {instruction, input, output}: file or HF id."
-    ),
-    size: int = typer.Option(None, help="Examples in all."),
-    ratio: list[str] = typer.Option(None, help="CATEGORY=SHARE, repeatable (calculator, python_exec, no_tool)."),
-    formats: str = typer.Option(None, help="Comma-separated: hermes,json."),
-    validation_fraction: float = typer.Option(None),
-    max_expression_chars: int = typer.Option(None),
-    workers: int = typer.Option(None, help="Parallel sandbox runs."),
-    seed: int = typer.Option(None),
-    run_name: str = typer.Option(None, "--run", help="Run name (output in runs/NAME/dataset)."),
+    *,
+    overrides: dict[str, Any],
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/dataset)."),
 ) -> None:
     """Build the calculator / python / no-tool dataset: records, per-format train/validation, summary, card."""
@@ -66,19 +70,6 @@ def build_calc_python_cmd(
     from toolschool.errors import ToolschoolError
     from toolschool.locking import folder_lock
 
-    overrides = {
-        "dataset.gsm8k": gsm8k,
-        "dataset.cruxeval": cruxeval,
-        "dataset.instructions": instructions,
-        "dataset.size": size,
-        "dataset.ratios": _parse_ratios(ratio),
-        "dataset.formats": _split_list(formats),
-        "dataset.validation_fraction": validation_fraction,
-        "dataset.max_expression_chars": max_expression_chars,
-        "dataset.workers": workers,
-        "run.name": run_name,
-        "run.seed": seed,
-    }
     config = load_config(config_path, overrides)
     d = config.dataset
     out_dir = stage_path(config, "dataset", out if out is not None else d.out)
@@ -208,43 +199,29 @@ def stats_cmd(
     console.print(table)
 
 
+@config_options(
+    "distill.trials",
+    "distill.judge_model",
+    "distill.paraphrase_model",
+    "distill.explorer_model",
+    "distill.round_trip",
+    "distill.require_grounded",
+    "distill.irrelevance_fraction",
+    "distill.chitchat_fraction",
+    "distill.out_of_scope_fraction",
+    "distill.target_per_tool",
+    "distill.max_paraphrases",
+    "distill.dedupe_threshold",
+    "distill.validation_fraction",
+    "distill.require_solved",
+    "distill.concurrency",
+    flag("run.seed", note="here of the split and of paraphrase sampling"),
+    flag("run.name", "--run"),
+)
 def distill(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML (\\[distill]); flags override it."),
-    trials: str = typer.Option(None, help="Trial log (default: runs/NAME/explore/trials.jsonl)."),
-    judge_model: str = typer.Option(None, help="LLM judge (model spec); default: rules only."),
-    paraphrase_model: str = typer.Option(None, help="Paraphrasing model (model spec)."),
-    explorer_model: str = typer.Option(
-        None, help="Model of the round trip and chit-chat (model spec); default: the run's explorer, else the judge."
-    ),
-    round_trip: bool = typer.Option(
-        None, "--round-trip/--no-round-trip", help="Keep a trial only when the explorer model writes its call again."
-    ),
-    require_grounded: bool = typer.Option(
-        None,
-        "--require-grounded/--no-require-grounded",
-        help="Keep a trial only when every call value is stated in its request.",
-    ),
-    irrelevance_fraction: float = typer.Option(
-        None, help="No-tool lines from kept requests without the tools that fit, per tool-call line."
-    ),
-    chitchat_fraction: float = typer.Option(None, help="Chit-chat lines per tool-call line (needs an explorer model)."),
-    out_of_scope_fraction: float = typer.Option(
-        None, help="Refused requests for a service no offered tool gives, per tool-call line."
-    ),
-    target_per_tool: int = typer.Option(None, help="Examples per tool to reach by paraphrasing (0: none)."),
-    max_paraphrases: int = typer.Option(None, help="Paraphrases per original at most."),
-    dedupe_threshold: float = typer.Option(None, help="Token-set Jaccard at which two queries are duplicates."),
-    validation_fraction: float = typer.Option(
-        None, help="Share of the original queries held out for validation, per tool."
-    ),
-    require_solved: bool = typer.Option(
-        None,
-        "--require-solved/--no-require-solved",
-        help="Also require the explorer's reflection to say Yes.",
-    ),
-    concurrency: int = typer.Option(None, help="Judge and paraphrase requests in flight."),
-    seed: int = typer.Option(None, help="Seed of the split and of paraphrase sampling."),
-    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/distill)."),
+    *,
+    overrides: dict[str, Any],
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
@@ -253,25 +230,6 @@ def distill(
     from toolschool.data.distill.summary import nothing_to_train
     from toolschool.pipeline import refuse_finished_stage
 
-    overrides = {
-        "distill.trials": trials,
-        "distill.judge_model": judge_model,
-        "distill.paraphrase_model": paraphrase_model,
-        "distill.explorer_model": explorer_model,
-        "distill.round_trip": round_trip,
-        "distill.require_grounded": require_grounded,
-        "distill.irrelevance_fraction": irrelevance_fraction,
-        "distill.chitchat_fraction": chitchat_fraction,
-        "distill.out_of_scope_fraction": out_of_scope_fraction,
-        "distill.target_per_tool": target_per_tool,
-        "distill.max_paraphrases": max_paraphrases,
-        "distill.dedupe_threshold": dedupe_threshold,
-        "distill.validation_fraction": validation_fraction,
-        "distill.require_solved": require_solved,
-        "distill.concurrency": concurrency,
-        "run.name": run_name,
-        "run.seed": seed,
-    }
     config = load_config(config_path, overrides)
     refuse_finished_stage(stage_path(config, "distill", out), "distill")
     out_dir, summary = run_distill_stage(config, out, console=err_console)

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from toolschool.cli.console import console, err_console
+from toolschool.cli.options import config_options, flag
 
 RESUME_HELP = "Keep the items an interrupted eval in the output folder finished (same settings); run the rest."
 MODEL_HELP = "Model or checkpoint (embedded name, HF id, folder, openai:URL#name); repeat to compare side by side."
@@ -127,31 +128,29 @@ def _check_models(models: list[str]) -> None:
             resolve_source(spec)
 
 
+@config_options(
+    "eval.data",
+    flag("eval.benchmarks", "--benchmark", "-b"),
+    "eval.format",
+    flag("eval.limit", "--limit", "-n", min=1),
+    "eval.icl",
+    "eval.demos",
+    "eval.retriever",
+    "eval.execute",
+    flag("tools.toolbox", lead="With --execute"),  # the tools the calls run in, as `toolschool explore` takes them
+    flag("tools.mcp", lead="With --execute"),
+    flag("tools.modules", "--module", lead="With --execute"),
+    "eval.arguments",
+    "eval.constrained",
+    "eval.max_tokens",
+    "eval.concurrency",
+    flag("run.name", "--run"),
+)
 def eval_command(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override its eval section."),
     model: list[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    data: str = typer.Option(None, help="Test JSONL of conversations, or the STE test JSON with --benchmark ste."),
-    benchmark: list[str] = typer.Option(
-        None, "--benchmark", "-b", help="bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance] | ste"
-    ),
-    format: str = typer.Option(None, "--format", help="hermes | json | react"),
-    limit: int = typer.Option(None, "--limit", "-n", min=1, help="Items per dataset / BFCL category / STE API."),
-    icl: int = typer.Option(None, "--icl", help="K retrieved demonstrations per item."),
-    demos: str = typer.Option(None, help="Training JSONL to retrieve demonstrations from."),
-    retriever: str = typer.Option(None, help="bm25 (default) | dense"),
-    execute: bool = typer.Option(None, "--execute/--no-execute", help="Run the calls and score the final answer."),
-    toolbox: list[str] = typer.Option(None, "--toolbox", help="--execute: built-in toolbox to load (repeatable)."),
-    mcp: list[str] = typer.Option(None, "--mcp", help="--execute: MCP server command over stdio (repeatable)."),
-    module: list[str] = typer.Option(None, "--module", help="--execute: module of @tool functions (repeatable)."),
-    arguments: str = typer.Option(None, help="exact | semantic: argument matching that decides 'correct'."),
-    constrained: bool = typer.Option(
-        None,
-        "--constrained/--no-constrained",
-        help="Grammar-constrained replies (a call always parses and fits its schema); local models only.",
-    ),
-    max_tokens: int = typer.Option(None),
-    concurrency: int = typer.Option(None, help="Items in flight at once (1: one at a time)."),
-    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/eval)."),
+    *,
+    overrides: dict[str, Any],
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/eval)."),
     resume: bool = typer.Option(False, "--resume", help=RESUME_HELP),
 ) -> None:
@@ -159,26 +158,11 @@ def eval_command(
 
     One checkpoint without a CONFIG, --data or --benchmark (`toolschool eval -m runs/NAME/sft/merged -n 50`) is
     scored on its run's test data, in the format its run trained with, into CHECKPOINT/eval."""
-    if config_path is None and model and len(model) == 1 and not benchmark and run_name is None:
-        data, format, out = _checkpoint_defaults(model[0], data, format, out)
-    overrides = {
-        "eval.data": data,
-        "eval.benchmarks": list(benchmark) if benchmark else None,
-        "eval.format": format,
-        "eval.limit": limit,
-        "eval.icl": icl,
-        "eval.demos": demos,
-        "eval.retriever": retriever,
-        "eval.execute": execute,
-        "tools.toolbox": toolbox or None,  # the tools the calls run in, as `toolschool explore` takes them
-        "tools.mcp": mcp or None,
-        "tools.modules": module or None,
-        "eval.arguments": arguments,
-        "eval.constrained": constrained,
-        "eval.max_tokens": max_tokens,
-        "eval.concurrency": concurrency,
-        "run.name": run_name,
-    }
+    one_checkpoint = config_path is None and model and len(model) == 1
+    if one_checkpoint and not overrides["eval.benchmarks"] and overrides["run.name"] is None:
+        overrides["eval.data"], overrides["eval.format"], out = _checkpoint_defaults(
+            model[0], overrides["eval.data"], overrides["eval.format"], out
+        )
     _run(config_path, overrides, list(model) if model else None, out, resume)
 
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from toolschool.cli.console import console, err_console, say_if_resume_finds_no_trials
+from toolschool.cli.options import config_options, flag
 
 
 def _split_names(text: str | None) -> list[str] | None:
@@ -26,45 +28,34 @@ def _split_names(text: str | None) -> list[str] | None:
     return names
 
 
+@config_options(
+    "tools.toolbox",
+    "tools.mcp",
+    flag("tools.modules", "--module"),
+    flag("explore.tools", type=str, parse=_split_names, note="comma-separated, e.g. calculator,weekday"),
+    flag("model.name", "--model", "-m", lead="Explorer"),
+    "explore.episodes",
+    "explore.target_per_tool",
+    "explore.stm_slots",
+    "explore.max_turns",
+    "explore.concurrency",
+    "explore.format",
+    "explore.temperature",
+    "explore.trial_temperature",
+    "explore.constrained",
+    "explore.max_tokens",
+    "explore.no_exec_feedback",
+    "explore.no_stm",
+    "explore.no_ltm",
+    "explore.no_reflection",
+    flag("run.name", "--run"),
+    "run.seed",
+)
 def explore(
     config_arg: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML; flags override it."),
     config_path: Path = typer.Option(None, "--config", "-c", help="Run TOML (same as the CONFIG argument)."),
-    toolbox: list[str] = typer.Option(None, "--toolbox", help="Built-in toolbox to load (repeatable): builtin."),
-    mcp: list[str] = typer.Option(
-        None, "--mcp", help='MCP server command over stdio (repeatable), e.g. "mcp-server-time".'
-    ),
-    module: list[str] = typer.Option(None, "--module", help="Python module of @tool functions (repeatable)."),
-    tools: str = typer.Option(
-        None, "--tools", help="Comma-separated tools to explore (default: every tool of the set)."
-    ),
-    model: str = typer.Option(None, "--model", "-m", help="Explorer: embedded name, HF id, folder or openai:URL#name."),
-    episodes: int = typer.Option(None, help="Episodes per tool (default 15); with --target-per-tool, the most."),
-    target_per_tool: int = typer.Option(
-        None, "--target-per-tool", help="Explore each tool until it has this many verified trials (0: off)."
-    ),
-    stm_slots: int = typer.Option(None, "--stm-slots", help="Trials per episode / conversation (default 3)."),
-    max_turns: int = typer.Option(
-        None, "--max-turns", help="Tool calls per trial before the final answer (default 4)."
-    ),
-    concurrency: int = typer.Option(None, help="Episodes at once; the local backend batches them (default 16)."),
-    format: str = typer.Option(None, "--format", help="hermes | json | react (default hermes)."),
-    temperature: float = typer.Option(None, help="Sampling temperature."),
-    trial_temperature: float = typer.Option(
-        None, help="Sampling temperature of the attempt (calls, answer); default: --temperature."
-    ),
-    constrained: bool = typer.Option(
-        None,
-        "--constrained/--no-constrained",
-        help="Grammar-constrained trial replies: a call always parses and fits its schema (default: on).",
-    ),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Tokens per model turn."),
-    no_exec_feedback: bool = typer.Option(None, "--no-exec-feedback", help="Ablation: hide execution results."),
-    no_stm: bool = typer.Option(
-        None, "--no-stm", help="Ablation: no short-term memory (fresh conversation per trial)."
-    ),
-    no_ltm: bool = typer.Option(None, "--no-ltm", help="Ablation: no long-term memory of explored queries."),
-    no_reflection: bool = typer.Option(None, "--no-reflection", help="Ablation: no Yes/No self-reflection."),
-    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/explore)."),
+    *,
+    overrides: dict[str, Any],
     out: Path = typer.Option(None, "--out", help="Output folder (default: runs/NAME/explore)."),
     resume: bool = typer.Option(
         False,
@@ -72,7 +63,6 @@ def explore(
         help="Continue an interrupted exploration in the output folder (one without trials: starts anew, saying so).",
     ),
     fsync: bool = typer.Option(False, "--fsync", help="fsync the log after every trial (slower, survives power loss)."),
-    seed: int = typer.Option(None, help="Sampling seed."),
 ) -> None:
     """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
     from toolschool.config import load_config
@@ -80,29 +70,6 @@ def explore(
     from toolschool.explore.stage import explore_dir, run_explore_stage
     from toolschool.explore.summary import summary_table
 
-    overrides = {
-        "tools.toolbox": toolbox or None,
-        "tools.mcp": mcp or None,
-        "tools.modules": module or None,
-        "explore.tools": _split_names(tools),
-        "model.name": model,
-        "explore.episodes": episodes,
-        "explore.target_per_tool": target_per_tool,
-        "explore.stm_slots": stm_slots,
-        "explore.max_turns": max_turns,
-        "explore.concurrency": concurrency,
-        "explore.format": format,
-        "explore.temperature": temperature,
-        "explore.trial_temperature": trial_temperature,
-        "explore.constrained": constrained,
-        "explore.max_tokens": max_tokens,
-        "explore.no_exec_feedback": no_exec_feedback,
-        "explore.no_stm": no_stm,
-        "explore.no_ltm": no_ltm,
-        "explore.no_reflection": no_reflection,
-        "run.name": run_name,
-        "run.seed": seed,
-    }
     if config_arg is not None and config_path is not None and config_arg != config_path:
         raise ConfigError(f"two config files given: {config_arg} and --config {config_path}", hint="pass one of them")
     config = load_config(config_arg or config_path, overrides)

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from toolschool.cli.console import console, err_console
+from toolschool.cli.options import config_options, flag
 
 
+@config_options(
+    flag("run.name", "--run"),
+    flag("model.name", "--model", "-m", lead="Student model, also the explorer unless pipeline.explorer is set"),
+    "pipeline.explorer",
+)
 def run(
     config_path: Path = typer.Argument(None, metavar="[CONFIG]", help="Run TOML (e.g. configs/demo.toml)."),
     from_stage: str = typer.Option(
@@ -19,17 +26,14 @@ def run(
         help="Rerun from this stage (explore, distill, sft, rl, eval, report); its and the later stages' "
         "outputs move to runs/NAME/.previous/TIME/.",
     ),
-    run_name: str = typer.Option(None, "--run", help="Run name (outputs in runs/NAME/)."),
-    model: str = typer.Option(
-        None, "--model", "-m", help="Student model (also the explorer unless pipeline.explorer is set)."
-    ),
-    explorer: str = typer.Option(None, help="Exploring model, e.g. openai:http://127.0.0.1:8000/v1#served-name."),
+    *,
+    overrides: dict[str, Any],
 ) -> None:
     """Explore -> distill -> sft -> rl -> eval -> report; finished stages are skipped, interrupted ones resume."""
     from toolschool.config import load_config
     from toolschool.pipeline import TABLE_COLUMNS, run_pipeline
 
-    config = load_config(config_path, {"run.name": run_name, "model.name": model, "pipeline.explorer": explorer})
+    config = load_config(config_path, overrides)
     started = time.perf_counter()
 
     def on_stage(stage: str, status: str) -> None:

@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import typer
 from rich.markup import escape
 
 from toolschool.cli.console import err_console
-from toolschool.cli.models import MODEL_HELP
+from toolschool.cli.options import config_options, flag
 from toolschool.errors import ToolschoolError
 
 
+# No config file here: the model flags keep the [model] fields' defaults as their own.
+@config_options(
+    flag("model.name", "--model", "-m", lead="Model", keep_default=True),
+    flag("model.dtype", keep_default=True),
+    flag("model.device", keep_default=True),
+)
 def serve(
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
+    *,
+    overrides: dict[str, Any],
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 exposes it to the network)."),
     port: int = typer.Option(8000, help="Port to listen on."),
     served_name: str = typer.Option(None, help="Model name clients send and /v1/models lists (default: --model)."),
-    dtype: str = typer.Option("auto", help="auto | bf16 | fp16 | fp32"),
-    device: str = typer.Option(None, help="cpu, cuda, ... (default: cuda if available)"),
     max_batch_size: int = typer.Option(16, help="Sequences decoded together (concurrent requests x n)."),
     log_level: str = typer.Option("info", help="uvicorn log level: debug | info | warning | error"),
     api_key: str = typer.Option(
@@ -39,6 +45,7 @@ def serve(
     from toolschool.serve.formats import FormatBackend, served_format
     from toolschool.serve.server import base_url, bind_socket, check_log_level, check_port, run_server
 
+    model, dtype, device = overrides["model.name"], overrides["model.dtype"], overrides["model.device"]
     check_log_level(log_level)  # options first: loading the model can take minutes
     check_port(port)
     fmt, where = served_format(model, format)  # an unknown --format fails here, before the model loads
@@ -70,9 +77,11 @@ def serve(
     )
 
 
+@config_options(flag("model.name", "--model", "-m", lead="Model", keep_default=True))
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The user message."),
-    model: str = typer.Option("smollm2-135m", "--model", "-m", help=MODEL_HELP),
+    *,
+    overrides: dict[str, Any],
     tool: list[str] = typer.Option(
         [], "--tool", help="Offer this built-in tool's schema (repeatable), e.g. calculator."
     ),
@@ -88,6 +97,7 @@ def generate(
     from toolschool.models.backend import GenerationRequest, SamplingParams
     from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
 
+    model = overrides["model.name"]
     unknown = [t for t in tool if t not in BUILTIN_NAMES]
     if unknown:
         raise ToolschoolError(
