@@ -227,7 +227,7 @@ def test_serve_and_generate_hand_the_model_flags_on(monkeypatch) -> None:
     def capture(model: str, dtype: str = "auto", device: str | None = None, **_: Any) -> Any:
         raise _Loaded({"model.name": model, "model.dtype": dtype, "model.device": device})
 
-    monkeypatch.setattr("toolschool.models.backends.make_backend", capture)
+    monkeypatch.setattr("toolschool.engine.backends.make_backend", capture)
     monkeypatch.setattr("toolschool.serve.server.bind_socket", lambda host, port: None)
     result = runner.invoke(app, ["serve", "-m", "some/model", "--dtype", "bf16", "--device", "cpu"])
     assert isinstance(result.exception, _Loaded), result.output
