@@ -211,3 +211,16 @@ def test_distill_drops_ungrounded_and_echoed_trials_and_counts_each_reason(tmp_p
     summary, card, _ = _distilled(tmp_path / "off", trials, require_grounded=False)
     assert summary["per_tool"]["calculator"]["grounded"] == 5 and summary["yield"][1]["on"] is False
     assert "| grounding | 6 | - | 6 | off |" in card
+
+
+def test_calculation_program_reads_what_the_calculator_would_evaluate() -> None:
+    from toolschool.data.filters import calculation_program
+    from toolschool.tools.builtin import BUILTIN_NAMES, builtin_schema
+
+    tools = [builtin_schema(name) for name in BUILTIN_NAMES]
+    assert calculation_program("python", {"code": "print(9830 * 207 - 56)"}, tools) == "9830 * 207 - 56"
+    assert calculation_program("python", {"code": "import math\nprint(math.sqrt(2))"}, tools) == "sqrt(2)"
+    for code in ("print(sum(range(5)))", "x = 3\nprint(x * 2)", "print('hi')", "print(3, 4)", "print(2 +"):
+        assert calculation_program("python", {"code": code}, tools) is None, code
+    assert calculation_program("python", {"code": "print(1 + 2)"}, [builtin_schema("python")]) is None
+    assert calculation_program("calculator", {"expression": "1 + 2"}, tools) is None  # not a program

@@ -32,6 +32,7 @@ from toolschool.explore.summary import is_verified, summarize
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import ContextLengthError, GenerationRequest
 from toolschool.tools.base import Observation
+from toolschool.tools.builtin import builtin_schema
 
 
 def unmarked(messages: list[dict]) -> list[dict]:
@@ -1025,6 +1026,7 @@ async def test_a_program_that_prints_nothing_is_set_aside() -> None:
     from toolschool.explore.episode import values_problem
 
     class Ctx:
+        tool_schemas: list = []
         registry = type(
             "R",
             (),
@@ -1033,7 +1035,15 @@ async def test_a_program_that_prints_nothing_is_set_aside() -> None:
 
     assert await values_problem(Ctx(), "python", {"code": "1 + 1"}) == "the tool returned nothing"
 
+    class Builtin(Ctx):  # a program that only prints a calculation, beside the calculator: not even run
+        tool_schemas = [builtin_schema(name) for name in ("calculator", "python")]
+
+    problem = await values_problem(Builtin(), "python", {"code": "print(9830 * 207 - 56)"})
+    assert problem == "a program that only prints a calculation (9830 * 207 - 56), which the offered calculator does"
+    assert await values_problem(Builtin(), "python", {"code": "print(sum(range(4)))"}) == "the tool returned nothing"
+
     class Structured:  # a module or MCP tool returning a structured value: its text is what it returned
+        tool_schemas: list = []
         registry = type("R", (), {"acall": staticmethod(_async(Observation('{"ok": true}', {"ok": True})))})()
 
     assert await values_problem(Structured(), "lookup", {"q": "x"}) is None

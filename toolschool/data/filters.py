@@ -421,6 +421,54 @@ def call_grounding(
     return None
 
 
+def calculation_program(name: str, arguments: dict[str, Any], tools: list[dict[str, Any]]) -> str | None:
+    """The arithmetic expression a program argument of call `name` only prints (imports aside), when one of `tools`
+    takes an arithmetic expression (`tools.base.is_expression_argument`: a calculator); else None.
+
+    Why: such a program is the calculator's job. Taught "print(9830 * 207 - 56)" through the python tool, the 135M
+    student sent 10 of 10 held-out calculator requests and 8 of 10 unit conversions to python; a trial worth
+    teaching for a code tool is one only a program does (a loop, a list, text). "Arithmetic" is what the built-in
+    calculator evaluates."""
+    from toolschool.tools.base import is_expression_argument
+    from toolschool.tools.calculator import CalculatorError, evaluate_expression
+
+    others = [_tool_name(t) for t in tools if _tool_name(t) != name]
+    if not any(
+        isinstance(spec, dict) and is_expression_argument(other, key, spec)
+        for other in others
+        for key, spec in _parameters(tools, other).items()
+    ):
+        return None
+    parameters = _parameters(tools, name)
+    for key, value in arguments.items():
+        schema = parameters.get(key) if isinstance(parameters.get(key), dict) else {}
+        if not isinstance(value, str) or not is_code_argument(name, key, schema):
+            continue
+        try:
+            body = [node for node in ast.parse(value).body if not isinstance(node, ast.Import | ast.ImportFrom)]
+        except (SyntaxError, ValueError):
+            continue
+        if len(body) != 1 or not isinstance(body[0], ast.Expr) or not isinstance(body[0].value, ast.Call):
+            continue
+        call = body[0].value
+        if not (isinstance(call.func, ast.Name) and call.func.id == "print" and len(call.args) == 1):
+            continue
+        if call.keywords:
+            continue
+        expression = ast.unparse(call.args[0]).replace("math.", "")
+        try:
+            evaluate_expression(expression)
+        except (CalculatorError, ValueError, TypeError, ArithmeticError):
+            continue
+        return expression
+    return None
+
+
+def _tool_name(tool: Any) -> str:
+    function = tool.get("function", tool) if isinstance(tool, dict) else {}
+    return str(function.get("name", ""))
+
+
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
     """Why a clean conversation (the request, then calls and their results) has a call value the request does not
     state, or None. A call may also use what an earlier call of the conversation returned."""

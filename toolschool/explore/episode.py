@@ -635,7 +635,14 @@ async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any])
     """Why the tool's own run on imagined values rules them out, or None (`result_problem`). Why: no request
     written from such values can become a verified trial (the call read from it fails too, or shows no result to
     answer with), and a small explorer proposes many (km to m/s, "784!", a program without print()); a run costs
-    far less than the request and the trial."""
+    far less than the request and the trial. A program that only prints a calculation while a calculator is offered
+    is ruled out before it runs (`data.filters.calculation_program`: distill drops it, it teaches the student to send
+    arithmetic to the program tool)."""
+    from toolschool.data.filters import calculation_program
+
+    expression = calculation_program(tool, values, ctx.tool_schemas)
+    if expression is not None:
+        return f"a program that only prints a calculation ({expression[:80]}), which the offered calculator does"
     return result_problem((await _execute(ctx, tool, values)).to_dict())
 
 

@@ -185,3 +185,21 @@ def test_require_answer_drops_a_request_that_already_states_the_result() -> None
         tools=[*TOOLS, {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
     )
     assert trial_to_candidate(printed, require_answer=True)[1] is None  # the result is a literal of the call
+
+
+def test_a_program_that_only_prints_a_calculation_is_the_calculators_and_dropped() -> None:
+    """Taught arithmetic through the python tool, the student sent calculator requests to python: beside a tool that
+    takes an arithmetic expression, such a program is dropped; a loop, or the program tool alone, is kept."""
+    from toolschool.tools.builtin import builtin_schema
+
+    tools = [builtin_schema("calculator"), builtin_schema("python")]
+
+    def program(code: str, offered: list[dict]) -> dict:
+        step = {"raw": "", "calls": [call("python", {"code": code}, "4")], "executed": True}
+        answer = {"raw": "", "calls": [], "final": "It prints 4.", "executed": False}
+        return trial("python", 0, 0, "Print what 2 + 2 makes.", [step, answer], "It prints 4.", tools=offered)
+
+    reason = trial_to_candidate(program("print(2 + 2)", tools))[1]
+    assert reason == "a program that only prints a calculation, which the offered calculator does"
+    assert trial_to_candidate(program("print(sum([2, 2]))", tools))[1] is None
+    assert trial_to_candidate(program("print(2 + 2)", [builtin_schema("python")]))[1] is None

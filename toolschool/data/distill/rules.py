@@ -12,6 +12,7 @@ from typing import Any
 
 from toolschool.chat.types import tool_call
 from toolschool.data.dataset import validate_example
+from toolschool.data.filters import calculation_program
 from toolschool.errors import DataError
 from toolschool.evaluate.metrics import EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
 
@@ -167,6 +168,9 @@ def trial_to_candidate(
         messages.extend(results)
     if not any(c["name"] == tool for c in calls):
         return None, "the explored tool was not called successfully"
+    tools = trial.get("tools") or []
+    if any(calculation_program(str(c["name"]), c["arguments"], tools) is not None for c in calls):
+        return None, "a program that only prints a calculation, which the offered calculator does"
     if require_answer and expected is not None and not answer_matches(final, expected):
         return None, "the final answer does not state the tool's result"
     if require_answer and expected is not None and answer_matches(query, expected):
@@ -174,7 +178,6 @@ def trial_to_candidate(
         if not in_arguments:  # "Adding 2 days to 2023-04-21 results in 2023-04-23." asks for nothing
             return None, "the request states the tool's result"
     messages.append({"role": "assistant", "content": final.strip()})
-    tools = trial.get("tools") or []
     example = {"messages": messages, "tools": tools, "meta": {}}
     problem = validate_example(example)
     if problem is not None:
