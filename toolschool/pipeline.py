@@ -27,8 +27,7 @@ from typing import Any
 
 from toolschool.config import ToolschoolConfig, stage_dir, stage_path
 from toolschool.errors import ConfigError, ModelLoadError, ResumeRefused, ToolschoolError
-from toolschool.files import write_text_atomic
-from toolschool.locking import folder_lock
+from toolschool.run_state import folder_lock, write_text_atomic
 
 STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
 MARKER = "DONE.json"
@@ -382,8 +381,8 @@ def _training_queries(config: ToolschoolConfig) -> list[str]:
 def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
     """The held-out JSONL: the distill validation split, a file, or the generated built-in toolbox test set."""
     if config.pipeline.eval_data == BUILTIN_HELDOUT:
-        from toolschool.data.dataset import write_jsonl
         from toolschool.data.heldout import builtin_heldout
+        from toolschool.run_state import write_jsonl
 
         lines = builtin_heldout(
             registry,

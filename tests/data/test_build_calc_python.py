@@ -405,7 +405,7 @@ def _build_args(out: Path, *extra: str) -> list[str]:
 def test_a_build_that_fails_leaves_no_folder_and_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     """A missing source left an output folder holding only config.toml; two builds at once shared one folder."""
     from toolschool.errors import ToolschoolError
-    from toolschool.locking import folder_lock
+    from toolschool.run_state import folder_lock
 
     runner = CliRunner()
     out = tmp_path / "ds"

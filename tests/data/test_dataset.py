@@ -19,9 +19,9 @@ from toolschool.data.dataset import (
     parse_hub_source,
     read_raw_records,
     validate_example,
-    write_jsonl,
 )
 from toolschool.errors import DataError
+from toolschool.run_state import write_jsonl
 
 CALC = {
     "type": "function",

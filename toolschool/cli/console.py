@@ -30,7 +30,7 @@ def say_if_resume_starts_over(out_dir: Path) -> None:
 def say_if_resume_finds_no_trials(directory: Path) -> None:
     """`explore --resume` into a folder holding no trials (a typo in --out, say) explores from the start: say so
     first, as `say_if_resume_starts_over` does for training."""
-    from toolschool.explore.log import TRIALS_FILE
+    from toolschool.run_state import TRIALS_FILE
 
     path = directory / TRIALS_FILE
     if not path.is_file() or path.stat().st_size == 0:

@@ -68,7 +68,7 @@ def build_calc_python_cmd(
     from toolschool.config import load_config, stage_dir, stage_path
     from toolschool.data.build_calc_python import BuildOptions, build_calc_python
     from toolschool.errors import ToolschoolError
-    from toolschool.locking import folder_lock
+    from toolschool.run_state import folder_lock
 
     config = load_config(config_path, overrides)
     d = config.dataset
@@ -165,8 +165,8 @@ def heldout_cmd(
 
     The same items the main job scores with \\[pipeline] eval_data = "builtin" (for the same seed and per-tool count,
     before it leaves out the run's training requests); for measuring only, never for training."""
-    from toolschool.data.dataset import write_jsonl
     from toolschool.data.heldout import builtin_heldout
+    from toolschool.run_state import write_jsonl
     from toolschool.tools.registry import build_registry
 
     lines = builtin_heldout(build_registry(("builtin",)), per_tool=per_tool, seed=seed, no_tool=no_tool)

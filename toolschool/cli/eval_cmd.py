@@ -173,8 +173,10 @@ DEFAULT_DATA_PLACES = "eval/DONE.json's data, eval/heldout.jsonl, distill/test.j
 def _default_data(checkpoint: Path) -> Path | None:
     """The test data of the run a checkpoint belongs to: what its eval stage evaluated on (the file named in
     eval/DONE.json, or the built-in held-out set it wrote), else the distill split (never trained on)."""
+    from toolschool.run_state import RunPaths
+
     for folder in [checkpoint, *checkpoint.resolve().parents]:
-        marker = folder / "eval" / "DONE.json"
+        marker = RunPaths(folder).marker("eval")
         if marker.is_file():
             try:
                 recorded = json.loads(marker.read_text(encoding="utf-8")).get("data")

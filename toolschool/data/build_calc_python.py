@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolschool.data.dataset import DatasetReport, read_raw_records, same_request_key, write_jsonl
+from toolschool.data.dataset import DatasetReport, read_raw_records, same_request_key
 from toolschool.data.records import CATEGORIES, Record, example_to_format, record_to_example
 from toolschool.errors import DataError
+from toolschool.run_state import write_jsonl
 
 ANNOTATION = re.compile(r"<<([^<>]*)>>")
 NUMBER = re.compile(r"(?<![\d.])(?:\d+(?:\.\d+)?|\.\d+)")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import DataError
+from toolschool.run_state import append_jsonl, scan_jsonl
 
 
 class ReplyCache:
@@ -17,24 +18,15 @@ class ReplyCache:
         self.path = path
         self._data: dict[str, Any] = {}
         if path.exists():
-            data = path.read_bytes()
-            whole = data.rfind(b"\n") + 1  # a run killed mid-write leaves a last line without its newline
-            if whole < len(data):  # cut it off: the next entry appended to it would make both one broken line
+            hint = "delete the cache file to start over"
+            scan = scan_jsonl(path, hint=hint)  # a torn last line (a run killed mid-write) is asked for again
+            if scan.valid_bytes < path.stat().st_size:  # cut it off: the next entry appended would make one broken line
                 with path.open("r+b") as raw:
-                    raw.truncate(whole)
-            lines = data[:whole].decode("utf-8").split("\n")  # not splitlines: replies may hold U+2028
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    entry = json.loads(line)
-                    self._data[entry["key"]] = entry["value"]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    if any(rest.strip() for rest in lines[number:]):
-                        raise DataError(
-                            f"{path}:{number}: not a cache entry", hint="delete the cache file to start over"
-                        ) from None
-                    # a torn last line from an interrupted run: ignored, its reply is asked for again
+                    raw.truncate(scan.valid_bytes)
+            for number, entry in scan.lines:
+                if not isinstance(entry, dict) or "key" not in entry or "value" not in entry:
+                    raise DataError(f"{path}:{number}: not a cache entry", hint=hint)
+                self._data[entry["key"]] = entry["value"]
 
     @staticmethod
     def key(*parts: Any) -> str:
@@ -47,5 +39,4 @@ class ReplyCache:
         self._data[key] = value
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps({"key": key, "value": value}, ensure_ascii=False) + "\n")
-            handle.flush()
+            append_jsonl(handle, {"key": key, "value": value})

@@ -17,7 +17,7 @@ import os
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -391,7 +391,8 @@ def _refuse_other_format(path: Path) -> None:
         return
     if kind in ("parquet", "arrow"):  # Arrow's null-filled keys go (see without_nulls), as for a Hub id
         how = (
-            'convert it: python -c "import datasets; from toolschool.data.dataset import without_nulls, write_jsonl; '
+            'convert it: python -c "import datasets; from toolschool.data.dataset import without_nulls; '
+            "from toolschool.run_state import write_jsonl; "
             f"write_jsonl('{path.with_suffix('.jsonl')}', map(without_nulls, datasets.load_dataset('{kind}', "
             f"data_files='{path}', split='train')))\""
         )
@@ -538,20 +539,6 @@ def read_raw_records(
     except UnicodeDecodeError:
         raise DataError(f"data file '{path}' is not UTF-8 text") from None
     return rows, report
-
-
-def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Write rows as JSON lines (UTF-8, non-ASCII kept), atomically (temp file + rename); returns the count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    count = 0
-    with tmp.open("w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-            count += 1
-    tmp.replace(path)
-    return count
 
 
 def _calls_of(message: dict[str, Any], format_name: str | None) -> list[Any]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ToolschoolError
-from toolschool.files import read_lines
+from toolschool.run_state import read_jsonl
 
 # The columns of the comparison table / bars, in order; a metric absent from every summary is left out.
 TABLE_METRICS = (
@@ -92,15 +92,11 @@ def summary_markdown(summary: dict[str, Any]) -> str:
 
 def read_log(path: Path) -> list[dict[str, Any]]:
     """JSONL records with a numeric `step`; unreadable lines are skipped (a log may be cut mid-line)."""
-    records = []
-    for line in read_lines(path):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int | float):
-            records.append(record)
-    return records
+    return [
+        record
+        for record in read_jsonl(path, strict=False)
+        if isinstance(record, dict) and isinstance(record.get("step"), int | float)
+    ]
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:

@@ -26,9 +26,8 @@ from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
 from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
-from toolschool.files import read_lines
-from toolschool.locking import folder_lock
 from toolschool.models.backend import Backend
+from toolschool.run_state import folder_lock, read_lines
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 

@@ -37,49 +37,23 @@ Fields of one line (version 1):
 
 from __future__ import annotations
 
-import json
-import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, TextIO
 
 from toolschool.errors import DataError
-from toolschool.locking import lock_or_refuse
-from toolschool.tools.base import valid_unicode
+from toolschool.run_state import ERRORS_FILE, TRIALS_FILE, append_jsonl, lock_or_refuse, scan_jsonl
 
-TRIALS_FILE = "trials.jsonl"
-ERRORS_FILE = "errors.jsonl"
 LOG_VERSION = 1
 
 
 def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
     """Parse the log; return the records and the byte length of its valid prefix (a torn last line excluded)."""
-    data = path.read_bytes()
-    records: list[dict[str, Any]] = []
-    offset = 0
-    lines = data.split(b"\n")
-    for number, line in enumerate(lines, start=1):
-        is_last = number == len(lines)
-        if is_last and line.strip() == b"":
-            break
-        try:
-            record = json.loads(line) if line.strip() else None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if is_last:  # written without its newline: the process died mid-write
-                break
-            raise DataError(
-                f"{path}:{number}: not valid JSON ({exc})",
-                hint="the trial log is append-only; restore it or move the bad line away",
-            ) from None
-        if is_last:  # a complete JSON document but no newline: still torn (the newline is written with it)
-            break
-        offset += len(line) + 1
-        if record is None:
-            continue
+    scan = scan_jsonl(path, hint="the trial log is append-only; restore it or move the bad line away")
+    for number, record in scan.lines:
         if not isinstance(record, dict) or not {"tool", "episode", "slot"} <= record.keys():
             raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
-        records.append(record)
-    return records, offset
+    return scan.records, scan.valid_bytes
 
 
 def read_trials(path: str | Path) -> list[dict[str, Any]]:
@@ -166,13 +140,7 @@ class TrialLog:
         return cls(directory, handle, existing, fsync=fsync, created=created)
 
     def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
-        # A lone surrogate cannot be written as UTF-8: the whole line would fail and its episode with it. Outside
-        # JSON strings there is none, so replacing them in the JSON text keeps the line valid.
-        line = valid_unicode(json.dumps(record, ensure_ascii=False, default=str))
-        handle.write(line + "\n")
-        handle.flush()
-        if self._fsync:
-            os.fsync(handle.fileno())
+        append_jsonl(handle, record, fsync=self._fsync)  # a lone surrogate replaced: UTF-8 cannot hold it
 
     def write(self, record: dict[str, Any]) -> None:
         record.setdefault("v", LOG_VERSION)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.errors import ResumeRefused, ToolschoolError
-from toolschool.files import read_lines, write_text_atomic
+from toolschool.run_state import read_lines, write_text_atomic
 
 
 class JsonlLogger:
@@ -335,7 +335,7 @@ def save_final(
 def training_lock(out_dir: Path, stage: str) -> AbstractContextManager[None]:
     """The output folder's lock for one training run (its main process only: the other processes of an
     `accelerate launch` write into the same folder as part of the same run)."""
-    from toolschool.locking import folder_lock
+    from toolschool.run_state import folder_lock
 
     if not main_process():
         return nullcontext()

@@ -39,8 +39,7 @@ from typing import Any
 
 from toolschool.config import ContinualSection, ToolschoolConfig
 from toolschool.errors import ConfigError, DataError, ToolschoolError
-from toolschool.files import write_text_atomic
-from toolschool.locking import folder_lock
+from toolschool.run_state import folder_lock, write_text_atomic
 from toolschool.train.common import sha256_file
 from toolschool.train.forgetting import forgetting_summary, write_matrix
 
@@ -922,7 +921,7 @@ def _run_round(
     returns carries `rescored`: True when only the scoring ran."""
     import uuid
 
-    from toolschool.data.dataset import write_jsonl
+    from toolschool.run_state import write_jsonl
     from toolschool.train.common import latest_checkpoint
     from toolschool.train.sft import run_sft
 

@@ -35,7 +35,7 @@ from toolschool.chat.formats.base import offered_names
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
 from toolschool.evaluate.toolkens import model_toolkens
-from toolschool.files import read_lines, write_text_atomic
+from toolschool.run_state import read_lines, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,

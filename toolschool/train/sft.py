@@ -37,7 +37,7 @@ from typing import Any
 from toolschool.chat.toolkens import rename_tools_and_calls, toolken
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError
-from toolschool.files import write_text_atomic
+from toolschool.run_state import write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,

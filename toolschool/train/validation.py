@@ -8,7 +8,6 @@ its TensorBoard events; `toolschool report` plots the records of each stage.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,8 +15,8 @@ from typing import Any
 
 from toolschool.chat.toolkens import plain_name, with_renamed_calls
 from toolschool.errors import ConfigError, DataError
-from toolschool.files import read_lines
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
+from toolschool.run_state import RunPaths, read_jsonl
 from toolschool.train.common import JsonlLogger
 
 
@@ -179,7 +178,7 @@ def resolve_validation_path(explicit: str | None, *, train_explicit: bool, run_d
             state = "is not a file" if path.exists() else "does not exist"
             raise ConfigError(f"validation data '{path}' {state}", hint=f"check {flag} PATH")
         return path
-    candidate = run_dir / "distill" / "validation.jsonl"
+    candidate = RunPaths(run_dir).distill_validation
     return candidate if candidate.is_file() and not train_explicit else None
 
 
@@ -204,26 +203,18 @@ def validation_steps(log_path: Path) -> set[int]:
     """The steps a log already holds a validation record for (a resumed run does not validate them again)."""
     if not log_path.is_file():
         return set()
-    steps = set()
-    for line in read_lines(log_path):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("validation"), dict):
-            steps.add(record.get("step"))
-    return steps
+    return {
+        record.get("step")
+        for record in read_jsonl(log_path, strict=False)
+        if isinstance(record, dict) and isinstance(record.get("validation"), dict)
+    }
 
 
 def last_validation(log_path: Path) -> dict[str, float] | None:
     """The rates of a log's last validation record (what a run ended at), or None."""
     if not log_path.is_file():
         return None
-    for line in reversed(read_lines(log_path)):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
+    for record in reversed(read_jsonl(log_path, strict=False)):
         if isinstance(record, dict) and isinstance(record.get("validation"), dict):
             return record["validation"]
     return None

@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from toolschool.files import write_text_atomic
+from toolschool.run_state import read_jsonl, write_text_atomic
 
 RUN_SECONDS_FILE = "toolschool_run_seconds.json"
 
@@ -41,17 +41,10 @@ def whole_run_loss(log_path: Path) -> float | None:
     weighted = steps = 0.0
     previous = 0
     try:
-        lines = log_path.read_text(encoding="utf-8").splitlines()
+        logged = read_jsonl(log_path, strict=False)
     except OSError:
         return None
-    records = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "loss" in record and isinstance(record.get("step"), int):
-            records.append(record)
+    records = [r for r in logged if isinstance(r, dict) and "loss" in r and isinstance(r.get("step"), int)]
     for record in sorted(records, key=lambda r: r["step"]):
         span = record["step"] - previous
         if span > 0:

@@ -59,7 +59,7 @@ def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path
 def test_a_second_distill_into_a_folder_in_use_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     """Two distills into one folder at once appended to one cache.jsonl and replaced each other's files."""
     from toolschool.errors import ToolschoolError
-    from toolschool.locking import folder_lock
+    from toolschool.run_state import folder_lock
 
     log = tmp_path / "trials.jsonl"
     log.write_text("".join(json.dumps(t) + "\n" for t in good_trials()))

@@ -83,27 +83,18 @@ def read_trial_log(path: Path) -> tuple[list[dict[str, Any]], str | None]:
     ends that way, and distilling must not drop its last trial silently. A last line that is not complete JSON
     (an exploration still writing, or interrupted mid-line) is ignored and reported; a bad line elsewhere stops.
     """
-    from toolschool.explore.log import TRIALS_FILE
+    from toolschool.run_state import TRIALS_FILE, scan_jsonl
 
     if path.is_dir():
         path = path / TRIALS_FILE
     if not path.is_file():
         raise DataError(f"trial log '{path}' does not exist", hint="run `toolschool explore` first")
-    lines = path.read_bytes().split(b"\n")
-    records: list[dict[str, Any]] = []
+    scan = scan_jsonl(path, hint="restore the trial log or move the bad line away", keep_complete_last=True)
     note = None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            if number == len(lines):
-                note = f"{path}:{number}: incomplete last line ignored (an exploration still writing, or interrupted)"
-                break
-            raise DataError(
-                f"{path}:{number}: not valid JSON ({exc})", hint="restore the trial log or move the bad line away"
-            ) from None
+    if scan.torn is not None:
+        note = f"{path}:{scan.torn}: incomplete last line ignored (an exploration still writing, or interrupted)"
+    records: list[dict[str, Any]] = []
+    for number, record in scan.lines:
         if not isinstance(record, dict) or not {"tool", "episode", "slot"} <= record.keys():
             raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
         records.append({**record, "_where": f"{path}:{number}"})

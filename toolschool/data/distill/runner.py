@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 from toolschool.data.cache import ReplyCache
-from toolschool.data.dataset import same_request_key, write_jsonl
+from toolschool.data.dataset import same_request_key
 from toolschool.data.distill.card import distill_card
 from toolschool.data.distill.dedupe import dedupe
 from toolschool.data.distill.judge import JUDGE_CRITERIA, run_judge, run_paraphrase_judge
@@ -35,6 +35,7 @@ from toolschool.data.irrelevance import (
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
 from toolschool.models.backend import Backend
+from toolschool.run_state import write_jsonl
 
 
 def distill(

@@ -28,10 +28,10 @@ def run_distill_stage(
     to `cache.jsonl` and replace each other's train/validation files with a mix of two runs."""
     from toolschool.config import stage_dir, stage_path
     from toolschool.errors import ToolschoolError
-    from toolschool.locking import folder_lock
+    from toolschool.run_state import folder_lock, run_paths
 
     d = config.distill
-    trials_path = Path(d.trials) if d.trials else config.run_dir() / "explore" / "trials.jsonl"
+    trials_path = Path(d.trials) if d.trials else run_paths(config).trials
     records, note = read_trial_log(trials_path)
     out_dir = stage_path(config, "distill", out)
     opts = DistillOptions(

@@ -16,7 +16,6 @@ GORILLA_TO_OPENAPI: "dict" -> "object", "float" -> "number" + a float note, unkn
 from __future__ import annotations
 
 import copy
-import json
 import re
 import sys
 import types
@@ -28,7 +27,7 @@ from typing import Any
 from toolschool.chat.types import ParsedReply
 from toolschool.errors import ToolschoolError
 from toolschool.evaluate.items import EvalItem
-from toolschool.files import read_lines
+from toolschool.run_state import read_jsonl
 
 CATEGORIES = ("simple_python", "multiple", "parallel", "parallel_multiple", "irrelevance")
 DEFAULT_CATEGORIES = CATEGORIES
@@ -85,7 +84,7 @@ def parse_spec(spec: str) -> list[str]:
 
 
 def _read_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in read_lines(path) if line.strip()]
+    return read_jsonl(path, keep_complete_last=True)  # BFCL's files: JSON lines, the last one often unterminated
 
 
 def _data_file(folder: Path, category: str) -> Path:
