@@ -17,7 +17,7 @@ from pipeline_helpers import _trial
 from rich.console import Console
 
 from toolschool.config import load_config
-from toolschool.errors import ConfigError
+from toolschool.errors import ConfigError, ResumeRefused
 from toolschool.pipeline import STAGES, is_done, run_pipeline
 
 
@@ -61,7 +61,7 @@ def test_a_finished_exploration_of_a_tool_edited_since_is_refused_before_any_sta
     trials = run_config.run_dir() / "explore" / "trials.jsonl"
     lines = [json.loads(line) for line in trials.read_text().splitlines()]
     trials.write_text("".join(json.dumps({**t, "tools": [CALC]}) + "\n" for t in lines))  # an older calculator
-    with pytest.raises(ConfigError, match=r"stage 'explore' of .* explored calculator before its schema was changed"):
+    with pytest.raises(ResumeRefused, match=r"stage 'explore' of .* ran with other inputs: schema of calculator: "):
         run_pipeline(run_config)
     assert not (run_config.run_dir() / "distill").exists()
 
@@ -108,13 +108,13 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
     changed = run_config.model_copy(deep=True)
     changed.sft.learning_rate = 0.123
     with pytest.raises(
-        ConfigError, match=r"stage 'sft' of .* finished with other settings: sft.learning_rate: "
+        ResumeRefused, match=r"stage 'sft' of .* ran with other settings: sft.learning_rate: [^ ]+ → 0.123 — "
     ) as info:
         run_pipeline(changed)
     assert "--from sft" in info.value.hint and not (run_dir / ".previous").exists()
     # ... and a rerun from that stage takes them.
     changed.eval.max_tokens = 9
-    with pytest.raises(ConfigError, match=r"stage 'sft'"):
+    with pytest.raises(ResumeRefused, match=r"stage 'sft'"):
         run_pipeline(changed, from_stage="eval")  # sft is still skipped, so its changed settings still count
     assert not (run_dir / ".previous").exists()
 
@@ -145,7 +145,7 @@ def test_full_pipeline_then_skip_then_rerun_from_eval(run_config) -> None:
     assert {o.stage: o.status for o in over.outcomes}["eval"] == "done"
     summary = json.loads((eval_dir / "summary.json").read_text())
     assert all("resumed_items" not in block["data"] for block in summary["models"].values())
-    assert "cannot resume" in printed.getvalue() and "max_tokens: 8 -> 9" in printed.getvalue()
+    assert "ran with other settings: max_tokens: 8 → 9; starting the evaluation over" in printed.getvalue()
     assert "starting the evaluation over" in printed.getvalue()
 
 
@@ -212,7 +212,7 @@ def test_exploration_depends_on_the_explorer_not_on_the_student(run_config) -> N
     check_finished_settings(named, ["explore"])  # the same explorer, written out
     other = run_config.model_copy(deep=True)
     other.pipeline.explorer = "another-explorer"
-    with pytest.raises(ConfigError, match=r"stage 'explore' .* other settings: explorer: .* -> \"another-explorer\""):
+    with pytest.raises(ResumeRefused, match=r"stage 'explore' .* other settings: explorer: .* → \"another-explorer\""):
         check_finished_settings(other, ["explore"])
 
     separate = run_config.model_copy(deep=True)
@@ -222,7 +222,7 @@ def test_exploration_depends_on_the_explorer_not_on_the_student(run_config) -> N
     student = separate.model_copy(deep=True)
     student.model.name = "another-student"
     check_finished_settings(student, ["explore"])
-    with pytest.raises(ConfigError, match=r"stage 'sft' .* model.name"):
+    with pytest.raises(ResumeRefused, match=r"stage 'sft' .* model.name"):
         check_finished_settings(student, ["explore", "sft"])
 
 

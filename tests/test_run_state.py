@@ -1,7 +1,7 @@
-"""The run-state module: the run folder's paths, moving stale outputs aside, the folder lock (one process at a time,
-nothing left behind by a run refused before it wrote), and the JSONL reader and writer (lines end at newlines only: a
-record holding U+2028, written raw by ensure_ascii=False as in 15 of 2,000 FLAN prompts, is one line; a torn last
-line is dropped)."""
+"""The run-state module: the one place that decides whether a rerun continues what a stage left or is refused, the
+run folder's paths, moving stale outputs aside, the folder lock (one process at a time, nothing left behind by a run
+refused before it wrote), and the JSONL reader and writer (lines end at newlines only: a record holding U+2028,
+written raw by ensure_ascii=False as in 15 of 2,000 FLAN prompts, is one line; a torn last line is dropped)."""
 
 from __future__ import annotations
 
@@ -12,21 +12,66 @@ from pathlib import Path
 
 import pytest
 
-from toolschool.errors import DataError, ToolschoolError
+from toolschool.errors import DataError, ResumeRefused, ToolschoolError
 from toolschool.evaluate.report import read_log
 from toolschool.run_state import (
     LOCK_FILE,
+    Change,
     RunPaths,
+    StageState,
     append_jsonl,
+    check_resume,
+    flatten,
     folder_lock,
     move_aside,
     read_jsonl,
     read_lines,
+    refusal,
     scan_jsonl,
     write_jsonl,
 )
 
 REFUSAL = ToolschoolError("the folder is in use by another run", hint="wait for it")
+
+
+def test_a_rerun_with_the_same_state_continues_and_nothing_saved_is_nothing_to_compare() -> None:
+    state = StageState({"sft.lr": 1e-4, "run.seed": 0}, {"training file": "a" * 64})
+    assert check_resume("x", state, StageState(dict(state.settings), dict(state.inputs)), keep="k", fresh="f") == []
+    assert check_resume("x", None, state, keep="k", fresh="f") == []
+
+
+def test_the_refusal_lists_every_changed_key_old_to_new_with_the_way_to_start_over() -> None:
+    saved = StageState({"a": 1, "b": "x", "gone": True}, {"training file": "0" * 64})
+    now = StageState({"a": 2, "b": "x", "new": [1]}, {"training file": "1" * 64})
+    with pytest.raises(ResumeRefused) as info:
+        check_resume("the checkpoints in out", saved, now, keep="the same settings", fresh="use another --out")
+    assert info.value.message == (
+        "the checkpoints in out ran with other settings and inputs: a: 1 → 2; new: null → [1]; gone: true → null; "
+        "training file: 0000000000… → 1111111111…"
+    )
+    assert info.value.hint == "resume with the same settings, or use another --out"
+    many = [Change(f"k{i}", i, i + 1) for i in range(7)]
+    assert str(refusal("w", many, keep="k", fresh="f")).startswith("w ran with other settings: k0: 0 → 1; ")
+    assert "(and 2 more)" in refusal("w", many, keep="k", fresh="f").message
+
+
+def test_continuable_keys_continue_and_operational_ones_are_no_change() -> None:
+    saved = StageState({"explore.episodes": 2, "explore.concurrency": 4, "explore.temperature": 0.7})
+    more = StageState({"explore.episodes": 3, "explore.concurrency": 16, "explore.temperature": 0.7})
+    changed = check_resume("explore", saved, more, stage="explore", keep="k", fresh="f")
+    assert [str(c) for c in changed] == ["explore.episodes: 2 → 3"]
+    with pytest.raises(ResumeRefused, match="explore.temperature: 0.7 → 0.9"):  # one refused key refuses the rest
+        other = StageState({"explore.episodes": 3, "explore.concurrency": 4, "explore.temperature": 0.9})
+        check_resume("explore", saved, other, stage="explore", keep="k", fresh="f")
+    with pytest.raises(ResumeRefused, match="explore.episodes"):  # continuable for exploration only
+        check_resume("sft", saved, more, stage="sft", keep="k", fresh="f")
+
+
+def test_a_state_round_trips_through_json_and_tables_flatten_to_dotted_keys() -> None:
+    state = StageState(flatten({"sft": {"lr": 1, "lora": {"rank": 8}}, "tools": []}), {"f": "d"})
+    assert state.settings == {"sft.lr": 1, "sft.lora.rank": 8, "tools": []}
+    assert StageState.from_json(json.loads(json.dumps(state.to_json()))) == state
+    assert StageState.from_json({"stage": "explore"}) is None
 
 
 def test_run_paths_name_each_file_of_a_run_once(tmp_path: Path) -> None:

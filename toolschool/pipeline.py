@@ -17,7 +17,6 @@ decoding (`[eval] constrained` picks the mode of the other rows; the other mode'
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -27,32 +26,18 @@ from typing import Any
 
 from toolschool.config import ToolschoolConfig, stage_dir, stage_path
 from toolschool.errors import ConfigError, ModelLoadError, ResumeRefused, ToolschoolError
-from toolschool.run_state import folder_lock, write_text_atomic
-
-STAGES: tuple[str, ...] = ("explore", "distill", "sft", "rl", "eval", "report")
-MARKER = "DONE.json"
-
-# The settings (dotted config paths) each stage's outputs depend on. A finished stage is skipped on the next
-# run only while they are unchanged: its marker keeps them, and a change is refused with a pointer to --from.
-STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
-    "explore": ("run.seed", "model.name", "tools", "explore", "pipeline.explorer"),
-    "distill": ("run.seed", "distill"),
-    "sft": ("run.seed", "model.name", "sft"),
-    "rl": ("run.seed", "rl"),
-    "eval": (
-        "run.seed",
-        "model.name",
-        "tools",
-        "eval",
-        "pipeline.eval_data",
-        "pipeline.heldout_per_tool",
-        "pipeline.heldout_no_tool",
-        "pipeline.explorer",
-        "pipeline.compare_explorer",
-        "pipeline.execute",
-    ),
-    "report": (),
-}
+from toolschool.run_state import (
+    MARKER_FILE,
+    STAGES,
+    RunPaths,
+    check_resume,
+    folder_lock,
+    marker_state,
+    read_marker,
+    run_paths,
+    stage_settings,
+    write_json,
+)
 
 # Columns of the final table: (label, summary key). Rates are in [0, 1].
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -89,30 +74,16 @@ def enabled_stages(config: ToolschoolConfig) -> list[str]:
     return [s for s in STAGES if s in wanted]
 
 
-def marker_path(config: ToolschoolConfig, stage: str) -> Path:
-    return config.run_dir() / stage / MARKER
-
-
-def read_marker(config: ToolschoolConfig, stage: str) -> dict[str, Any] | None:
-    """A finished stage's marker, or None when the stage has none or one that cannot be read (a marker cut short
-    by a crash while it was written by an older version: the stage is then not finished and runs again)."""
-    try:
-        record = json.loads(marker_path(config, stage).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def is_done(config: ToolschoolConfig, stage: str) -> bool:
-    return read_marker(config, stage) is not None
+    return read_marker(run_paths(config).marker(stage)) is not None
 
 
 def refuse_finished_stage(directory: Path, stage: str) -> None:
     """Refuse a standalone `toolschool distill` / `eval` into a finished stage of `toolschool run`: it would replace
     the outputs the run's later stages were made from (or its report shows) while the marker still says done."""
-    if (directory / MARKER).is_file():
+    if (directory / MARKER_FILE).is_file():
         raise ToolschoolError(
-            f"'{directory}' holds a finished stage of `toolschool run` ({MARKER}): writing into it would replace "
+            f"'{directory}' holds a finished stage of `toolschool run` ({MARKER_FILE}): writing into it would replace "
             "what the run's later stages and report were made from",
             hint=f"rerun it with `toolschool run CONFIG --from {stage}` (its and the later stages' outputs move to "
             ".previous/), or pass --out another folder",
@@ -121,92 +92,43 @@ def refuse_finished_stage(directory: Path, stage: str) -> None:
 
 def move_aside(config: ToolschoolConfig, from_stage: str) -> list[Path]:
     """Move the outputs of `from_stage` and every later stage to runs/<name>/.previous/<time>/."""
+    from toolschool.run_state import move_aside as move
+
     if from_stage not in STAGES:
         raise ConfigError(f"--from {from_stage}: unknown stage", hint=f"choose from: {', '.join(STAGES)}")
-    run_dir = config.run_dir()
-    target = run_dir / ".previous" / time.strftime("%Y%m%d-%H%M%S")
-    taken = 1
-    while target.exists():  # two reruns within a second: the second would move into the first one's folders
-        taken += 1
-        target = target.with_name(f"{target.name.split('.')[0]}.{taken}")
-    moved = []
-    for stage in STAGES[STAGES.index(from_stage) :]:
-        source = run_dir / stage
-        if source.exists():
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(source), str(target / stage))
-            moved.append(target / stage)
-    return moved
+    return move(config.run_dir(), STAGES[STAGES.index(from_stage) :])
 
 
-def stage_settings(config: ToolschoolConfig, stage: str) -> dict[str, Any]:
-    """The values of STAGE_SETTINGS[stage], flattened to dotted keys (JSON types, as a marker stores them)."""
-    data = config.model_dump(mode="json")
-    flat: dict[str, Any] = {}
-
-    def add(key: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for name, inner in value.items():
-                add(f"{key}.{name}", inner)
-        else:
-            flat[key] = value
-
-    for dotted in STAGE_SETTINGS[stage]:
-        value: Any = data
-        for part in dotted.split("."):
-            value = value[part]
-        add(dotted, value)
-    return flat
-
-
-# How fast or how patiently a stage works, not what it produces: changing one never makes a finished stage stale
-# (a run moved to a GPU with more concurrency keeps its exploration).
-OPERATIONAL = frozenset({"explore.concurrency", "distill.concurrency", "eval.concurrency", "tools.call_timeout"})
-
-
-def _comparable(stage: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """A stage's settings as its outputs depend on them: without the OPERATIONAL ones, and exploration on the
-    model that explored (`explorer`, the run's model when none is named), not on the student, so naming the
-    default explorer is no change and another student keeps the exploration."""
-    settings = {key: value for key, value in settings.items() if key not in OPERATIONAL}
-    if stage != "explore" or "pipeline.explorer" not in settings:
-        return settings
-    student = settings.pop("model.name", None)
-    settings["explorer"] = settings.pop("pipeline.explorer") or student
-    return settings
-
-
-# Settings a finished stage continues under instead of being refused: exploration explores the episodes (or tools)
-# added and keeps every trial it logged, as `toolschool explore --resume` does; the later stages then run again.
-CONTINUABLE: dict[str, frozenset[str]] = {"explore": frozenset({"explore.episodes", "explore.tools"})}
-
-
-def changed_settings(config: ToolschoolConfig, stage: str) -> dict[str, str]:
-    """The settings of a finished stage that changed since it ran, as key -> `key: old -> new` (none for a marker
-    from before settings were recorded: nothing to compare)."""
-    saved = (read_marker(config, stage) or {}).get("settings")
-    if not isinstance(saved, dict):
-        return {}
-    saved = _comparable(stage, saved)
-    current = _comparable(stage, stage_settings(config, stage))
-    return {
-        key: f"{key}: {json.dumps(saved[key])} -> {json.dumps(value)}"
-        for key, value in current.items()
-        if key in saved and saved[key] != value
-    }
+def check_finished_stage(config: ToolschoolConfig, stage: str) -> list[str]:
+    """Whether a finished stage may be kept under this config (`run_state.check_resume`): its refusal when a setting
+    its outputs depend on changed since it ran, else the continuable changes it continues with (`key: old → new`)."""
+    saved = (read_marker(run_paths(config).marker(stage)) or {}).get("settings")
+    if not isinstance(saved, dict):  # a marker holding no settings: nothing to compare
+        return []
+    changed = check_resume(
+        f"stage '{stage}' of {config.run_dir()}",
+        marker_state(stage, saved),
+        marker_state(stage, stage_settings(config, stage)),
+        stage=stage,
+        keep="those settings put back",
+        fresh=f"rerun from it with --from {stage} (its outputs and the later stages' move to .previous/)",
+    )
+    return [str(change) for change in changed]
 
 
 def reopen_continuable(config: ToolschoolConfig, stages: list[str], console: Any = None) -> None:
-    """A finished stage of CONTINUABLE whose changed settings are all continuable is not finished any more: it
-    continues where it stopped (and the stages after it, stale then, run again)."""
-    for stage, keys in CONTINUABLE.items():
-        changed = changed_settings(config, stage) if stage in stages else {}
-        if changed and changed.keys() <= keys:
-            marker_path(config, stage).unlink()
+    """A finished stage whose changed settings are all continuable is not finished any more: it continues where it
+    stopped (and the stages after it, stale then, run again)."""
+    for stage in stages:
+        try:
+            changed = check_finished_stage(config, stage) if is_done(config, stage) else []
+        except ResumeRefused:  # refused when kept (check_finished_settings), unless a stale stage before it reruns
+            continue
+        if changed:
+            run_paths(config).marker(stage).unlink()
             if console is not None:
                 console.print(
-                    f"{stage} continues with {'; '.join(changed.values())} "
-                    "(what it wrote is kept; the later stages run again)",
+                    f"{stage} continues with {'; '.join(changed)} (what it wrote is kept; the later stages run again)",
                     markup=False,
                     highlight=False,
                 )
@@ -215,14 +137,7 @@ def reopen_continuable(config: ToolschoolConfig, stages: list[str], console: Any
 def check_finished_settings(config: ToolschoolConfig, stages: list[str]) -> None:
     """Refuse to skip a finished stage whose settings changed since it ran (its outputs would not match them)."""
     for stage in stages:
-        changed = list(changed_settings(config, stage).values())
-        if changed:
-            more = f" (and {len(changed) - 3} more)" if len(changed) > 3 else ""
-            raise ConfigError(
-                f"stage '{stage}' of {config.run_dir()} finished with other settings: {'; '.join(changed[:3])}{more}",
-                hint=f"rerun from it with --from {stage} (its outputs and the later stages' move to .previous/), "
-                "or put those settings back",
-            )
+        check_finished_stage(config, stage)
 
 
 def check_explored_tools(config: ToolschoolConfig, stages: list[str]) -> None:
@@ -230,28 +145,26 @@ def check_explored_tools(config: ToolschoolConfig, stages: list[str]) -> None:
     signature or docstring): its trials hold calls to the old tool, and training on them teaches the old one."""
     if "explore" not in stages or not is_done(config, "explore"):
         return
-    from toolschool.explore.log import TRIALS_FILE, read_trials
-    from toolschool.explore.runner import edited_tools
+    from toolschool.explore.log import read_trials
+    from toolschool.explore.runner import schema_state
     from toolschool.tools.registry import registry_for
 
-    trials = config.run_dir() / "explore" / TRIALS_FILE
+    trials = run_paths(config).trials
     records = read_trials(trials)[:1] if trials.is_file() else []
     if not records:
         return
     with registry_for(config.tools) as registry:
-        edited = edited_tools(records, registry.schemas())
-    if edited:
-        raise ConfigError(
-            f"stage 'explore' of {config.run_dir()} explored {', '.join(edited)} before its schema was changed "
-            "(its parameters or descriptions differ from the trial log's)",
-            hint="rerun from it with --from explore (its outputs and the later stages' move to .previous/), "
-            "or put the tool back as it was",
-        )
+        saved, now = schema_state(records[0], registry.schemas())
+    check_resume(
+        f"stage 'explore' of {config.run_dir()}",
+        saved,
+        now,
+        keep="the tools as they were",
+        fresh="rerun from it with --from explore (its outputs and the later stages' move to .previous/)",
+    )
 
 
 def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary: dict[str, Any]) -> None:
-    path = marker_path(config, stage)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "stage": stage,
         "seconds": round(seconds, 1),
@@ -259,7 +172,7 @@ def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary:
         **summary,
         "settings": stage_settings(config, stage),
     }
-    write_text_atomic(path, json.dumps(record, indent=2, default=str))  # killed while writing: no half a marker
+    write_json(run_paths(config).marker(stage), record)  # killed while writing: no half a marker
 
 
 def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolConfig:
@@ -270,19 +183,12 @@ def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolCon
     return ToolschoolConfig.model_validate(data)
 
 
-def saved_model_dir(stage_dir: Path) -> Path:
-    """The model a training stage saved: `merged/`, or `adapter/` alone when the stage ran with `merge = false`
-    (every command loads an adapter, with the chain of adapters it stands on)."""
-    merged, adapter = stage_dir / "merged", stage_dir / "adapter"
-    return adapter if not merged.is_dir() and adapter.is_dir() else merged
-
-
 def sft_model_dir(config: ToolschoolConfig) -> Path:
-    return saved_model_dir(config.run_dir() / "sft")
+    return run_paths(config).model("sft")
 
 
 def rl_model_dir(config: ToolschoolConfig) -> Path:
-    return saved_model_dir(config.run_dir() / "rl")
+    return run_paths(config).model("rl")
 
 
 # ------------------------------------------------------------------------------------------------ stages
@@ -293,8 +199,7 @@ def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
     explorer = config.pipeline.explorer or config.model.name
     explore_config = _with(config, model={"name": explorer})
-    directory = config.run_dir() / "explore"
-    resume = (directory / "trials.jsonl").is_file()
+    resume = run_paths(config).trials.is_file()
     result = run_explore_stage(explore_config, resume=resume, console=console)
     return {"explorer": explorer, "trials": result.summary.get("total", {}), "seconds_exploring": result.seconds}
 
@@ -371,7 +276,7 @@ def _training_queries(config: ToolschoolConfig) -> list[str]:
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.evaluate.retrieval import first_user_text
 
-    path = config.run_dir() / "distill" / "train.jsonl"
+    path = run_paths(config).distill_train
     if not path.is_file():
         return []
     examples, _ = load_dataset_jsonl(path, on_error="stop")
@@ -409,7 +314,7 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
                 "toolbox test set, or remove it to evaluate on the distill validation split",
             )
         return path
-    path = config.run_dir() / "distill" / "validation.jsonl"
+    path = run_paths(config).distill_validation
     if not path.is_file() or not path.read_text(encoding="utf-8").strip():
         raise ToolschoolError(
             f"the held-out set {path} is missing or empty",
@@ -792,13 +697,13 @@ def _run_stages(
                 markup=False,
                 highlight=False,
             )
-    (run_dir / "config.toml").write_text(_dump(config), encoding="utf-8")
+    RunPaths(run_dir).config.write_text(_dump(config), encoding="utf-8")
     outcomes: list[StageOutcome] = []
     for stage in STAGES:
         if stage not in stages:
             outcomes.append(StageOutcome(stage, "disabled"))
             continue
-        saved = read_marker(config, stage)
+        saved = read_marker(run_paths(config).marker(stage))
         if saved is not None:
             outcomes.append(StageOutcome(stage, "skipped", saved.get("seconds", 0.0), saved))
             if on_stage:
@@ -821,10 +726,10 @@ def _run_stages(
         if on_stage:
             on_stage(stage, "done")
     table: list[dict[str, Any]] = []
-    comparison = run_dir / "eval" / "comparison.json"
-    if comparison.is_file():
-        table = json.loads(comparison.read_text(encoding="utf-8"))
-    report = run_dir / "report" / "report.html"
+    paths = RunPaths(run_dir)
+    if paths.comparison.is_file():
+        table = json.loads(paths.comparison.read_text(encoding="utf-8"))
+    report = paths.report
     return PipelineResult(run_dir, outcomes, table, report if report.is_file() else None)
 
 

@@ -1,5 +1,11 @@
-"""A run folder's state in one place: where each file of a run lies, the folder's lock, moving stale outputs aside,
-and JSONL in and out.
+"""A run folder's state in one place: where each file of a run lies, what each stage ran with and whether a rerun
+may continue it, the folder's lock, moving stale outputs aside, and JSONL in and out.
+
+Every stage keeps a `StageState` of what it ran with: its settings (dotted keys -> JSON values) and the digests of
+its inputs (a training file, a tool's schema, a model's weights). A rerun compares the saved state with its own in
+`check_resume`, the one place that decides "continue or refuse": a change of a key the stage declares continuable
+(`CONTINUABLE`) continues, a change of one that does not shape its outputs (`OPERATIONAL`) is no change, and any
+other is refused with one message listing each changed key as `key: old → new`, and the hint how to start over.
 
 `read_lines` splits at newlines only, as a file iterates: `str.splitlines()` also splits at U+2028, U+2029,
 U+0085, \\x1c-\\x1e, \\v and \\f, which `json.dumps(..., ensure_ascii=False)` writes unescaped inside strings, so a
@@ -16,13 +22,13 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
 
 # ------------------------------------------------------------------------------------------------ the layout
 
@@ -101,6 +107,163 @@ def saved_model_dir(stage_dir: Path) -> Path:
     `merge = false` (every command loads an adapter, with the chain of adapters it stands on)."""
     merged, adapter = stage_dir / "merged", stage_dir / "adapter"
     return adapter if not merged.is_dir() and adapter.is_dir() else merged
+
+
+# ------------------------------------------------------------------------------------------------ stage state
+
+# The settings (dotted config paths) each stage of `toolschool run` depends on. A finished stage is skipped on the
+# next run only while they are unchanged: its marker keeps them, and a change is refused with a pointer to --from.
+STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
+    "explore": ("run.seed", "model.name", "tools", "explore", "pipeline.explorer"),
+    "distill": ("run.seed", "distill"),
+    "sft": ("run.seed", "model.name", "sft"),
+    "rl": ("run.seed", "rl"),
+    "eval": (
+        "run.seed",
+        "model.name",
+        "tools",
+        "eval",
+        "pipeline.eval_data",
+        "pipeline.heldout_per_tool",
+        "pipeline.heldout_no_tool",
+        "pipeline.explorer",
+        "pipeline.compare_explorer",
+        "pipeline.execute",
+    ),
+    "report": (),
+}
+
+# How fast or how patiently a stage works, not what it produces: changing one never makes a finished stage stale
+# (a run moved to a GPU with more concurrency keeps its exploration).
+OPERATIONAL = frozenset({"explore.concurrency", "distill.concurrency", "eval.concurrency", "tools.call_timeout"})
+
+# Keys a finished stage continues with instead of being refused: exploration explores the episodes (or tools) added
+# and keeps every trial it logged (the later stages then run again); a continual run trains the batches added at the
+# end of its batches file (or shows the rounds of a shorter one) and keeps its finished rounds.
+CONTINUABLE: dict[str, frozenset[str]] = {
+    "explore": frozenset({"explore.episodes", "explore.tools"}),
+    "continual": frozenset({"batch count"}),
+}
+
+
+@dataclass(frozen=True)
+class Change:
+    """One key whose value differs between what a stage ran with (`old`) and what a rerun asks (`new`); None: the
+    key is missing on that side. `input`: the key names an input (its values are digests), not a setting."""
+
+    key: str
+    old: Any
+    new: Any
+    input: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.key}: {shown(self.old)} → {shown(self.new)}"
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """A value as a refusal shows it: JSON, a sha256 cut to 10 hex digits, a long value cut (a path to its end)."""
+    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
+        return value[:10] + "…"
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) <= width:
+        return text
+    return "…" + text[1 - width :] if isinstance(value, str) else text[: width - 1] + "…"
+
+
+def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys (`{"sft": {"lr": 1}}` -> `{"sft.lr": 1}`); lists stay values."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+@dataclass
+class StageState:
+    """What a stage ran with: `settings` (dotted key -> JSON value) and `inputs` (name -> digest of what it read)."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def changes(self, now: StageState, *, ignore: Collection[str] = ()) -> list[Change]:
+        """Every key of either state whose value differs in `now` (settings first, then inputs), `ignore` aside."""
+        return _differ(self.settings, now.settings, ignore, False) + _differ(self.inputs, now.inputs, ignore, True)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": self.settings, "inputs": self.inputs}
+
+    @classmethod
+    def from_json(cls, record: Any) -> StageState | None:
+        """The state a `to_json` record holds; None for anything else (nothing to compare)."""
+        if not isinstance(record, dict) or not isinstance(record.get("settings"), dict):
+            return None
+        inputs = record.get("inputs")
+        return cls(dict(record["settings"]), dict(inputs) if isinstance(inputs, dict) else {})
+
+
+def _differ(old: Mapping[str, Any], new: Mapping[str, Any], ignore: Collection[str], inputs: bool) -> list[Change]:
+    keys = [*new, *(key for key in old if key not in new)]
+    differ = [key for key in keys if key not in ignore and old.get(key) != new.get(key)]
+    return [Change(key, old.get(key), new.get(key), inputs) for key in differ]
+
+
+def refusal(what: str, changed: Sequence[Change], *, keep: str, fresh: str, shown_at_most: int = 5) -> ResumeRefused:
+    """The one refusal: `WHAT ran with other settings: key: old → new; …`, hint `resume with KEEP, or FRESH`."""
+    kinds = {change.input for change in changed}
+    other = "settings and inputs" if len(kinds) == 2 else "inputs" if True in kinds else "settings"
+    listed = "; ".join(str(change) for change in changed[:shown_at_most])
+    more = f" (and {len(changed) - shown_at_most} more)" if len(changed) > shown_at_most else ""
+    return ResumeRefused(f"{what} ran with other {other}: {listed}{more}", keep=keep, fresh=fresh)
+
+
+def check_resume(
+    what: str,
+    saved: StageState | None,
+    now: StageState,
+    *,
+    keep: str,
+    fresh: str,
+    stage: str | None = None,
+    ignore: Collection[str] = (),
+) -> list[Change]:
+    """Whether a rerun may continue what a stage left (`saved`; None: nothing was recorded, nothing to compare):
+    returns the continuable changes (`CONTINUABLE[stage]`; the caller continues with them), or raises the refusal
+    (`refusal`) naming every other changed key. `OPERATIONAL` keys and `ignore` are never a change."""
+    if saved is None:
+        return []
+    changed = saved.changes(now, ignore={*OPERATIONAL, *ignore})
+    continuable = CONTINUABLE.get(stage or "", frozenset())
+    refused = [change for change in changed if change.key not in continuable]
+    if refused:
+        raise refusal(what, refused, keep=keep, fresh=fresh)
+    return changed
+
+
+def stage_settings(config: Any, stage: str) -> dict[str, Any]:
+    """The values of STAGE_SETTINGS[stage] in `config`, as dotted keys (JSON types, as a marker stores them)."""
+    data = config.model_dump(mode="json")
+    flat: dict[str, Any] = {}
+    for dotted in STAGE_SETTINGS[stage]:
+        value: Any = data
+        for part in dotted.split("."):
+            value = value[part]
+        flat.update(flatten(value, dotted + ".") if isinstance(value, dict) else {dotted: value})
+    return flat
+
+
+def marker_state(stage: str, settings: Mapping[str, Any]) -> StageState:
+    """A finished stage's marker settings as its outputs depend on them: exploration on the model that explored
+    (`explorer`, the run's model when none is named), not on the student, so naming the default explorer is no change
+    and another student keeps the exploration."""
+    settings = dict(settings)
+    if stage == "explore" and "pipeline.explorer" in settings:
+        student = settings.pop("model.name", None)
+        settings["explorer"] = settings.pop("pipeline.explorer") or student
+    return StageState(settings)
 
 
 # ------------------------------------------------------------------------------------------------ markers

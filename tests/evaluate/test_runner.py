@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.cli import app
-from toolschool.errors import ConfigError, DataError
+from toolschool.errors import ConfigError, DataError, ResumeRefused
 from toolschool.evaluate.benchmarks import bfcl, ste
 from toolschool.evaluate.items import EvalItem, item_from_example, items_from_file
 from toolschool.evaluate.metrics import score_item
@@ -346,7 +346,7 @@ def test_the_summary_and_its_table_state_the_decoding_mode(data_file: Path, tmp_
     )
     assert summary["models"]["m"]["data"]["decoding"] == "constrained"
     assert "| data | all | m | constrained | 4 |" in summary_markdown(summary)
-    with pytest.raises(ConfigError, match="it was scored with other settings .*constrained"):
+    with pytest.raises(ResumeRefused, match="ran with other settings: constrained: true → null"):
         run_evaluation(
             ["m"],
             benchmarks,
@@ -495,12 +495,15 @@ def test_resume_refuses_other_settings_or_other_items(tmp_path: Path) -> None:
     items = [_calc_item(i) for i in range(3)]
     out = tmp_path / "eval"
     run_evaluation(["m"], [Benchmark("data", items)], EvalOptions(), out, make_backend=lambda _m: _FlakyBackend({}))
-    with pytest.raises(ConfigError, match=r"cannot resume .*data.items.jsonl.*format: 'hermes' -> 'json'"):
+    with pytest.raises(
+        ResumeRefused,
+        match=r"the evaluation in .*data.items.jsonl ran with other settings: format: \"hermes\" → \"json\"",
+    ):
         run_evaluation(
             ["m"], [Benchmark("data", items)], EvalOptions(format="json"), out, make_backend=None, resume=True
         )
     other = [_calc_item(i) for i in (0, 7, 2)]
-    with pytest.raises(ConfigError, match=r"cannot resume .*item 1 is 'q7' now, 'q1' in the file"):
+    with pytest.raises(ResumeRefused, match=r"ran with other inputs: item 1: \"q1\" → \"q7\""):
         run_evaluation(["m"], [Benchmark("data", other)], EvalOptions(), out, make_backend=None, resume=True)
     calls = []
     run_evaluation(  # everything finished: nothing to generate, so no backend is even created
@@ -520,7 +523,9 @@ def test_resume_refuses_an_edited_demonstrations_file(tmp_path: Path) -> None:
     first = EvalOptions(icl_k=1, demos=pool("4"))
     run_evaluation(["m"], [Benchmark("data", items)], first, out, make_backend=lambda _m: _FlakyBackend({}))
     edited = EvalOptions(icl_k=1, demos=pool("four"))
-    with pytest.raises(ConfigError, match=r"cannot resume .*data.items.jsonl.*demos_sha256: '[0-9a-f]{64}' -> "):
+    with pytest.raises(
+        ResumeRefused, match=r"data.items.jsonl ran with other settings: demos_sha256: [0-9a-f]{10}… → "
+    ):
         run_evaluation(["m"], [Benchmark("data", items)], edited, out, make_backend=None, resume=True)
     same = EvalOptions(icl_k=1, demos=pool("4"))
     run_evaluation(["m"], [Benchmark("data", items)], same, out, make_backend=None, resume=True)  # nothing to redo
@@ -545,7 +550,8 @@ def test_eval_cli_resume_runs_only_the_missing_items(tiny_model_dir: Path, tmp_p
     summary = json.loads((out / "summary.json").read_text())["models"][str(tiny_model_dir)]["data"]
     assert summary["overall"]["n"] == 2 and summary["resumed_items"] == 1
     result = CliRunner().invoke(app, [*args, "--resume", "--format", "json"])
-    assert result.exit_code == 2 and "cannot resume" in result.output and "format: 'hermes' -> 'json'" in result.output
+    output = " ".join(result.output.split())
+    assert result.exit_code == 2 and "ran with other settings" in output and 'format: "hermes" → "json"' in output
     assert "another --out" in " ".join(result.output.split())  # and the ways on
 
 
@@ -674,6 +680,6 @@ def test_resume_checks_every_model_before_running_any(tmp_path: Path) -> None:
     state = out / "b" / "data.state.json"
     state.write_text(state.read_text().replace('"max_tokens": 256', '"max_tokens": 64'))
     created = []
-    with pytest.raises(ConfigError, match=r"b/data.items.jsonl.*max_tokens: 64 -> 256"):
+    with pytest.raises(ResumeRefused, match=r"b/data.items.jsonl ran with other settings: max_tokens: 64 → 256"):
         run_evaluation(["a", "b"], bench, EvalOptions(), out, make_backend=created.append, resume=True)
     assert created == [], "model a did not run before model b's folder was refused"

@@ -15,7 +15,7 @@ from helpers import after_result
 
 from toolschool.chat.formats import get_format
 from toolschool.chat.types import tool_call
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ResumeRefused, ToolschoolError
 from toolschool.explore.episode import (
     Ablations,
     clean_query,
@@ -250,7 +250,7 @@ async def test_target_per_tool_explores_until_enough_verified_trials_within_the_
 
 def test_resume_with_other_settings_is_a_clear_error() -> None:
     records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "react", "ablations": {}}]
-    with pytest.raises(Exception, match="format = 'react', this run has 'hermes'.*--out"):
+    with pytest.raises(ResumeRefused, match='the trial log ran with other settings: format: "react" → "hermes".*--out'):
         check_resumable(records, model="m", fmt="hermes", ablations={})
 
 
@@ -524,23 +524,22 @@ def test_cut_observation_keeps_short_results_and_zero_means_never() -> None:
     assert cut_observation("abcdef", 4) == "abcd\n[... 2 more characters not shown]"
 
 
-def test_a_log_written_before_a_setting_existed_can_still_be_resumed() -> None:
-    """Logs from before `max_observation_chars` lack it in `settings`: not a reason to refuse their resume."""
-    old = {"stm_slots": 2, "max_turns": 4}
+def test_a_resume_lists_every_trial_shaping_setting_that_changed() -> None:
+    """Every key of the logged settings is compared both ways: a setting missing on one side is a change too."""
+    old = {"stm_slots": 2, "max_turns": 4, "temperature": 0.9}
     records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "hermes", "ablations": {}}]
     records[0]["settings"] = old
-    check_resumable(records, model="m", fmt="hermes", ablations={}, settings={**old, "max_observation_chars": 2000})
-    with pytest.raises(ToolschoolError, match="max_turns = 4, this run has 3"):
-        check_resumable(records, model="m", fmt="hermes", ablations={}, settings={"stm_slots": 2, "max_turns": 3})
-    # a log from before trial_temperature sampled its attempts at its temperature
-    records[0]["settings"] = {**old, "temperature": 0.9}
-    check_resumable(
-        records, model="m", fmt="hermes", ablations={}, settings={"temperature": 0.9, "trial_temperature": 0.9}
-    )
-    with pytest.raises(ToolschoolError, match="trial_temperature = 0.9, this run has 0.3"):
+    check_resumable(records, model="m", fmt="hermes", ablations={}, settings=dict(old))
+    with pytest.raises(ToolschoolError, match=r"max_turns: 4 → 3; temperature: 0.9 → 0.3 — "):
         check_resumable(
-            records, model="m", fmt="hermes", ablations={}, settings={"temperature": 0.9, "trial_temperature": 0.3}
+            records,
+            model="m",
+            fmt="hermes",
+            ablations={},
+            settings={"stm_slots": 2, "max_turns": 3, "temperature": 0.3},
         )
+    with pytest.raises(ToolschoolError, match="max_observation_chars: null → 2000"):
+        check_resumable(records, model="m", fmt="hermes", ablations={}, settings={**old, "max_observation_chars": 2000})
 
 
 async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_stopped_episode(tmp_path) -> None:
@@ -836,13 +835,13 @@ def test_resume_with_other_prompts_or_another_long_term_memory_window_is_refused
     (prompts / "reflect.jinja").write_text('Were you successful? "Yes" or "No".')
     edited = _explore_cli(tmp_path, "--config", str(first), "--resume")
     assert edited.exit_code == 2, edited.output
-    assert "cannot resume: the trial log was written with prompts (sha256 of the templates" in edited.output
+    assert "ran with other inputs: prompts (templates and worked examples): " in edited.output.replace("\n", "")
     (prompts / "reflect.jinja").write_text('Did you do it? "Yes" or "No".')
     window = tmp_path / "b.toml"
     window.write_text(f'[explore]\nprompts = "{prompts}"\nltm_max_queries = 3\n')
     other = _explore_cli(tmp_path, "--config", str(window), "--resume", "--episodes", "2")
     assert other.exit_code == 2, other.output
-    assert "ltm_max_queries = 5, this run has 3" in other.output
+    assert "ltm_max_queries: 5 → 3" in other.output.replace("\n", "")
     same = _explore_cli(tmp_path, "--config", str(first), "--resume", "--episodes", "2")
     assert same.exit_code == 0, same.output
     assert len(read_trials(tmp_path / "x" / TRIALS_FILE)) == 2

@@ -259,10 +259,10 @@ def test_rl_resume_from_another_mode_is_refused(tmp_path: Path) -> None:
     (tmp_path / META_FILE).write_text(json.dumps({"base": identity, "mode": "single_turn", "method": "lora"}))
     with pytest.raises(ToolschoolError) as info:
         _check_resume(tmp_path, identity, "multi_turn", "lora")
-    assert f"the checkpoints in {tmp_path} come from 'm' in single_turn mode, not 'm' in multi_turn mode" in str(
-        info.value
-    )
-    assert "same --model and --mode" in str(info.value)
+    message = str(info.value)
+    assert f"the checkpoints in {tmp_path} (trained from 'm') ran with other settings: " in message
+    assert 'rl.mode: "single_turn" → "multi_turn"' in message and "rl.method" not in message
+    assert f"resume with the settings and inputs they were trained with (see {tmp_path / 'config.toml'})" in message
 
 
 def test_rl_multi_turn_refuses_a_template_without_tool_calls(tokenizer: Any) -> None:
@@ -497,15 +497,15 @@ def test_eval_summary_that_cannot_be_read(tmp_path: Path) -> None:
 
 def test_eval_resume_with_a_damaged_items_file(tmp_path: Path) -> None:
     from toolschool.evaluate.items import item_from_example
-    from toolschool.evaluate.session import finished_items
+    from toolschool.evaluate.session import finished_items, item_digest
 
     item = item_from_example(_call_example(), 0)
     path = tmp_path / "m.data.items.jsonl"
     (tmp_path / "m.data.state.json").write_text('{"k": 1}', encoding="utf-8")
     path.write_text("{oops\n{}\n", encoding="utf-8")
-    with pytest.raises(DataError, match=f"{path}:1: not a JSON line — rerun without --resume"):
+    with pytest.raises(DataError, match=f"{path}:1: not valid JSON .* — resume with .*, or rerun without --resume"):
         finished_items(path, [item], {"k": 1})
-    path.write_text(json.dumps({"index": 0, "id": item.id}) + "\n", encoding="utf-8")
+    path.write_text(json.dumps({"index": 0, "id": item.id, "item_digest": item_digest(item)}) + "\n", encoding="utf-8")
     with pytest.raises(DataError, match=f"{path}:1: not an item record \\("):
         finished_items(path, [item], {"k": 1})
     path.write_text("[1]\n{}\n", encoding="utf-8")  # JSON, but not an object

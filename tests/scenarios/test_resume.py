@@ -166,7 +166,9 @@ def test_an_interrupted_stage_that_cannot_resume_points_at_from_not_at_a_missing
     was refused with "... or write to another folder with --out"."""
     marker = eval_run.run_dir() / "explore" / "DONE.json"
     marker.unlink()  # exploration was interrupted; its log was written by the model "test"
-    with pytest.raises(ToolschoolError, match=r"cannot resume: the trial log was written with model = 'test'") as info:
+    with pytest.raises(
+        ToolschoolError, match=r"the trial log .*trials.jsonl ran with other settings and inputs: model: \"test\" → "
+    ) as info:
         run_pipeline(eval_run)
     assert "--out" not in info.value.hint
     assert "--from explore" in info.value.hint and info.value.hint.startswith("rerun with the same settings")
@@ -343,6 +345,8 @@ def test_more_episodes_in_the_toml_continue_the_finished_exploration_instead_of_
     """`toolschool explore` lets only --episodes change on resume ("more episodes explore further"), but the run
     refused a raised `[explore] episodes` and pointed at --from explore, which starts exploring over without the
     trials already logged."""
+    from toolschool.explore.episode import ExploreSettings
+    from toolschool.explore.templates import PromptSet
     from toolschool.pipeline import _write_marker
 
     config = eval_run.model_copy(deep=True)
@@ -350,8 +354,11 @@ def test_more_episodes_in_the_toml_continue_the_finished_exploration_instead_of_
     trials = config.run_dir() / "explore" / "trials.jsonl"
     records = [json.loads(line) for line in trials.read_text().splitlines()]
     no_ablation = {"no_exec_feedback": False, "no_stm": False, "no_ltm": False, "no_reflection": False}
+    section = config.explore
+    fingerprint = PromptSet("hermes", section.prompts).fingerprint(section.demonstrations)
+    shape = ExploreSettings.from_section(section, seed=config.run.seed, prompts_sha256=fingerprint).trial_shape()
     for record in records:  # as the tiny model would have logged them
-        record.update(model=str(tiny_model_dir), format="hermes", ablations=no_ablation)
+        record.update(model=str(tiny_model_dir), format="hermes", ablations=no_ablation, settings=shape)
     trials.write_text("".join(json.dumps(r) + "\n" for r in records))
     _write_marker(config, "explore", 0.0, {})
     assert _status(run_pipeline(config)) == {"explore": "skipped", "distill": "done", "eval": "done"}
@@ -361,7 +368,7 @@ def test_more_episodes_in_the_toml_continue_the_finished_exploration_instead_of_
     printed = io.StringIO()
     result = run_pipeline(more, console=Console(file=printed, width=300))
     assert _status(result) == {"explore": "done", "distill": "done", "eval": "done"}
-    assert "explore continues with explore.episodes: 12 -> 13" in printed.getvalue()
+    assert "explore continues with explore.episodes: 12 → 13" in printed.getvalue()
     logged = [json.loads(line) for line in trials.read_text().splitlines()]
     assert logged[:12] == records and [(r["episode"], r["slot"]) for r in logged[12:]] == [(12, 0)]
     assert json.loads((config.run_dir() / "explore" / "DONE.json").read_text())["settings"]["explore.episodes"] == 13

@@ -134,7 +134,7 @@ def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Pa
 
     tmp_path, train, validation, out, _ = first_run
     other_dir = save_tiny_llama(tmp_path / "other-model", tiny_model_dir, hidden=32, layers=1, seed=1)
-    with pytest.raises(ToolschoolError, match="were trained from base model"):
+    with pytest.raises(ToolschoolError, match=r"ran with other inputs: base model hidden_size: 64 → 32; "):
         run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
 
 
@@ -144,7 +144,9 @@ def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tin
 
     tmp_path, train, validation, out, _ = first_run
     other_dir = save_tiny_llama(tmp_path / "same-shape-model", tiny_model_dir, seed=7)
-    with pytest.raises(ToolschoolError, match="were trained from base model .*different weights"):
+    with pytest.raises(
+        ToolschoolError, match=r"ran with other inputs: base model weights: \"[0-9a-f]{16}\" → \"[0-9a-f]{16}\" — "
+    ):
         run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
     saved = json.loads((out / "toolschool_sft.json").read_text())["base"]
     assert saved["model"] == str(tiny_model_dir)  # the refused resume did not overwrite the run's base
@@ -156,7 +158,7 @@ def test_resume_on_another_training_file_is_refused(first_run, tiny_model_dir: P
     changed = tmp_path / "changed-train.jsonl"
     changed.write_text(train.read_text() + json.dumps(_example(7, 8)) + "\n")
     meta_before = (out / "toolschool_sft.json").read_text()
-    with pytest.raises(ToolschoolError, match=r"were trained on other data: the training file .*changed-train.jsonl"):
+    with pytest.raises(ToolschoolError, match=r"ran with other inputs: training file: [0-9a-f]{10}… → [0-9a-f]{10}…"):
         run_sft(_config(tmp_path, tiny_model_dir, changed, validation), out, resume=True, progress=False)
     assert (out / "toolschool_sft.json").read_text() == meta_before
 

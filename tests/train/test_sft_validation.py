@@ -258,12 +258,12 @@ def two_step_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path)
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"lora_rank": 8}, "sft.lora_rank 4 (now 8)"),  # was PEFT's "Error(s) in loading state_dict"
-        ({"method": "full"}, "sft.method lora (now full)"),  # was "Can't find a checkpoint index"
-        ({"toolkens": True}, "sft.toolkens false (now true)"),  # was KeyError 'base_model.model.model.embed_tokens'
-        ({"batch_size": 3}, "sft.batch_size 2 (now 3)"),  # trained on, with another data order
-        ({"format": "json", "max_length": 300}, "sft.format hermes (now json), sft.max_length 256 (now 300)"),
-        ({"batching": "padded"}, "sft.batching shared_prefix (now padded)"),
+        ({"lora_rank": 8}, "sft.lora_rank: 4 → 8"),  # was PEFT's "Error(s) in loading state_dict"
+        ({"method": "full"}, 'sft.method: "lora" → "full"'),  # was "Can't find a checkpoint index"
+        ({"toolkens": True}, "sft.toolkens: false → true"),  # was KeyError 'base_model.model.model.embed_tokens'
+        ({"batch_size": 3}, "sft.batch_size: 2 → 3"),  # trained on, with another data order
+        ({"format": "json", "max_length": 300}, 'sft.format: "hermes" → "json"; sft.max_length: 256 → 300'),
+        ({"batching": "padded"}, 'sft.batching: "shared_prefix" → "padded"'),
     ],
 )
 def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refused(
@@ -282,7 +282,9 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
     shutil.copytree(out, copy_dir)
     meta_before = (copy_dir / "toolschool_sft.json").read_text()
     config = _config(tmp_path, tiny_model_dir, train, train, num_steps=4, validation_samples=0, **change)
-    with pytest.raises(ToolschoolError, match="were trained with other settings") as info:
+    with pytest.raises(
+        ToolschoolError, match=r"the checkpoints in .* \(trained from .*\) ran with other settings"
+    ) as info:
         run_sft(config, copy_dir, resume=True, progress=False)
     assert named in str(info.value)
     assert (copy_dir / "toolschool_sft.json").read_text() == meta_before

@@ -21,13 +21,13 @@ from typing import Any
 
 from toolschool.chat.formats.base import kind
 from toolschool.chat.types import ParsedReply
-from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
 from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
 from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
 from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
 from toolschool.models.backend import Backend
-from toolschool.run_state import folder_lock, read_lines
+from toolschool.run_state import StageState, check_resume, folder_lock, jsonl_line, scan_jsonl, write_text_atomic
 
 BENCHMARK_NAMES = ("bfcl", "ste")
 
@@ -218,7 +218,7 @@ def _evaluate_all(
     if resume:
         try:
             finished = {model: _finished(model, own[model], options, out_dir, settings) for model in models}
-        except (ConfigError, DataError) as exc:
+        except (ConfigError, DataError, ResumeRefused) as exc:
             if on_resume_problem is None:
                 raise
             on_resume_problem(exc.message)  # what differs; the caller starts over (the hint's flags are eval's)
@@ -277,8 +277,6 @@ def check_models_distinct(models: list[str]) -> None:
 
 # What decides an item's verdicts besides the model and the item: a resumed evaluation must keep them all.
 RESUME_KEYS = ("format", "max_tokens", "temperature", "seed", "mode", "semantic", "icl_k", "execute", "max_turns")
-# Recorded since a later version: a settings file written before does not hold them, and is not refused for that.
-LATER_KEYS = ("model_files",)
 # The files of a model folder that a training run writes (again): their sizes and times tell a model trained again
 # into the same folder, which a resume must not mix with the first one's items.
 MODEL_FILE_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
@@ -335,8 +333,7 @@ def item_digest(item: EvalItem) -> str:
 
 
 def _record_line(index: int, result: ItemResult) -> str:
-    record = {"index": index, "item_digest": item_digest(result.item), **result.record()}
-    return json.dumps(record, ensure_ascii=False, default=str) + "\n"
+    return jsonl_line({"index": index, "item_digest": item_digest(result.item), **result.record()})
 
 
 def _restore(item: EvalItem, record: dict[str, Any]) -> ItemResult:
@@ -377,67 +374,67 @@ def _finished(
     return [finished_items(path, bench.items, state) for path, bench in zip(paths, benchmarks, strict=True)]
 
 
-RESUME_FIX = (
-    "rerun without --resume to score every item again, or evaluate into another --out to keep these items "
-    "(or resume with the settings they were scored with)"
-)
+RESUME_KEEP = "the settings they were scored with"
+RESUME_FRESH = "rerun without --resume to score every item again, or evaluate into another --out to keep these items"
+RESUME_FIX = f"resume with {RESUME_KEEP}, or {RESUME_FRESH}"
 
 
-def _changed(key: str, old: Any, new: Any) -> str:
-    """One changed setting as the refusal names it: `max_tokens: 256 -> 64`."""
-    if key == "model_files" and isinstance(old, dict) and isinstance(new, dict):
-        names = sorted(name for name in set(old) | set(new) if old.get(name) != new.get(name))
-        return f"model files: {', '.join(names)} changed since (the model was written again)"
-    return f"{key}: {old!r} -> {new!r}"
+def eval_state(fingerprint: dict[str, Any], items: dict[int, tuple[Any, Any]]) -> StageState:
+    """An items file's state: its `fingerprint` as settings, and as inputs a model folder's files and each scored
+    item's id and content (`item_digest`), by position (`items`: index -> (id, digest))."""
+    settings = {key: value for key, value in fingerprint.items() if key != "model_files"}
+    files = fingerprint.get("model_files") if isinstance(fingerprint.get("model_files"), dict) else {}
+    inputs: dict[str, Any] = {f"model file {name}": value for name, value in files.items()}
+    for index, (item_id, digest) in items.items():
+        inputs[f"item {index}"] = item_id
+        inputs[f"item {index} content"] = digest
+    return StageState(settings, inputs)
 
 
 def finished_items(path: Path, items: list[EvalItem], state: dict[str, Any]) -> dict[int, ItemResult]:
     """The items an interrupted evaluation already wrote to `path`, by position; a torn last line is dropped.
 
-    Refused (ConfigError / DataError naming what differs) when they were scored with another `fingerprint` than
-    `state` or other items: mixing their verdicts with new ones would give figures that hold for neither."""
+    Refused (`run_state.check_resume`, naming what differs) when they were scored with another `fingerprint` than
+    `state`, another model file or other items: mixing their verdicts with new ones would give figures that hold
+    for neither. An items file without its settings file, or with a line that is no item record, is a ConfigError
+    / DataError."""
     state_path = _state_path(path)
     if not path.is_file():
         return {}
-    fix = RESUME_FIX
     try:
         saved = json.loads(state_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError):
-        raise ConfigError(f"cannot resume {path}: its settings file {state_path.name} is missing", hint=fix) from None
-    keys = [k for k in sorted(set(saved) | set(state)) if k in saved or k not in LATER_KEYS]
-    if changed := [_changed(k, saved.get(k), state.get(k)) for k in keys if saved.get(k) != state.get(k)]:
-        raise ConfigError(f"cannot resume {path}: it was scored with other settings ({'; '.join(changed)})", hint=fix)
-    lines = read_lines(path)
-    done: dict[int, ItemResult] = {}
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):  # killed mid-write
-                break
-            raise DataError(f"{path}:{number}: not a JSON line", hint=fix) from None
+        raise ConfigError(
+            f"cannot resume {path}: its settings file {state_path.name} is missing", hint=RESUME_FIX
+        ) from None
+    records: dict[int, tuple[int, dict[str, Any]]] = {}
+    for number, record in scan_jsonl(path, hint=RESUME_FIX).lines:
         if not isinstance(record, dict):
-            raise DataError(f"{path}:{number}: not an item record (a JSON {kind(record)}, not an object)", hint=fix)
+            raise DataError(
+                f"{path}:{number}: not an item record (a JSON {kind(record)}, not an object)", hint=RESUME_FIX
+            )
         index = record.get("index")
-        if not isinstance(index, int) or not 0 <= index < len(items) or items[index].id != record.get("id"):
-            now = items[index].id if isinstance(index, int) and 0 <= index < len(items) else None
-            raise ConfigError(
-                f"cannot resume {path}: the items changed since (item {index} is {now!r} now, "
-                f"{record.get('id')!r} in the file)",
-                hint=fix,
-            )
-        if "item_digest" in record and record["item_digest"] != item_digest(items[index]):  # older lines have none
-            raise ConfigError(
-                f"cannot resume {path}: item {index} ({record.get('id')!r}) changed since it was scored (its "
-                "prompt, tools, gold answer or meta differ)",
-                hint=fix,
-            )
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise DataError(f"{path}:{number}: not an item record (no index)", hint=RESUME_FIX)
+        records[index] = number, record
+    logged = {index: (record.get("id"), record.get("item_digest")) for index, (_, record) in records.items()}
+    now = {
+        index: (items[index].id, item_digest(items[index])) if 0 <= index < len(items) else (None, None)
+        for index in records
+    }
+    check_resume(
+        f"the evaluation in {path}",
+        eval_state(saved, logged),
+        eval_state(state, now),
+        keep=RESUME_KEEP,
+        fresh=RESUME_FRESH,
+    )
+    done: dict[int, ItemResult] = {}
+    for index, (number, record) in records.items():
         try:
             done[index] = _restore(items[index], record)
         except (KeyError, TypeError) as exc:
-            raise DataError(f"{path}:{number}: not an item record ({exc})", hint=fix) from None
+            raise DataError(f"{path}:{number}: not an item record ({exc})", hint=RESUME_FIX) from None
     return done
 
 
@@ -524,11 +521,7 @@ async def _run_model(
 
 def _write_ordered(path: Path, done: dict[int, ItemResult]) -> None:
     """The items file in item order, replaced atomically."""
-    partial = path.with_name(path.name + ".tmp")
-    with partial.open("w", encoding="utf-8") as handle:
-        for index in sorted(done):
-            handle.write(_record_line(index, done[index]))
-    partial.replace(path)
+    write_text_atomic(path, "".join(_record_line(index, done[index]) for index in sorted(done)))
 
 
 def load_summary(path: Path) -> dict[str, Any]:

@@ -13,9 +13,11 @@ retries it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 import traceback
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +26,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from toolschool.errors import ResumeRefused
 from toolschool.explore.episode import ExploreContext, episode_finished, run_episode
 from toolschool.explore.log import completed_slots, read_trials
 from toolschool.explore.summary import is_verified, summarize
+from toolschool.run_state import StageState, check_resume, flatten
 
 SUMMARY_FILE = "summary.json"
 
@@ -101,17 +103,48 @@ def plan_round(
     return plan
 
 
-def edited_tools(records: list[dict[str, Any]], schemas: list[dict[str, Any]]) -> list[str]:
-    """The tools of `schemas` whose schema differs from the one the trial log offered (a user edited a function's
-    signature or docstring since). A log from before the schemas were logged has none."""
-    logged_list = records[0].get("tools") if records else None
-    if not isinstance(logged_list, list):
-        return []
-    logged = {schema.get("function", {}).get("name"): schema for schema in logged_list if isinstance(schema, dict)}
-    current = {  # as the log holds it: JSON (tuples become lists)
-        schema.get("function", {}).get("name"): json.loads(json.dumps(schema)) for schema in schemas
-    }
-    return [name for name, schema in current.items() if name in logged and logged[name] != schema]
+def _schema_digests(schemas: list[Any], names: Collection[str]) -> dict[str, str]:
+    """`schema of NAME` -> the sha256 of the tool's schema as a log holds it (JSON: tuples become lists)."""
+    digests = {}
+    for schema in schemas:
+        name = schema.get("function", {}).get("name") if isinstance(schema, dict) else None
+        if name in names:
+            text = json.dumps(schema, sort_keys=True, ensure_ascii=False)
+            digests[f"schema of {name}"] = hashlib.sha256(text.encode()).hexdigest()
+    return digests
+
+
+def schema_state(first: dict[str, Any], schemas: list[dict[str, Any]]) -> tuple[StageState, StageState]:
+    """(what the trial log offered, what the tool set offers now): the schemas of the tools both name, as inputs. A
+    user who edited a function's signature or docstring since would get trials holding calls to the old tool."""
+    logged = first.get("tools") if isinstance(first.get("tools"), list) else []
+    names = {_tool_name(schema) for schema in logged} & {_tool_name(schema) for schema in schemas}
+    return StageState(inputs=_schema_digests(logged, names)), StageState(inputs=_schema_digests(schemas, names))
+
+
+def _tool_name(schema: Any) -> Any:
+    return schema.get("function", {}).get("name") if isinstance(schema, dict) else None
+
+
+# A trial-shaping setting that is a digest: shown as an input that changed
+PROMPTS_KEY = "prompts_sha256"
+
+
+def trial_state(
+    model: Any, fmt: Any, ablations: Any, settings: dict[str, Any] | None, tools: list[Any] | None
+) -> StageState:
+    """What an exploration's trials depend on, as one log line records it: the model, the format, the ablations, the
+    settings that shape a trial (`ExploreSettings.trial_shape`) and the tools offered. `episodes`, `target_per_tool`
+    and which tools to explore are not in it: more of them explore further in the same experiment."""
+    state = StageState({"model": model, "format": fmt, **flatten({"ablations": ablations})})
+    if settings is not None:
+        shape = dict(settings)
+        if PROMPTS_KEY in shape:
+            state.inputs["prompts (templates and worked examples)"] = shape.pop(PROMPTS_KEY)
+        state.settings.update(shape)
+    if tools is not None:
+        state.settings["offered tools"] = tools
+    return state
 
 
 def check_resumable(
@@ -123,51 +156,34 @@ def check_resumable(
     settings: dict[str, Any] | None = None,
     tools: list[str] | None = None,
     schemas: list[dict[str, Any]] | None = None,
+    where: str = "the trial log",
 ) -> None:
-    """A resumed log must continue the same experiment: mixing models, formats, ablations, the settings that
-    shape a trial (`ExploreSettings.trial_shape`), the offered tool set or a tool's schema (a user edited a
-    function's signature or docstring: old trials would hold calls to the old one) is an error. Only `episodes`
-    (and which tools to explore) may change: more episodes explore further. Lines written before `settings` was
-    logged are checked on model, format, ablations and tools only, and a setting added since a log was written
-    (absent from its `settings`) is not checked, so an older run can still be resumed — except `trial_temperature`,
-    which such a log had at its `temperature`.
-    """
+    """A resumed log must continue the same experiment (`trial_state`, and each tool's schema): a log that ran with
+    other settings is refused (`run_state.check_resume`), listing each change."""
     if not records:
         return
     first = records[0]
-    checks: list[tuple[str, Any, Any]] = [
-        ("model", first.get("model"), model),
-        ("format", first.get("format"), fmt),
-        ("ablations", first.get("ablations"), ablations),
-    ]
-    logged_settings = first.get("settings")
-    if settings is not None and isinstance(logged_settings, dict):
-        checks += [(key, logged_settings[key], value) for key, value in settings.items() if key in logged_settings]
-        if "trial_temperature" in settings and "trial_temperature" not in logged_settings:
-            # logged before the setting existed: its attempts were sampled at its `temperature`
-            was = logged_settings.get("temperature")
-            checks.append(("trial_temperature", was, settings["trial_temperature"]))
-    if tools is not None and isinstance(first.get("tools"), list):
-        offered = [schema.get("function", {}).get("name") for schema in first["tools"]]
-        checks.append(("offered tools", offered, tools))
+    logged = first.get("settings") if isinstance(first.get("settings"), dict) else {}
+    offered = [_tool_name(schema) for schema in first["tools"]] if isinstance(first.get("tools"), list) else None
+    saved = trial_state(
+        first.get("model"),
+        first.get("format"),
+        first.get("ablations"),
+        None if settings is None else logged,
+        None if tools is None else offered,
+    )
+    now = trial_state(model, fmt, ablations, settings, tools)
     if schemas is not None:
-        edited = edited_tools(records, schemas)
-        if edited:
-            raise ResumeRefused(
-                f"cannot resume: the schema of {', '.join(edited)} changed since the trial log was written "
-                "(its parameters or descriptions differ), so old trials would hold calls to the old tool",
-                keep="the tool as it was",
-                fresh="write to another folder with --out",
-            )
-    for key, was, now in checks:
-        if key == "prompts_sha256":
-            key = "prompts (sha256 of the templates and worked examples)"
-        if was != now:
-            raise ResumeRefused(
-                f"cannot resume: the trial log was written with {key} = {was!r}, this run has {now!r}",
-                keep="the same settings (only --episodes may change)",
-                fresh="write to another folder with --out",
-            )
+        logged_schemas, current = schema_state(first, schemas)
+        saved.inputs.update(logged_schemas.inputs)
+        now.inputs.update(current.inputs)
+    check_resume(
+        where,
+        saved,
+        now,
+        keep="the same settings and tools (only --episodes and the tools to explore may change)",
+        fresh="write to another folder with --out",
+    )
 
 
 async def run_exploration(

@@ -22,12 +22,13 @@ from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.runner import ExploreResult, check_resumable, run_exploration
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend
+from toolschool.run_state import run_paths
 
 STAGE = "explore"
 
 
 def explore_dir(config: ToolschoolConfig, out: str | Path | None = None) -> Path:
-    return Path(out) if out is not None else config.run_dir() / STAGE
+    return Path(out) if out is not None else run_paths(config).stage(STAGE)
 
 
 def resolve_targets(available: list[str], wanted: list[str], *, where: str) -> list[str]:
@@ -109,6 +110,7 @@ def run_explore_stage(
                 settings=settings.trial_shape(),
                 tools=registry.names(),
                 schemas=registry.schemas(),
+                where=f"the trial log {log.path}",
             )
             backend = (backend_factory or default_backend_factory)(config)
             ctx = ExploreContext(

@@ -8,8 +8,17 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from toolschool.errors import ResumeRefused, ToolschoolError
-from toolschool.run_state import read_lines, write_text_atomic
+from toolschool.errors import ToolschoolError
+from toolschool.run_state import (
+    CONFIG_FILE,
+    StageState,
+    append_jsonl,
+    check_resume,
+    read_jsonl,
+    read_lines,
+    write_jsonl,
+    write_text_atomic,
+)
 
 
 class JsonlLogger:
@@ -20,7 +29,7 @@ class JsonlLogger:
 
     def write(self, record: dict[str, Any]) -> None:
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record) + "\n")
+            append_jsonl(handle, record)
 
 
 def lora_config(settings: Any, *, modules_to_save: list[str] | None = None) -> Any:
@@ -133,20 +142,16 @@ def drop_log_records_after(log_path: Path, step: int) -> None:
     """
     if not main_process() or not log_path.is_file():
         return
-    lines = read_lines(log_path)
+    lines = [line for line in read_lines(log_path) if line.strip()]
     kept = []
-    for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the last line of a run killed while writing it
-            continue
+    for record in read_jsonl(log_path, strict=False):  # the last line of a run killed while writing it goes
         if not isinstance(record, dict) or record.get("step", 0) > step:
             continue
         if step == 0 and record.get("step", 0) == 0 and "validation" in record:
             continue  # the start model's validation (RL's step 0) belongs to the run that starts at step 0 now
-        kept.append(line)
+        kept.append(record)
     if len(kept) != len(lines):
-        write_text_atomic(log_path, "".join(line + "\n" for line in kept))
+        write_jsonl(log_path, kept)
 
 
 def base_identity(loaded: Any, name: str | None = None) -> dict[str, Any]:
@@ -180,36 +185,6 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def refuse_other_training_data(out_dir: Path, train_path: Path, train_sha256: str, saved_sha256: str | None) -> None:
-    """Resuming replays the data order and skips the batches already seen: that only holds for the same data
-    (`saved_sha256`: what the run's meta file recorded; None for runs from before it was recorded)."""
-    if saved_sha256 is not None and saved_sha256 != train_sha256:
-        raise ResumeRefused(
-            f"the checkpoints in {out_dir} were trained on other data: the training file {train_path} is not the "
-            f"one they saw (sha256 {train_sha256[:12]}, not {saved_sha256[:12]})",
-            keep="the same training file",
-            fresh="train on the new data into a new --out folder",
-        )
-
-
-def refuse_other_settings(out_dir: Path, saved: dict[str, Any] | None, now: dict[str, Any]) -> None:
-    """Refuse to resume when a setting the checkpoint or the data order depend on changed (`saved`: the run's meta
-    file record, `SECTION.KEY` -> value; None for runs from before it was recorded: nothing to compare)."""
-
-    def shown(value: Any) -> str:
-        return json.dumps(value) if not isinstance(value, str) else value
-
-    if saved is None:
-        return
-    changed = [key for key in now if key in saved and saved[key] != now[key]]
-    if changed:
-        listed = ", ".join(f"{key} {shown(saved[key])} (now {shown(now[key])})" for key in changed)
-        raise ResumeRefused(
-            f"the checkpoints in {out_dir} were trained with other settings: {listed}",
-            keep=f"the run's settings (see {out_dir / 'config.toml'})",
-        )
-
-
 def weights_fingerprint(model: Any, per_tensor: int = 256) -> str:
     """A short hash of the model's weights, so a model of the same architecture but other weights (another
     fine-tune of the same base, a re-initialised copy) is not taken for the base a checkpoint was trained on.
@@ -230,41 +205,31 @@ def weights_fingerprint(model: Any, per_tensor: int = 256) -> str:
     return digest.hexdigest()[:16]
 
 
-IDENTITY_KEYS = ("model_type", "hidden_size", "num_hidden_layers")
+# What a checkpoint's base model is, as `base_identity` records it: another one cannot continue its training.
+BASE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size", "weights")
 
 
-def same_base(saved: dict[str, Any], identity: dict[str, Any]) -> bool:
-    """Same architecture, and the same weights where both sides recorded a fingerprint (older runs did not)."""
-    if not all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
-        return False
-    return saved.get("weights") is None or identity.get("weights") is None or saved["weights"] == identity["weights"]
+def checkpoint_state(
+    base: dict[str, Any], settings: dict[str, Any] | None = None, train_sha256: str | None = None
+) -> StageState:
+    """What a training stage's checkpoints depend on: the base model they were trained from (its architecture,
+    vocabulary and weights: the same path can hold other weights, a start model trained again in place), and, for a
+    checkpoint to continue, the settings it and the data order depend on and the training file's sha256 (resuming
+    replays the data order and skips the batches already seen: that only holds for the same data)."""
+    state = StageState(dict(settings or {}), {f"base model {key}": base.get(key) for key in BASE_KEYS})
+    if train_sha256 is not None:
+        state.inputs["training file"] = train_sha256
+    return state
 
 
-def refuse_other_base(out_dir: Path, saved: dict[str, Any], identity: dict[str, Any]) -> None:
-    """Refuse to resume checkpoints trained from another base model than `identity` (the model loaded now), saying
-    how it differs: the same path can hold other weights (a start model trained again in place)."""
-    if same_base(saved, identity) and saved.get("vocab_size", identity.get("vocab_size")) == identity.get("vocab_size"):
-        return
-    if not all(saved.get(k) == identity.get(k) for k in IDENTITY_KEYS):
-        what = (
-            f"({saved.get('model_type')}, {saved.get('num_hidden_layers')} layers, hidden "
-            f"{saved.get('hidden_size')}), not '{identity['model']}' ({identity['model_type']}, "
-            f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']})"
-        )
-    elif not same_base(saved, identity):
-        what = (
-            f"not '{identity['model']}', which has the same architecture ({identity['model_type']}, "
-            f"{identity['num_hidden_layers']} layers, hidden {identity['hidden_size']}) but different weights "
-            f"(fingerprint {identity.get('weights')} vs {saved.get('weights')})"
-        )
-    else:
-        what = (
-            f"with a vocabulary of {saved.get('vocab_size')} tokens, not '{identity['model']}' with "
-            f"{identity.get('vocab_size')}"
-        )
-    raise ResumeRefused(
-        f"the checkpoints in {out_dir} were trained from base model '{saved.get('model')}' {what}",
-        keep="the same --model",
+def check_checkpoints(out_dir: Path, saved: StageState, now: StageState, *, base_model: Any) -> None:
+    """Refuse to continue the checkpoints in `out_dir` with other settings or inputs (`run_state.check_resume`)."""
+    check_resume(
+        f"the checkpoints in {out_dir} (trained from '{base_model}')",
+        saved,
+        now,
+        keep=f"the settings and inputs they were trained with (see {out_dir / CONFIG_FILE})",
+        fresh="train into a new --out folder",
     )
 
 

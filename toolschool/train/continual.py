@@ -38,15 +38,23 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.config import ContinualSection, ToolschoolConfig
-from toolschool.errors import ConfigError, DataError, ToolschoolError
-from toolschool.run_state import folder_lock, write_text_atomic
+from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
+from toolschool.run_state import (
+    PLAN_FILE,
+    ROUND_MARKER_FILE,
+    SFT_DONE_FILE,
+    SFT_STARTED_FILE,
+    StageState,
+    check_resume,
+    flatten,
+    folder_lock,
+    move_aside,
+    read_json,
+    write_json,
+)
 from toolschool.train.common import sha256_file
 from toolschool.train.forgetting import forgetting_summary, write_matrix
 
-MARKER_FILE = "round.json"
-SFT_DONE_FILE = "sft_done.json"
-SFT_STARTED_FILE = "sft_started.json"  # the training fingerprint of the round's checkpoints (the one being trained)
-PLAN_FILE = "plan.json"
 TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
 TRAIN_SPLITS = frozenset({"train", "training"})
 
@@ -399,7 +407,7 @@ def evaluate_rounds_model(
             continue
         try:
             finished.append(finished_items(path, items, state))
-        except (ConfigError, DataError) as exc:
+        except (ConfigError, DataError, ResumeRefused) as exc:
             if say is not None:
                 say(f"{exc.message}; scoring its items again")
             finished.append({})
@@ -540,106 +548,49 @@ def steps_per_round(config: ToolschoolConfig) -> int:
 EVAL_KEYS: tuple[str, ...] = ("eval",)
 
 
+def plan_states(saved: dict[str, Any], plan: dict[str, Any]) -> tuple[StageState, StageState]:
+    """A folder's plan and this run's as states: the settings (evaluation settings aside), the tools of each batch
+    both hold, and as inputs each such batch's lines. Round r depends only on the batches up to r, so the number of
+    batches (`batch count`, continuable) may change: batches added at the end keep the finished rounds, a shorter
+    batches file shows the first rounds. The data file matters only through the batches' lines (it may grow or
+    move)."""
+    shared = min(len(saved.get("batches") or []), len(plan.get("batches") or []))
+
+    def state(values: dict[str, Any]) -> StageState:
+        kept = {k: v for k, v in values.items() if k not in ("batches", "data", "batch_data", *EVAL_KEYS)}
+        result = StageState({**flatten(kept), "batch count": len(values.get("batches") or [])})
+        lines = values.get("batch_data") or []
+        for j in range(shared):
+            result.settings[f"batch {j + 1}"] = values["batches"][j]
+            result.inputs[f"lines of batch {j + 1}"] = lines[j] if j < len(lines) else None
+        return result
+
+    return state(saved), state(plan)
+
+
 def check_plan(out_dir: Path, plan: dict[str, Any], *, write: bool = True) -> None:
     """A folder holds one plan: resuming with other settings would mix rounds that are not comparable.
 
-    Allowed: other evaluation settings (the rounds are scored again, not trained again; `run_continual` records
-    them); batches added at the end of the batches file, the earlier batches' tools and lines unchanged (the
-    finished rounds are kept, the new ones run: tools learned later, as continual learning goes), or a shorter
-    batches file (its rounds); and any change in a folder where nothing was trained yet. Writes `plan.json` into
-    a new folder (or over such an untrained one) unless `write` is False (a check only); a caller that writes
+    Allowed (`plan_states`, `run_state.check_resume`): other evaluation settings (the rounds are scored again, not
+    trained again; `run_continual` records them); batches added at the end of the batches file, or a shorter one; and
+    any change in a folder where nothing was trained yet (say, an earlier try stopped on examples longer than [sft]
+    max_length: nothing depends on its plan, and the rerun its error asked for takes the folder). Writes `plan.json`
+    into a new folder (or over such an untrained one) unless `write` is False (a check only); a caller that writes
     anything else there (the CLI's config.toml) calls this first, so a refused rerun leaves the folder as it was."""
     path = out_dir / PLAN_FILE
-    if path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        changes = plan_changes(saved, plan)
-        if not changes or same_rounds(saved, plan):
-            pass
-        elif trained_anything(out_dir):
-            legacy = "batch_data" not in saved  # written before plans held each batch's lines
-            raise ToolschoolError(
-                f"{out_dir} holds a continual run with different settings ({'; '.join(changes)})",
-                hint="rerun with that folder's settings to resume it (they are in its config.toml and plan.json); "
-                + (
-                    "to add batches to a folder an earlier toolschool wrote, rerun it once as it was (that records "
-                    "each batch's lines), then add them; "
-                    if legacy
-                    else "new batches may only be added at the end of the batches file, the earlier ones' data "
-                    "unchanged; "
-                )
-                + "or choose another --run / --out",
-            )
-        # An earlier try stopped before anything was trained (say, examples longer than [sft] max_length): nothing
-        # depends on its plan, and the rerun its error asked for takes the folder.
+    if path.is_file() and trained_anything(out_dir):
+        check_resume(
+            f"the continual run in {out_dir}",
+            *plan_states(json.loads(path.read_text(encoding="utf-8")), plan),
+            stage="continual",
+            keep="that folder's settings (in its config.toml and plan.json; new batches may only be added at the end "
+            "of the batches file, the earlier ones' data unchanged)",
+            fresh="choose another --run / --out",
+        )
     if not write:
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
-
-
-def same_rounds(saved: dict[str, Any], plan: dict[str, Any]) -> bool:
-    """Whether the two plans agree on every round they share: the same settings (evaluation settings aside), and
-    one's batches the first batches of the other's, in order, with the same tools and lines (the data file may
-    have grown or moved). Round r depends only on the batches up to r, so batches added at the end keep the
-    finished rounds, and a shorter batches file shows the first rounds. A plan written before plans held each
-    batch's lines cannot tell, so it only agrees with an equal plan."""
-    old, new = saved.get("batch_data"), plan.get("batch_data")
-    if not isinstance(old, list) or not isinstance(new, list):
-        return False
-    n = min(len(old), len(new))
-    if old[:n] != new[:n] or saved.get("batches", [])[:n] != plan.get("batches", [])[:n]:
-        return False
-    ignored = {"batches", "data", "batch_data", *EVAL_KEYS}
-    return all(saved.get(k) == plan.get(k) for k in set(saved) | set(plan) if k not in ignored)
-
-
-def plan_changes(saved: dict[str, Any], plan: dict[str, Any]) -> list[str]:
-    """What differs between a folder's plan and this run's, as 'key old → new' (nested keys dotted; a batch whose
-    lines changed is named), evaluation settings aside."""
-    changes: list[str] = []
-    old_lines, new_lines = saved.get("batch_data"), plan.get("batch_data")
-    by_lines = isinstance(old_lines, list) and isinstance(new_lines, list)  # the data file matters through them
-    for key in sorted(set(saved) | set(plan)):
-        old, new = saved.get(key), plan.get(key)
-        if key in EVAL_KEYS or key == "batch_data" or (by_lines and key == "data") or old == new:
-            continue
-        if key == "batches" and isinstance(old, list) and isinstance(new, list):
-            changes.append(_batches_change(old, new))
-        elif isinstance(old, dict) and isinstance(new, dict):
-            changes += [
-                f"{key}.{k} {_shown(old.get(k))} → {_shown(new.get(k))}"
-                for k in sorted(set(old) | set(new))
-                if old.get(k) != new.get(k)
-            ]
-        else:
-            changes.append(f"{key} {_shown(old)} → {_shown(new)}")
-    if by_lines:
-        names = plan.get("batches") or []
-        for j, (a, b) in enumerate(zip(old_lines, new_lines, strict=False)):
-            if a != b:
-                tools = f" ({', '.join(names[j])})" if j < len(names) else ""
-                changes.append(f"the lines of batch {j + 1}{tools}")
-    return changes
-
-
-def _batches_change(old: list[Any], new: list[Any]) -> str:
-    """The first batch that differs, or the batches one file has beyond the other (a long list cut at a fixed
-    width would hide them)."""
-    for j, (a, b) in enumerate(zip(old, new, strict=False)):
-        if a != b:
-            return f"batch {j + 1} {_shown(a)} → {_shown(b)}"
-    longer, verb = (new, "added") if len(new) > len(old) else (old, "dropped")
-    extra = longer[min(len(old), len(new)) :]
-    return f"batches {len(old)} → {len(new)} ({verb}: {_shown(extra)})"
-
-
-def _shown(value: Any, width: int = 60) -> str:
-    if isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value):
-        return value[:10] + "…"  # a sha256
-    text = json.dumps(value, ensure_ascii=False)
-    if len(text) <= width:
-        return text
-    return "…" + text[1 - width :] if isinstance(value, str) else text[: width - 1] + "…"  # a path ends in its name
 
 
 def trained_anything(out_dir: Path) -> bool:
@@ -648,7 +599,7 @@ def trained_anything(out_dir: Path) -> bool:
     from toolschool.train.common import latest_checkpoint
 
     for round_dir in out_dir.glob("round_*"):
-        if (round_dir / MARKER_FILE).is_file() or (round_dir / SFT_DONE_FILE).is_file():
+        if (round_dir / ROUND_MARKER_FILE).is_file() or (round_dir / SFT_DONE_FILE).is_file():
             return True
         if latest_checkpoint(round_dir / "sft") is not None:
             return True
@@ -667,14 +618,6 @@ def _round_config(config: ToolschoolConfig, start_model: str, train_path: Path) 
 
 def _relative(path: Path, base: Path) -> str:
     return os.path.relpath(path.resolve(), base.resolve())
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
 
 
 @dataclass
@@ -739,7 +682,7 @@ def run_continual(
             hint="wait for it to finish (or stop it), or use another --run / --out",
         ),
     ):
-        _write_json(out_dir / PLAN_FILE, inputs.plan)  # the evaluation settings the rounds are now scored with
+        write_json(out_dir / PLAN_FILE, inputs.plan)  # the evaluation settings the rounds are now scored with
         return _run_rounds(config, out_dir, inputs, reuse_from, progress, log or (lambda _text: None))
 
 
@@ -757,7 +700,7 @@ def _run_rounds(
     matrix = _empty_matrix(inputs)
     start_model = config.model.name
     start = _sha256_json({"model": config.model.name})
-    chains = RoundKeys(start, start, start, start)
+    chains = RoundKeys(start, start)
     run: list[int] = []
     skipped: list[int] = []
     rescored: list[int] = []
@@ -767,8 +710,7 @@ def _run_rounds(
         round_dir.mkdir(parents=True, exist_ok=True)
         data = compose_round(inputs.batches, r, settings, config.run.seed, inputs.general)
         keys = round_keys(chains, data, inputs.plan, r)
-        _upgrade_legacy(round_dir, keys)
-        marker = _read_json(round_dir / MARKER_FILE)
+        marker = read_json(round_dir / ROUND_MARKER_FILE)
         if marker is not None and "reused_from" in marker and not _same_as_source(marker):
             # the other run trained that round again since: stand in with its new model, or train it here
             marker = _reuse_round(Path(marker["reused_from"]), round_dir, keys)
@@ -798,21 +740,16 @@ class RoundKeys:
     """A round's fingerprints: `result` (what its scores depend on: the model it starts from — the chain of earlier
     rounds —, its training data, the batches seen so far and the settings; not whether replay is on, which only
     matters through the data) and `training` (the same without the evaluation settings: what its trained model
-    depends on, so other evaluation settings score it again, not train it). The `legacy_` pair is what earlier
-    versions wrote (every batch and the whole data file in it), still accepted so a folder they began resumes."""
+    depends on, so other evaluation settings score it again, not train it)."""
 
     result: str
     training: str
-    legacy_result: str
-    legacy_training: str
 
     def result_is(self, record: dict[str, Any]) -> bool:
-        return record.get("fingerprint") in (self.result, self.legacy_result)
+        return record.get("fingerprint") == self.result
 
     def training_is(self, sft_done: dict[str, Any]) -> bool:
-        if "training_fingerprint" in sft_done:
-            return sft_done["training_fingerprint"] in (self.training, self.legacy_training)
-        return self.result_is(sft_done)  # written before the evaluation settings were split off
+        return sft_done.get("training_fingerprint") == self.training
 
     def chained(self, model_id: str | None) -> RoundKeys:
         """The next round's chains: these fingerprints, and the id of the model this round trained (a round trained
@@ -821,58 +758,39 @@ class RoundKeys:
         def link(value: str) -> str:
             return value if model_id is None else _sha256_json({"after": value, "model_id": model_id})
 
-        return RoundKeys(*(link(v) for v in (self.result, self.training, self.legacy_result, self.legacy_training)))
+        return RoundKeys(link(self.result), link(self.training))
 
 
 def round_keys(chains: RoundKeys, data: RoundData, plan: dict[str, Any], r: int) -> RoundKeys:
     examples = _sha256_json(data.examples)
-    replay_keys = ("replay", "replay_ratio")
     # the batches seen by round r stand for the batches file and the data file: later batches can be added
-    mine = {k: v for k, v in plan.items() if k not in (*replay_keys, "batches", "data", "batch_data")}
+    mine = {k: v for k, v in plan.items() if k not in ("replay", "replay_ratio", "batches", "data", "batch_data")}
     mine["batches_seen"] = plan["batch_data"][: r + 1]
-    legacy = {k: v for k, v in plan.items() if k not in (*replay_keys, "batch_data")}
 
-    def key(chain: str, settings: dict[str, Any], *, training: bool) -> str:
-        shared = {k: v for k, v in settings.items() if not (training and k in EVAL_KEYS)}
+    def key(chain: str, *, training: bool) -> str:
+        shared = {k: v for k, v in mine.items() if not (training and k in EVAL_KEYS)}
         return _sha256_json({"chain": chain, "data": examples, "plan": shared, "round": r})
 
-    return RoundKeys(
-        result=key(chains.result, mine, training=False),
-        training=key(chains.training, mine, training=True),
-        legacy_result=key(chains.legacy_result, legacy, training=False),
-        legacy_training=key(chains.legacy_training, legacy, training=True),
-    )
+    return RoundKeys(result=key(chains.result, training=False), training=key(chains.training, training=True))
 
 
 def _reuse_round(source: Path, round_dir: Path, keys: RoundKeys) -> dict[str, Any] | None:
     """Point this round at an identical finished round of another run (its merged model and evaluation)."""
-    marker = _read_json(source / MARKER_FILE)
+    marker = read_json(source / ROUND_MARKER_FILE)
     if marker is None or not keys.result_is(marker):
         return None
     merged = (source / marker["merged"]).resolve()
     if not merged.is_dir():
         return None
     reused = {**marker, "merged": _relative(merged, round_dir), "reused_from": str(source)}
-    _write_json(round_dir / MARKER_FILE, reused)
+    write_json(round_dir / ROUND_MARKER_FILE, reused)
     return reused
-
-
-def _upgrade_legacy(round_dir: Path, keys: RoundKeys) -> None:
-    """Rewrite a round's marker and SFT record that match this round by the fingerprints an earlier version wrote
-    with the current ones, so later batches can be added to the folder without training its rounds again."""
-    marker = _read_json(round_dir / MARKER_FILE)
-    if marker is not None and marker.get("fingerprint") == keys.legacy_result != keys.result:
-        _write_json(round_dir / MARKER_FILE, {**marker, "fingerprint": keys.result})
-    done = _read_json(round_dir / SFT_DONE_FILE)
-    if done is not None and "model_id" not in done and keys.training_is(done):
-        upgraded = {**done, "fingerprint": keys.result, "training_fingerprint": keys.training}
-        _write_json(round_dir / SFT_DONE_FILE, upgraded)
 
 
 def _same_as_source(marker: dict[str, Any]) -> bool:
     """Whether a round that stood in from another run still holds that run's model (not one trained again since);
     a source no longer found (folders moved) leaves the round as it is."""
-    source = _read_json(Path(marker["reused_from"]) / MARKER_FILE)
+    source = read_json(Path(marker["reused_from"]) / ROUND_MARKER_FILE)
     return source is None or source.get("model_id") == marker.get("model_id")
 
 
@@ -880,30 +798,23 @@ def _score_reused_model(marker: dict[str, Any], round_dir: Path, keys: RoundKeys
     """A round that stood in from another run, whose model is the one this round would train, but scored with
     other evaluation settings: mark that model trained here, so the round scores it again instead of training."""
     source = Path(marker["reused_from"])
-    done = _read_json(source / SFT_DONE_FILE)
+    done = read_json(source / SFT_DONE_FILE)
     if done is not None and keys.training_is(done) and not (round_dir / SFT_DONE_FILE).exists():
         merged = _relative(source / done["merged"], round_dir)
-        _write_json(round_dir / SFT_DONE_FILE, {**done, "merged": merged, "reused_from": str(source)})
+        write_json(round_dir / SFT_DONE_FILE, {**done, "merged": merged, "reused_from": str(source)})
 
 
 def _set_aside_stale(out_dir: Path, round_dir: Path, r: int, say: Log) -> None:
     """Move what this round trained (or began training) from another start model — an earlier round was trained
     again since — or on other data to `.previous/<time>/round_<r>/`: resuming those checkpoints would mix two
     trainings, and deleting them would lose work."""
-    import time
-
-    names = (SFT_DONE_FILE, SFT_STARTED_FILE, MARKER_FILE, "eval", "sft")
-    stale = [round_dir / name for name in names if (round_dir / name).exists()]
-    if not stale:
-        return
-    target = out_dir / ".previous" / time.strftime("%Y%m%d-%H%M%S") / round_dir.name
-    target.mkdir(parents=True, exist_ok=True)
-    for path in stale:
-        path.rename(target / path.name)
-    say(
-        f"round {r + 1}: what it trained earlier started from another model (an earlier round was trained again) "
-        f"or other data; moved to {target}, training it again"
-    )
+    names = (SFT_DONE_FILE, SFT_STARTED_FILE, ROUND_MARKER_FILE, "eval", "sft")
+    moved = move_aside(out_dir, [f"{round_dir.name}/{name}" for name in names])
+    if moved:
+        say(
+            f"round {r + 1}: what it trained earlier started from another model (an earlier round was trained again) "
+            f"or other data; moved to {moved[0].parent}, training it again"
+        )
 
 
 def _run_round(
@@ -931,13 +842,13 @@ def _run_round(
     replayed = sum(comp["replay"].values())
     train_path = round_dir / "train.jsonl"
     write_jsonl(train_path, data.examples)
-    _write_json(round_dir / "composition.json", comp)
+    write_json(round_dir / "composition.json", comp)
     sft_dir = round_dir / "sft"
-    sft_done = _read_json(round_dir / SFT_DONE_FILE)
+    sft_done = read_json(round_dir / SFT_DONE_FILE)
     trained = sft_done is not None and keys.training_is(sft_done)
-    rescored = trained and (round_dir / MARKER_FILE).is_file()
+    rescored = trained and (round_dir / ROUND_MARKER_FILE).is_file()
     if sft_done is None or not trained:
-        started = _read_json(round_dir / SFT_STARTED_FILE)
+        started = read_json(round_dir / SFT_STARTED_FILE)
         if sft_done is not None or (started is not None and started.get("training_fingerprint") != keys.training):
             _set_aside_stale(round_dir.parent, round_dir, r, say)
         if r > 0 and not Path(start_model).is_dir():
@@ -955,7 +866,7 @@ def _run_round(
                 f"{config.sft.checkpoint_interval} ≥ {steps_per_round(config)} steps), so an interruption trains it "
                 "again from its start; a lower checkpoint_interval lets it continue mid-round"
             )
-        _write_json(round_dir / SFT_STARTED_FILE, {"training_fingerprint": keys.training})
+        write_json(round_dir / SFT_STARTED_FILE, {"training_fingerprint": keys.training})
         result = run_sft(_round_config(config, start_model, train_path), sft_dir, resume=True, progress=progress)
         if result.merged_dir is None:
             raise ToolschoolError(f"round {r + 1}: SFT wrote no merged model in {sft_dir}")
@@ -968,7 +879,7 @@ def _run_round(
             "seconds": round(result.seconds, 1),
             "data": result.stats,
         }
-        _write_json(round_dir / SFT_DONE_FILE, sft_done)
+        write_json(round_dir / SFT_DONE_FILE, sft_done)
     elif rescored:
         say(
             f"round {r + 1}/{total} ({batch.label}): trained earlier; scoring it again with the new evaluation settings"
@@ -979,7 +890,7 @@ def _run_round(
     seen = inputs.batches[: r + 1]
     say(f"round {r + 1}/{total}: evaluating {', '.join(b.label for b in seen)} on held-out items")
     metrics = evaluate_rounds_model(merged, seen, config, round_dir / "eval", say=say)
-    _write_json(round_dir / "eval" / "eval.json", metrics)
+    write_json(round_dir / "eval" / "eval.json", metrics)
     say(f"round {r + 1}/{total}: correct % " + ", ".join(f"{k} {v['correct']:.1f}" for k, v in metrics.items()))
     marker = {
         "fingerprint": keys.result,
@@ -991,7 +902,7 @@ def _run_round(
         "composition": comp,
         "eval": metrics,
     }
-    _write_json(round_dir / MARKER_FILE, marker)
+    write_json(round_dir / ROUND_MARKER_FILE, marker)
     return {**marker, "rescored": rescored}
 
 

@@ -33,21 +33,20 @@ from typing import Any
 
 from toolschool.chat.formats.base import offered_names
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
-from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolError
+from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.evaluate.toolkens import model_toolkens
-from toolschool.run_state import read_lines, write_text_atomic
+from toolschool.run_state import read_jsonl, run_paths, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
     base_identity,
+    check_checkpoints,
     check_lora_targets,
+    checkpoint_state,
     latest_checkpoint,
     log_callbacks,
     lora_config,
     refuse_existing_checkpoints,
-    refuse_other_base,
-    refuse_other_settings,
-    refuse_other_training_data,
     restart_log_at,
     save_final,
     sha256_file,
@@ -134,7 +133,7 @@ def check_settings(settings: RLSection, *, device: str | None = None, machine: b
 
 
 def resolve_train_path(config: ToolschoolConfig) -> Path:
-    train = Path(config.rl.train) if config.rl.train else config.run_dir() / "distill" / "train.jsonl"
+    train = Path(config.rl.train) if config.rl.train else run_paths(config).distill_train
     if not train.is_file():
         raise ConfigError(
             f"training data '{train}' does not exist",
@@ -518,29 +517,24 @@ def _check_resume(
     train: tuple[Path, str] | None = None,
     settings: dict[str, Any] | None = None,
 ) -> None:
-    """Refuse to resume checkpoints of another base, mode or method, or (`train`: path, sha256; `settings`:
+    """Refuse to resume checkpoints of another base, mode or method (a LoRA checkpoint holds an adapter, a full one
+    the whole model: the trainer cannot load one as the other), or (`train`: path, sha256; `settings`:
     `resume_settings`, both given when there is a checkpoint to resume) on other data or with other settings."""
     meta_path = out_dir / META_FILE
     if not meta_path.is_file():
         return
     saved = json.loads(meta_path.read_text())
-    refuse_other_base(out_dir, saved["base"], identity)
-    if saved.get("mode") != mode:
-        raise ResumeRefused(
-            f"the checkpoints in {out_dir} come from '{saved['base'].get('model')}' in {saved.get('mode')} mode, "
-            f"not '{identity['model']}' in {mode} mode",
-            keep="the same --model and --mode",
-        )
-    # A LoRA checkpoint holds an adapter, a full one the whole model: the trainer cannot load one as the other.
-    if saved.get("method", method) != method:
-        raise ResumeRefused(
-            f"the checkpoints in {out_dir} were trained with rl.method = '{saved['method']}', not '{method}'",
-            keep=f"--method {saved['method']}",
-        )
-    if train is not None:
-        refuse_other_training_data(out_dir, train[0], train[1], saved.get("train_sha256"))
-    if settings is not None:
-        refuse_other_settings(out_dir, saved.get("resume_settings"), settings)
+    continued = settings is not None
+    kept = {"rl.mode": saved.get("mode"), "rl.method": saved.get("method")}
+    before = checkpoint_state(
+        saved["base"],
+        {**kept, **(saved.get("resume_settings") or {})} if continued else kept,
+        saved.get("train_sha256") if train is not None else None,
+    )
+    now = checkpoint_state(
+        identity, {"rl.mode": mode, "rl.method": method, **(settings or {})}, train[1] if train is not None else None
+    )
+    check_checkpoints(out_dir, before, now, base_model=saved["base"].get("model"))
 
 
 # ------------------------------------------------------------------------------------------- the stage
@@ -823,9 +817,8 @@ def last_train_log(path: Path) -> dict[str, Any]:
     """The last training record with a reward (what the run ended at)."""
     if not path.is_file():
         return {}
-    for line in reversed(read_lines(path)):
-        record = json.loads(line)
-        if "reward" in record:
+    for record in reversed(read_jsonl(path, strict=False)):
+        if isinstance(record, dict) and "reward" in record:
             return record
     return {}
 
@@ -846,7 +839,7 @@ def read_reward_curve(path: Path) -> list[dict[str, Any]]:
     """(step, reward, each component, kl, ...) records of a run's train_log.jsonl, for reports and plots."""
     if not path.is_file():
         return []
-    return [r for r in (json.loads(line) for line in read_lines(path)) if "reward" in r]
+    return [r for r in read_jsonl(path, strict=False) if isinstance(r, dict) and "reward" in r]
 
 
 __all__ = [

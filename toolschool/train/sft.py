@@ -37,22 +37,21 @@ from typing import Any
 from toolschool.chat.toolkens import rename_tools_and_calls, toolken
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError
-from toolschool.run_state import write_text_atomic
+from toolschool.run_state import run_paths, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
     adapter_base_callback,
     base_identity,
+    check_checkpoints,
     check_lora_targets,
     check_scheduler,
+    checkpoint_state,
     checkpoint_step,
     latest_checkpoint,
     log_callbacks,
     lora_config,
     main_process,
     refuse_existing_checkpoints,
-    refuse_other_base,
-    refuse_other_settings,
-    refuse_other_training_data,
     restart_log_at,
     save_final,
     sha256_file,
@@ -230,8 +229,7 @@ class SFTResult:
 
 def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
     settings = config.sft
-    default_dir = config.run_dir() / "distill"
-    train = Path(settings.train) if settings.train else default_dir / "train.jsonl"
+    train = Path(settings.train) if settings.train else run_paths(config).distill_train
     if not train.is_file():
         raise ConfigError(
             f"training data '{train}' does not exist",
@@ -241,12 +239,6 @@ def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
         settings.validation, train_explicit=bool(settings.train), run_dir=config.run_dir(), flag="--validation"
     )
     return train, validation
-
-
-def _check_resume_base(out_dir: Path, identity: dict[str, Any]) -> None:
-    meta_path = out_dir / META_FILE
-    if meta_path.is_file():
-        refuse_other_base(out_dir, json.loads(meta_path.read_text())["base"], identity)
 
 
 def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
@@ -329,13 +321,17 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     checkpoint = latest_checkpoint(out_dir) if resume else None
     train_sha256 = sha256_file(train_path)
     settings_now = resume_settings(config, batching)
-    if resume:
-        _check_resume_base(out_dir, identity)
-        if checkpoint is not None and (out_dir / META_FILE).is_file():
-            meta = json.loads((out_dir / META_FILE).read_text())
-            refuse_other_training_data(out_dir, train_path, train_sha256, meta.get("train_sha256"))
-            refuse_other_settings(out_dir, meta.get("resume_settings"), settings_now)
-    else:
+    if resume and (out_dir / META_FILE).is_file():
+        meta = json.loads((out_dir / META_FILE).read_text())
+        continued = checkpoint is not None  # a checkpoint to continue: its settings and data too, not only its base
+        saved = checkpoint_state(
+            meta["base"],
+            meta.get("resume_settings") if continued else None,
+            meta.get("train_sha256") if continued else None,
+        )
+        now = checkpoint_state(identity, settings_now if continued else None, train_sha256 if continued else None)
+        check_checkpoints(out_dir, saved, now, base_model=meta["base"].get("model"))
+    elif not resume:
         refuse_existing_checkpoints(out_dir)
     restart_log_at(out_dir / "train_log.jsonl", checkpoint)
 
