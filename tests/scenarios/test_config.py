@@ -448,7 +448,7 @@ def test_rl_help_states_the_defaults_the_config_has() -> None:
         if match:
             rows[match.group(1)] = line
     for flag, key in RL_FLAGS.items():
-        assert f"default {RLSection.model_fields[key].default})" in rows[flag], (flag, rows[flag])
+        assert f"(default: {RLSection.model_fields[key].default})" in rows[flag], (flag, rows[flag])
 
 
 def test_a_toml_saved_with_a_byte_order_mark_is_read() -> None:
