@@ -220,6 +220,8 @@ def test_calculation_program_reads_what_the_calculator_would_evaluate() -> None:
     tools = [builtin_schema(name) for name in BUILTIN_NAMES]
     assert calculation_program("python", {"code": "print(9830 * 207 - 56)"}, tools) == "9830 * 207 - 56"
     assert calculation_program("python", {"code": "import math\nprint(math.sqrt(2))"}, tools) == "sqrt(2)"
+    assert calculation_program("python", {"code": "print(int(4*5446*119))"}, tools) == "4 * 5446 * 119"
+    assert calculation_program("python", {"code": "print(round(10 / 3, 2))"}, tools) == "10 / 3"
     for code in ("print(sum(range(5)))", "x = 3\nprint(x * 2)", "print('hi')", "print(3, 4)", "print(2 +"):
         assert calculation_program("python", {"code": code}, tools) is None, code
     assert calculation_program("python", {"code": "print(1 + 2)"}, [builtin_schema("python")]) is None

@@ -455,13 +455,25 @@ def calculation_program(name: str, arguments: dict[str, Any], tools: list[dict[s
             continue
         if call.keywords:
             continue
-        expression = ast.unparse(call.args[0]).replace("math.", "")
+        printed = call.args[0]
+        while (  # int(4 * 5446 * 119), round(x, 2): the conversion around a calculation is still the calculation
+            isinstance(printed, ast.Call)
+            and isinstance(printed.func, ast.Name)
+            and printed.func.id in _NUMBER_CONVERSIONS
+            and printed.args
+            and not printed.keywords
+        ):
+            printed = printed.args[0]
+        expression = ast.unparse(printed).replace("math.", "")
         try:
             evaluate_expression(expression)
         except (CalculatorError, ValueError, TypeError, ArithmeticError):
             continue
         return expression
     return None
+
+
+_NUMBER_CONVERSIONS = ("int", "float", "round", "str")
 
 
 def _tool_name(tool: Any) -> str:
