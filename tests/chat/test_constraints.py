@@ -251,9 +251,9 @@ def test_a_code_argument_that_keeps_its_schema_keeps_its_rules(compiler) -> None
     assert accepts(compiler, required[1], call.format("run", "null"))
 
 
-def test_a_code_placeholder_the_library_printed_otherwise_is_a_constraint_error(compiler, monkeypatch) -> None:
-    """Were the const placeholder printed another way (another xgrammar version), the model would be forced to write
-    the placeholder as its program: the compile fails with the tool named instead."""
+def test_a_code_sentinel_the_library_printed_otherwise_is_a_constraint_error(compiler, monkeypatch) -> None:
+    """Were the const sentinel printed another way (another xgrammar version), the model would be forced to write
+    the sentinel as its program: the compile fails with the tool named instead."""
     from collections import OrderedDict
 
     from toolschool.models import grammar
@@ -271,5 +271,5 @@ def test_a_code_placeholder_the_library_printed_otherwise_is_a_constraint_error(
     monkeypatch.setattr(compiler._xgr.Grammar, "from_json_schema", lambda *a, **k: Printed(str(real(*a, **k))))
     fresh = GrammarCompiler.__new__(GrammarCompiler)
     fresh.__dict__.update(compiler.__dict__, _cache=OrderedDict(), _schema_grammars={})
-    with pytest.raises(ConstraintError, match="tool 'python'.*placeholder was not found"):
+    with pytest.raises(ConstraintError, match="tool 'python'.*sentinel was not found"):
         fresh.compile(Constraint.for_tools("hermes", [PYTHON], "python"))

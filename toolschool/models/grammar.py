@@ -34,7 +34,7 @@ from toolschool.errors import ToolschoolError
 
 SEPARATORS = (", ", ": ")
 # A program argument (`CODE_KEY`) is compiled as a const of this text, which is then replaced by `CODE_RULES`.
-_CODE_MARKER = "toolschool-code-placeholder-7f3c"
+_CODE_MARKER = "toolschool-code-sentinel-7f3c"
 # A JSON string holding Python code whose (), [] and {} balance outside string literals and comments, and whose
 # string literals close: Python's own lexing, enough to refuse what a small model writes when it closes the call
 # before the program (`print(3)}`). Literals: '...' (a " inside is JSON's \"), "..." (JSON \"...\"), a backslash
@@ -156,16 +156,16 @@ class GrammarCompiler:
         grammar = self._xgr.Grammar.from_json_schema(
             json.dumps(placed, ensure_ascii=False), any_whitespace=False, **layout
         )
-        if placed != schema:  # the program arguments: their const placeholder becomes the code grammar
+        if placed != schema:  # the program arguments: their const sentinel becomes the code grammar
             text = str(grammar).replace(f'\\"{_CODE_MARKER}\\"', '" tsc_code_string "')
             if _CODE_MARKER in text:  # the library printed the const another way: say so, never force the marker
-                raise ValueError("a program argument's placeholder was not found in the compiled grammar")
+                raise ValueError("a program argument's sentinel was not found in the compiled grammar")
             return text + CODE_RULES
         return str(grammar)
 
 
 def _place_code(node: Any) -> Any:
-    """`node` with every program argument's schema (marked `CODE_KEY`) replaced by a const placeholder."""
+    """`node` with every program argument's schema (marked `CODE_KEY`) replaced by a const sentinel."""
     if isinstance(node, dict):
         if node.get(CODE_KEY) is True:
             return {"const": _CODE_MARKER}
