@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from toolschool.data.distill.paraphrase import clean_paraphrase
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 TOOLS = [
@@ -121,7 +122,8 @@ def first_call_replies(trials: list[dict]) -> dict[str, str]:
 
 class ScriptedBackend(Backend):
     """A test double: answers judge prompts with a fixed verdict, paraphrase prompts from a script, a round trip
-    (the request alone, with tools) from `calls` (default: the trial's own first call), and chit-chat prompts from
+    (the request alone, with tools) from `calls` (default: the trial's own first call; for a scripted paraphrase,
+    its original's), and chit-chat prompts from
     `chitchat` (requests) with `answers` (replies, in turn)."""
 
     name = "scripted"
@@ -140,6 +142,10 @@ class ScriptedBackend(Backend):
         self.reject = reject
         self.not_same = not_same  # paraphrases the judge calls another request
         self.calls = {**first_call_replies(good_trials()), **(calls or {})}
+        for query, texts in paraphrases.items():  # a paraphrase reads back to its original's call, unless scripted
+            for text in texts:
+                if isinstance(text, str) and query in self.calls:
+                    self.calls.setdefault(clean_paraphrase(text), self.calls[query])
         self.chitchat = chitchat
         self.answers = answers
         self.requests: list[GenerationRequest] = []

@@ -349,6 +349,11 @@ class DistillSection(Section):
         "tools, writes an equivalent call",
     )
     round_trip_max_tokens: int = Field(256, ge=1, description="tokens per round-trip reply (one call)")
+    paraphrase_round_trip: bool = Field(
+        True,
+        description="with an explorer_model: keep a paraphrase only when that model, made to call its original's "
+        "tool, writes the original's arguments from the paraphrase alone",
+    )
     irrelevance_fraction: float = Field(
         0.2,
         ge=0.0,

@@ -205,6 +205,7 @@ def stats_cmd(
     "distill.paraphrase_model",
     "distill.explorer_model",
     "distill.round_trip",
+    "distill.paraphrase_round_trip",
     "distill.require_grounded",
     "distill.irrelevance_fraction",
     "distill.chitchat_fraction",

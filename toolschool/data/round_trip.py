@@ -7,7 +7,13 @@ by the semantic rules of `toolschool.evaluate.metrics` (`score_item`: calculator
 pint, python by output). A request that does not say enough to get there (an ambiguous unit, a value the explorer
 picked from its context) fails, as it would for the student.
 
-The reply is generated greedily through the judge's backend, in the canonical (hermes) format the datasets are
+The same check verifies a paraphrase of a kept request: the model, made to call the original's tool (a named
+tool_choice, when its backend constrains), must write the original's arguments from the paraphrase alone. A
+paraphrase that turns "Celsius to Fahrenheit" around, or "10 days after" into "10 days before", reads back to
+another call and is not taught. (The tool is named there because the tool's choice was verified on the original;
+what a paraphrase must keep is what the call says.)
+
+The reply is generated greedily through the explorer's backend, in the canonical (hermes) format the datasets are
 written in and the evaluation scores, and cached like every distill reply, so a resumed distill does not ask again.
 """
 
@@ -17,6 +23,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import DEFAULT_FORMAT, get_format
 from toolschool.data.cache import ReplyCache
 from toolschool.evaluate.metrics import score_item
@@ -63,12 +70,16 @@ def round_trip_problem(reply: str, messages: list[dict[str, Any]], tools: list[d
     return OTHER_ARGUMENTS
 
 
-def round_trip_request(query: str, tools: list[dict[str, Any]], max_tokens: int, seed: int) -> GenerationRequest:
-    """The request alone, with the tools, in a fresh conversation; greedy."""
+def round_trip_request(
+    query: str, tools: list[dict[str, Any]], max_tokens: int, seed: int, *, tool: str | None = None
+) -> GenerationRequest:
+    """The request alone, with the tools, in a fresh conversation; greedy. `tool`: the reply must call that tool
+    (a named tool_choice constraint, enforced by a backend that constrains)."""
     fmt = get_format(DEFAULT_FORMAT)
     messages, sent_tools = fmt.to_messages([{"role": "user", "content": query}], tools)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, stop=list(fmt.stop), seed=seed)
-    return GenerationRequest(messages, sent_tools, params, prefill=fmt.prefill)
+    constraint = Constraint.for_tools(DEFAULT_FORMAT, tools, tool) if tool is not None else None
+    return GenerationRequest(messages, sent_tools, params, prefill=fmt.prefill, constraint=constraint)
 
 
 async def run_round_trips(
@@ -80,13 +91,23 @@ async def run_round_trips(
     seed: int,
     concurrency: int,
     advance: Any = None,
+    tools_named: list[str] | None = None,
 ) -> list[RoundTrip]:
-    """One round trip per (query, messages, tools), in order; replies cached under "round-trip"."""
+    """One round trip per (query, messages, tools), in order; replies cached under "round-trip".
+    `tools_named`: per item, the tool its reply must call (a paraphrase's round trip: its original's tool)."""
     semaphore = asyncio.Semaphore(max(1, concurrency))
+    named: list[str | None] = list(tools_named) if tools_named is not None else [None] * len(items)
+    if len(named) != len(items):
+        raise ValueError(f"{len(named)} tools named for {len(items)} round trips")
 
-    async def one(query: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> RoundTrip:
-        request = round_trip_request(query, tools, max_tokens, seed)
-        key = cache.key("round-trip", getattr(backend, "name", ""), request.messages, request.tools, max_tokens, seed)
+    async def one(
+        query: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool: str | None
+    ) -> RoundTrip:
+        request = round_trip_request(query, tools, max_tokens, seed, tool=tool)
+        key_parts: tuple[Any, ...] = (request.messages, request.tools, max_tokens, seed)
+        if tool is not None:  # a named reply is another reply; an unnamed one keeps the key it always had
+            key_parts += ({"tool_choice": tool, "constrained": backend.constrains},)
+        key = cache.key("round-trip", getattr(backend, "name", ""), *key_parts)
         cached = cache.get(key)
         if cached is None:
             try:
@@ -102,4 +123,4 @@ async def run_round_trips(
             return RoundTrip(cached["text"], cached["error"])
         return RoundTrip(cached["text"], round_trip_problem(cached["text"], messages, tools))
 
-    return list(await asyncio.gather(*(one(*item) for item in items)))
+    return list(await asyncio.gather(*(one(*item, tool) for item, tool in zip(items, named, strict=True))))

@@ -229,3 +229,40 @@ def test_paraphrases_are_judged_when_a_judge_is_configured_and_every_rejection_i
     opts.judge_model = None
     distill(trials, opts, paraphraser=backend)
     assert not (opts.out / "paraphrase_judgments.jsonl").exists()
+
+
+def test_a_paraphrase_is_kept_only_when_the_explorer_reads_it_back_to_the_original_call(tmp_path: Path) -> None:
+    """The rules cannot see "Multiply 1234 by 5678" read as a sum; the explorer, made to call the calculator from
+    the paraphrase alone, writes 1234 + 5678: that paraphrase would teach another call, and is not kept."""
+    from distill_helpers import good_trials, hermes_call
+
+    trials = good_trials()[:1]  # "What is 1234 * 5678?" -> calculator
+    misread = hermes_call("calculator", {"expression": "1234 + 5678"})
+    script = {"What is 1234 * 5678?": ["Multiply 1234 by 5678.", "Compute 1234 times 5678.", "Find 1234 x 5678."]}
+    backend = ScriptedBackend(script, calls={"Multiply 1234 by 5678.": misread})
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=3, max_paraphrases=2,
+        validation_fraction=0.0, paraphrase_model="scripted", chitchat_fraction=0.0,
+    )  # fmt: skip
+    summary = distill(trials, opts, paraphraser=backend, explorer=backend)
+    assert summary["options"]["paraphrase_round_trip"] is True
+    assert summary["dropped"]["paraphrase"]["calculator"] == {"round trip: calls the tool with other arguments": 1}
+    train, _ = load_dataset_jsonl(opts.out / "train.jsonl", on_error="stop")
+    kept = sorted(e["messages"][0]["content"] for e in train if e["meta"].get("paraphrase"))
+    assert kept == ["Compute 1234 times 5678.", "Find 1234 x 5678."]
+    trips = [r for r in backend.requests if r.constraint is not None]
+    # the reply must call the original's tool (a named tool_choice), from the paraphrase alone
+    assert {r.messages[-1]["content"] for r in trips} == {
+        "Multiply 1234 by 5678.", "Compute 1234 times 5678.", "Find 1234 x 5678."
+    }  # fmt: skip
+    assert all(r.constraint.tool_choice == "calculator" and len(r.messages) <= 2 for r in trips)
+    assert "paraphrase round trip: on" in (opts.out / "README.md").read_text()
+
+    # a rerun reads the round trips back from the cache; switched off, the misread paraphrase is kept
+    again = ScriptedBackend(script, calls={"Multiply 1234 by 5678.": misread})
+    assert distill(trials, opts, paraphraser=again, explorer=again)["dropped"] == summary["dropped"]
+    assert not [r for r in again.requests if r.constraint is not None]
+    opts.paraphrase_round_trip = False
+    off = distill(trials, opts, paraphraser=again, explorer=again)
+    assert off["dropped"]["paraphrase"] == {} and off["options"]["paraphrase_round_trip"] is False
+    assert off["per_tool"]["calculator"]["paraphrases"] == 2

@@ -120,9 +120,10 @@ def test_the_judge_and_the_paraphraser_reply_within_their_own_token_budgets(tmp_
     summary = distill(good_trials()[:1], opts, judge=backend, paraphraser=backend)
     assert summary["options"]["paraphrase_max_tokens"] == 24 and summary["total"]["paraphrases"] == 1
     budgets = {r.messages[-1]["content"][:20]: r.params.max_tokens for r in backend.requests}
-    # the judge reads the paraphrase too, within the judge's budget; the round trip writes one call, chit-chat
-    # requests and answers have theirs
+    # the judge reads the paraphrase too, within the judge's budget; the round trips (of the trial and of its
+    # paraphrase) write one call each, chit-chat requests and answers have theirs
     assert budgets == {
         "Rewrite the user req": 24, "You check one exampl": 40, "You check a rewritte": 40,
-        "What is 1234 * 5678?": 64, "Write one short mess": 32, "Any tips for sleepin": 32,
+        "What is 1234 * 5678?": 64, "Multiply 1234 by 567": 64, "Write one short mess": 32,
+        "Any tips for sleepin": 32,
     }  # fmt: skip

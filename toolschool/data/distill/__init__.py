@@ -31,8 +31,11 @@ and printed by `toolschool distill`:
    asking, drops a number, date, unit, name or quoted value the call arguments take from the query (or the month
    of a date the query names), adds a number neither the query nor the call has (it would ask for another call),
    puts a unit or name next to another number than in the query ("5 miles in km" for "5 km in miles"), is cut off
-   at `paraphrase_max_tokens`, or repeats a query or paraphrase of the tool (of any original). With a judge, each
-   paraphrase that passes is judged too (the same request? Yes/No + reason, `paraphrase_judgments.jsonl`) and kept
+   at `paraphrase_max_tokens`, or repeats a query or paraphrase of the tool (of any original). With an explorer
+   model and `paraphrase_round_trip`, a paraphrase that passes is read back: that model, made to call the
+   original's tool (a named tool_choice), must write the original's arguments from the paraphrase alone (one that
+   turns a conversion or a date's direction around fails). With a judge, each paraphrase that passes is judged
+   too (the same request? Yes/No + reason, `paraphrase_judgments.jsonl`) and kept
    only on Yes. Every rejection is counted with its reason in `summary.json` and the card.
 8. **split** — train / validation by original query, so an original and its paraphrases stay together (and
    originals sharing a query text across tools too: no query is in both splits).

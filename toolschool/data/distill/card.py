@@ -24,7 +24,8 @@ def distill_card(summary: dict[str, Any]) -> str:
         f"dedupe Jaccard >= {o['dedupe_threshold']}, validation fraction {o['validation_fraction']} (by original "
         f"query), seed {o['seed']}, require self-reported success: {o['require_solved']}",
         f"- grounding required: {o.get('require_grounded', False)}; round trip: "
-        f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('round_trip') else 'off'}; no-tool lines: "
+        f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('round_trip') else 'off'}; paraphrase round trip: "
+        f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('paraphrase_round_trip') else 'off'}; no-tool lines: "
         f"irrelevance fraction "
         f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)}, out-of-scope "
         f"fraction {o.get('out_of_scope_fraction', 0)} (of the tool-call lines)",

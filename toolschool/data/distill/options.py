@@ -31,6 +31,7 @@ class DistillOptions:
     require_answer: bool = False  # the final answer states a short tool result
     round_trip: bool = True  # with a judge: its model must write the call again from the request and tools alone
     round_trip_max_tokens: int = 256  # per round-trip reply (one call)
+    paraphrase_round_trip: bool = True  # with an explorer: it must read a paraphrase back to its original's call
     irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
     chitchat_fraction: float = 0.1  # chit-chat lines the judge model imagines and answers, per tool-call line
     out_of_scope_fraction: float = 0.1  # refused requests for a service no offered tool gives, per tool-call line

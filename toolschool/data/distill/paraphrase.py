@@ -1,5 +1,5 @@
-"""Step 7, paraphrase: more requests per tool, each checked to ask for the same call as its original (and, with a
-judge, judged so); every rejection counted with its reason."""
+"""Step 7, paraphrase: more requests per tool, each checked to ask for the same call as its original (by rule, by
+a round trip through the explorer, and, with a judge, judged so); every rejection counted with its reason."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from toolschool.data.distill.dedupe import near_duplicate
 from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.rules import Candidate
 from toolschool.data.distill.templates import generate, render
+from toolschool.data.round_trip import RoundTrip
 from toolschool.models.backend import Backend
 
 
@@ -298,6 +299,19 @@ async def run_paraphrase(
 
 
 Verdicts = dict[tuple[str, str], dict[str, Any]]  # (original query, paraphrase) -> the judge's verdict
+Trips = dict[tuple[str, str], RoundTrip]  # (original's id, paraphrase) -> its round trip
+
+
+@dataclass
+class Selection:
+    """What `select_paraphrases` decided: `accepted` (original, text, index), `rejected` reasons per tool, and the
+    pairs whose judge verdict (`awaiting`: (original query, text)) or round trip (`awaiting_trips`: (original,
+    text)) is still to be asked for."""
+
+    accepted: list[tuple[Candidate, str, int]]
+    rejected: dict[str, Counter[str]]
+    awaiting: list[tuple[str, str]]
+    awaiting_trips: list[tuple[Candidate, str]]
 
 
 def select_paraphrases(
@@ -306,19 +320,23 @@ def select_paraphrases(
     plan: dict[str, int],
     opts: DistillOptions,
     verdicts: Verdicts | None = None,
-) -> tuple[list[tuple[Candidate, str, int]], dict[str, Counter[str]], list[tuple[str, str]]]:
-    """(accepted (original, text, index), rejection reasons per tool, pairs awaiting the judge).
+    trips: Trips | None = None,
+) -> Selection:
+    """The paraphrases kept, why the others were not, and the checks still to ask for (`Selection`).
 
     The originals are taken in order, each until it has its share: a paraphrase is checked (`paraphrase_problem`;
-    cut short by `paraphrase_max_tokens`), then, with a judge (`verdicts` not None), must be judged the same request.
-    A pair not judged yet is taken as accepted and returned as awaiting: judge those and select again, until none
-    awaits. The result is what asking the judge about each paraphrase in turn would give, with the judge's replies
-    asked for concurrently; it is asked only about paraphrases that passed the checks when their turn came, not
-    about the samples past an original's share (a few more are asked for than planned, as some fail).
+    cut short by `paraphrase_max_tokens`), then, with a round trip (`trips` not None), the explorer reading it must
+    write the original's call, then, with a judge (`verdicts` not None), it must be judged the same request. A
+    paraphrase whose round trip or verdict is not known yet is taken as accepted and returned as awaiting: ask for
+    those and select again, until none awaits. The result is what asking about each paraphrase in turn would
+    give, with the replies asked for concurrently; only paraphrases that passed the earlier checks when their turn
+    came are asked about, not the samples past an original's share (a few more are asked for than planned, as
+    some fail).
     """
     accepted: list[tuple[Candidate, str, int]] = []
     rejected: dict[str, Counter[str]] = defaultdict(Counter)
     awaiting: list[tuple[str, str]] = []
+    awaiting_trips: list[tuple[Candidate, str]] = []
     originals_per_tool = Counter(c.tool for c in originals)
     made: Counter[str] = Counter()
     # every query of a tool so far, originals and accepted paraphrases of any original: two originals whose
@@ -334,6 +352,7 @@ def select_paraphrases(
         for reply in raw.get(candidate.id, []):
             if len(kept) >= share:
                 break
+            pending = False  # its round trip is not known yet: the judge is asked once that has passed
             text = clean_paraphrase(reply.text)
             if reply.cut_off():
                 problem: str | None = "cut off at paraphrase_max_tokens"
@@ -342,7 +361,14 @@ def select_paraphrases(
                     text, candidate.query, candidate.calls, others, opts.dedupe_threshold,
                     answers=candidate_answers(candidate),
                 )  # fmt: skip
-            if problem is None and verdicts is not None:
+            if problem is None and trips is not None:
+                trip = trips.get((candidate.id, text))
+                if trip is None:
+                    awaiting_trips.append((candidate, text))
+                    pending = True
+                elif trip.problem is not None:
+                    problem = f"round trip: {trip.problem}"
+            if problem is None and verdicts is not None and not pending:
                 verdict = verdicts.get((candidate.query, text))
                 if verdict is None:
                     awaiting.append((candidate.query, text))
@@ -357,4 +383,5 @@ def select_paraphrases(
             others.append(text)
         accepted += [(candidate, text, index) for index, text in enumerate(kept, start=1)]
         made[candidate.tool] += len(kept)
-    return accepted, rejected, list(dict.fromkeys(awaiting))
+    unique_trips = list({(c.id, t): (c, t) for c, t in awaiting_trips}.values())
+    return Selection(accepted, rejected, list(dict.fromkeys(awaiting)), unique_trips)

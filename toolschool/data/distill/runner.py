@@ -14,7 +14,13 @@ from toolschool.data.distill.card import distill_card
 from toolschool.data.distill.dedupe import dedupe
 from toolschool.data.distill.judge import JUDGE_CRITERIA, run_judge, run_paraphrase_judge
 from toolschool.data.distill.options import DistillOptions, check_options
-from toolschool.data.distill.paraphrase import Verdicts, paraphrase_plan, run_paraphrase, select_paraphrases
+from toolschool.data.distill.paraphrase import (
+    Trips,
+    Verdicts,
+    paraphrase_plan,
+    run_paraphrase,
+    select_paraphrases,
+)
 from toolschool.data.distill.rules import Candidate, trial_problem, trial_to_candidate
 from toolschool.data.distill.split import split_by_original
 from toolschool.data.distill.summary import FILTERS, NO_TOOL, STEPS, filter_yield
@@ -240,15 +246,39 @@ async def adistill(
 
     paraphrases: list[tuple[Candidate, str, int]] = []
     verdicts: Verdicts = {}
+    trips: Trips = {}
+    trip_explorer = explorer if opts.paraphrase_round_trip else None
     if paraphraser is not None and opts.target_per_tool > 0 and opts.max_paraphrases > 0:
         plan = paraphrase_plan(Counter(c.tool for c in originals), opts.target_per_tool, opts.max_paraphrases)
         raw = await run_paraphrase(originals, plan, paraphraser, cache, opts, progress)
-        while True:  # with a judge: judge the paraphrases the selection would keep, until it keeps only judged ones
-            paraphrases, rejected, awaiting = select_paraphrases(
-                originals, raw, plan, opts, verdicts if judge is not None else None
+        while True:  # ask the round trip, then the judge, about what the selection would keep, until all is known
+            selection = select_paraphrases(
+                originals,
+                raw,
+                plan,
+                opts,
+                verdicts if judge is not None else None,
+                trips if trip_explorer is not None else None,
             )
-            if judge is None or not awaiting:
+            paraphrases, rejected = selection.accepted, selection.rejected
+            if trip_explorer is not None and selection.awaiting_trips:
+                pairs = selection.awaiting_trips
+                advance = progress("paraphrase round trip", len(pairs)) if progress is not None else None
+                replies = await run_round_trips(
+                    [(text, c.messages, c.tools) for c, text in pairs],
+                    trip_explorer,
+                    cache,
+                    max_tokens=opts.round_trip_max_tokens,
+                    seed=opts.seed,
+                    concurrency=opts.concurrency,
+                    advance=advance,
+                    tools_named=[c.tool for c, _text in pairs],
+                )
+                trips.update(zip(((c.id, text) for c, text in pairs), replies, strict=True))
+                continue
+            if judge is None or not selection.awaiting:
                 break
+            awaiting = selection.awaiting
             verdicts.update(
                 zip(awaiting, await run_paraphrase_judge(awaiting, judge, cache, opts, progress), strict=True)
             )
@@ -340,6 +370,7 @@ async def adistill(
             "require_answer": opts.require_answer,
             "round_trip": opts.round_trip and explorer is not None,
             "round_trip_max_tokens": opts.round_trip_max_tokens,
+            "paraphrase_round_trip": opts.paraphrase_round_trip and explorer is not None,
             "irrelevance_fraction": opts.irrelevance_fraction,
             "chitchat_fraction": opts.chitchat_fraction,
             "out_of_scope_fraction": opts.out_of_scope_fraction,

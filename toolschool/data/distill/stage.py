@@ -56,6 +56,7 @@ def run_distill_stage(
         require_answer=d.require_answer,
         round_trip=d.round_trip,
         round_trip_max_tokens=d.round_trip_max_tokens,
+        paraphrase_round_trip=d.paraphrase_round_trip,
         irrelevance_fraction=d.irrelevance_fraction,
         chitchat_fraction=d.chitchat_fraction,
         out_of_scope_fraction=d.out_of_scope_fraction,
