@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from toolschool.data.distill.paraphrase import clean_paraphrase
+from toolschool.data.distill.paraphrase import clean_paraphrase, paraphrase_styles
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
 TOOLS = [
@@ -149,6 +149,7 @@ class ScriptedBackend(Backend):
         self.chitchat = chitchat
         self.answers = answers
         self.requests: list[GenerationRequest] = []
+        self.served: dict[tuple[str, int], int] = {}  # paraphrase samples served per (request, style)
 
     async def generate(self, request: GenerationRequest) -> list[Completion]:
         self.requests.append(request)
@@ -170,7 +171,13 @@ class ScriptedBackend(Backend):
             return [Completion(text="Same: No - another task" if rewritten in self.not_same else "Same: Yes - same")]
         query = prompt.rsplit("Request: ", 1)[1]
         texts = self.paraphrases.get(query, [])  # a text, or a Completion (one cut off at max_tokens)
-        replies = [texts[i] if i < len(texts) else "" for i in range(request.params.n)]
+        # sample i of a request is asked in style i (in turn): this request serves its style's next samples
+        styles = paraphrase_styles()
+        style = next(i for i, s in enumerate(styles) if f"in different words, {s}." in prompt)
+        first = self.served.get((query, style), 0)
+        self.served[(query, style)] = first + request.params.n
+        indices = [style + len(styles) * k for k in range(first, first + request.params.n)]
+        replies = [texts[i] if i < len(texts) else "" for i in indices]
         return [r if isinstance(r, Completion) else Completion(text=r) for r in replies]
 
 

@@ -24,6 +24,14 @@ def test_paraphrase_checks_what_the_call_needs() -> None:
     assert paraphrase_problem("Convert 5 kilometres to miles", original, calls, [], 0.9) == (
         "loses a date, unit or name the call needs"
     )
+    # to be read back to the call (a round trip), a unit may be written out: the round trip checks what it means
+    assert paraphrase_problem("Convert 5 kilometres to miles", original, calls, [], 0.9, read_back=True) is None
+    assert paraphrase_problem("Convert five kilometres to miles", original, calls, [], 0.9, read_back=True) == (
+        "loses a number the call needs"
+    )
+    assert paraphrase_problem("How many km is 5 miles?", original, calls, [], 0.9, read_back=True) == (
+        "puts a unit or name the call needs next to another number"
+    )
     assert paraphrase_problem("how many miles is 5 km", original, calls, [], 0.9) == "same as the original"
     # the same number and unit, swapped: 5 miles in km is another call than the original's 5 km in miles
     assert paraphrase_problem("How many km is 5 miles?", original, calls, [], 0.9) == (
@@ -103,17 +111,22 @@ def test_resume_reuses_cached_paraphrases_when_the_plan_changes(tmp_path: Path) 
     )  # fmt: skip
     first = distill(trials[:2], opts, paraphraser=backend)  # 2 originals: 2 paraphrases each planned, 4 asked
     assert first["total"]["paraphrases"] == 3
-    assert [r.params.n for r in backend.requests] == [4, 4]
+    # one request per style, each for the samples of its style (four styles: one sample each)
+    assert [r.params.n for r in backend.requests] == [1] * 8
     backend.requests.clear()
     second = distill(trials, opts, paraphraser=backend)  # 3 originals: 1 each planned, 3 asked
     asked = [r.messages[-1]["content"].rsplit("Request: ", 1)[1] for r in backend.requests]
-    assert asked == ["Divide 81 by 9"], asked  # the first two come from the cache
+    assert asked == ["Divide 81 by 9"] * 3, asked  # the first two come from the cache
     assert second["total"]["paraphrases"] == 2
     backend.requests.clear()
     opts.max_paraphrases = 3
     opts.target_per_tool = 12  # 3 each planned, 5 asked: only the missing samples are asked for
     distill(trials, opts, paraphraser=backend)
-    assert sorted(r.params.n for r in backend.requests) == [1, 1, 2]
+    # the first two: a second sample of the first style; the third: that, and one of the fourth style
+    assert [r.params.n for r in backend.requests] == [1, 1, 1, 1]
+    assert sorted(r.messages[-1]["content"].rsplit("Request: ", 1)[1] for r in backend.requests) == [
+        "Add 17 and 25", "Divide 81 by 9", "Divide 81 by 9", "What is 1234 * 5678?"
+    ]  # fmt: skip
 
 
 def test_a_paraphrase_that_answers_echoes_the_prompt_or_drops_a_quoted_value_or_month_is_rejected() -> None:
@@ -127,10 +140,13 @@ def test_a_paraphrase_that_answers_echoes_the_prompt_or_drops_a_quoted_value_or_
         "states the answer instead of asking"
     )
     assert paraphrase_problem("What weekday fell on 2024-05-01?", original, dated, [], 0.9, answers=answers) is None
-    # the paraphrasing prompt echoed back (a small model does), with or without the request after it
-    echo = paraphrase_prompt("").split("\n\n")[0]
-    assert paraphrase_problem(echo, original, dated, [], 0.9) == "repeats the paraphrasing instructions"
-    assert paraphrase_problem(f"Keep every number, date exactly: {original}", original, dated, [], 0.9) == (
+    # the paraphrasing prompt echoed back (a small model does), with or without the request after it, in any style
+    for sample in range(4):
+        echo = paraphrase_prompt("", sample).split("\n\n")[0]
+        assert paraphrase_problem(echo, original, dated, [], 0.9) == "repeats the paraphrasing instructions"
+    assert "in the words a person would say" in paraphrase_prompt("", 1)
+    assert paraphrase_prompt("", 4) == paraphrase_prompt("", 0)  # the styles in turn
+    assert paraphrase_problem(f"Keep every number and date exactly: {original}", original, dated, [], 0.9) == (
         "repeats the paraphrasing instructions"
     )
     # a date the query writes with its month's name: the numbers stay, the month changes

@@ -31,14 +31,12 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     calc, units = summary["per_tool"]["calculator"], summary["per_tool"]["unit_convert"]
     assert (calc["trials"], calc["rules"], calc["judge"], calc["dedupe"]) == (7, 3, 2, 1)
     assert (units["trials"], units["rules"], units["judge"], units["dedupe"]) == (2, 1, 1, 1)
-    assert calc["paraphrases"] == 1 and units["paraphrases"] == 1
+    # "kilometres" for "km": read back to the original's call (the judge acts as explorer), so kept
+    assert calc["paraphrases"] == 1 and units["paraphrases"] == 2
     assert calc["final"] == 2 and calc["train"] + calc["validation"] == 2
     assert summary["dropped"]["judge"]["calculator"] == {"judged No on faithful": 1}
     assert summary["dropped"]["paraphrase"]["calculator"]["loses a number the call needs"] == 1
-    assert summary["dropped"]["paraphrase"]["unit_convert"] == {
-        "loses a date, unit or name the call needs": 1,
-        "empty": 2,  # it asks for a few more than planned; the scripted model ran out of texts
-    }
+    assert "unit_convert" not in summary["dropped"]["paraphrase"]
 
     train, _ = load_dataset_jsonl(opts.out / "train.jsonl", on_error="stop")
     validation, _ = load_dataset_jsonl(opts.out / "validation.jsonl", on_error="stop")
@@ -53,6 +51,7 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     assert sorted(e["messages"][0]["content"] for e in paraphrased) == [
         "5 km equals how many miles?",
         "Compute 1234 times 5678.",
+        "Convert 5 kilometres to miles",
     ]
     judgments = [json.loads(line) for line in (opts.out / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 4 and any(j["faithful"]["reason"] == "invented a number" for j in judgments)

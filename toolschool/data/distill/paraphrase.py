@@ -4,7 +4,9 @@ a round trip through the explorer, and, with a judge, judged so); every rejectio
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
+import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -15,14 +17,22 @@ from toolschool.data.dataset import same_request_key
 from toolschool.data.distill.dedupe import near_duplicate
 from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.rules import Candidate
-from toolschool.data.distill.templates import generate, render
+from toolschool.data.distill.templates import PROMPTS_DIR, generate, render
 from toolschool.data.round_trip import RoundTrip
 from toolschool.models.backend import Backend
 
 
-def paraphrase_prompt(query: str) -> str:
-    """The paraphrasing prompt (`prompts/paraphrase.jinja`) for one request."""
-    return render("paraphrase", query=query)
+@functools.cache
+def paraphrase_styles() -> tuple[str, ...]:
+    """How each paraphrase is asked to be worded, in turn (`prompts/paraphrase_styles.json`)."""
+    return tuple(json.loads((PROMPTS_DIR / "paraphrase_styles.json").read_text(encoding="utf-8"))["styles"])
+
+
+def paraphrase_prompt(query: str, sample: int = 0) -> str:
+    """The paraphrasing prompt (`prompts/paraphrase.jinja`) for one request's `sample`-th paraphrase: the styles
+    of `paraphrase_styles` in turn."""
+    styles = paraphrase_styles()
+    return render("paraphrase", query=query, style=styles[sample % len(styles)])
 
 
 _NUM = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
@@ -154,7 +164,7 @@ def _token_runs(text: str) -> set[tuple[str, ...]]:
     return {tuple(tokens[i : i + _ECHO_RUN]) for i in range(len(tokens) - _ECHO_RUN + 1)}
 
 
-_INSTRUCTION_RUNS = _token_runs(paraphrase_prompt(""))
+_INSTRUCTION_RUNS = set().union(*(_token_runs(paraphrase_prompt("", i)) for i in range(len(paraphrase_styles()))))
 
 
 def _states(text: str, answer: str) -> bool:
@@ -171,11 +181,16 @@ def paraphrase_problem(
     threshold: float,
     *,
     answers: list[str] | tuple[str, ...] = (),
+    read_back: bool = False,
 ) -> str | None:
     """Why a paraphrase is rejected, or None.
 
     `answers`: what answers the original (its final answer, the last tool result): a paraphrase stating one that the
-    query does not is an answer, not a request ("2024-05-01 is a Wednesday" for "Which day was 2024-05-01?")."""
+    query does not is an answer, not a request ("2024-05-01 is a Wednesday" for "Which day was 2024-05-01?").
+    `read_back`: the paraphrase will be read back to the original's call (a round trip), which checks a unit or name
+    by what it means: one written another way ("kilometres" for "km") is then left to it, where alone it is
+    rejected (a unit in words is what a student reading users' requests most needs to see). One written the same
+    way is still checked here, with the number it goes with."""
     if not paraphrase.strip():
         return "empty"
     if same_request_key(paraphrase) == same_request_key(original):
@@ -193,8 +208,11 @@ def paraphrase_problem(
     if paraphrase_numbers - _numbers(original) - _call_numbers(calls):
         return "adds a number the call does not use"
     lower = paraphrase.lower()
-    if any(not re.search(rf"(?<!\w){re.escape(p)}(?!\w)", lower) for p in phrases):
-        return "loses a date, unit or name the call needs"
+    written = {p for p in phrases if re.search(rf"(?<!\w){re.escape(p)}(?!\w)", lower)}
+    if written != phrases:
+        if not read_back:
+            return "loses a date, unit or name the call needs"
+        phrases = written  # those written another way are the round trip's to check
     if _number_phrase_pairs(original, numbers, phrases) - _number_phrase_pairs(paraphrase, numbers, phrases):
         return "puts a unit or name the call needs next to another number"
     if any(value not in paraphrase for value in quoted_values(original, calls)):
@@ -269,9 +287,19 @@ async def run_paraphrase(
         n = plan.get(candidate.tool, 0)
         if n <= 0:
             return candidate.id, []
-        prompt = paraphrase_prompt(candidate.query)
         # ask for a few extra: some will be rejected
         n_ask = n + 2
+        # sample i is asked in style i (in turn): one request per style, for the samples of that style
+        styles = len(paraphrase_styles())
+        per_style = [len(range(style, n_ask, styles)) for style in range(min(styles, n_ask))]
+        by_style = await asyncio.gather(
+            *(ask(candidate, paraphrase_prompt(candidate.query, style), count) for style, count in enumerate(per_style))
+        )
+        if advance is not None:
+            advance()
+        return candidate.id, [by_style[i % styles][i // styles] for i in range(n_ask)]
+
+    async def ask(candidate: Candidate, prompt: str, count: int) -> list[ParaphraseReply]:
         seed = int(hashlib.sha256(f"{opts.seed}:{candidate.id}".encode()).hexdigest()[:8], 16)
         # The key leaves out how many samples were asked for: the plan changes with the number of originals (more
         # trials, another target), and samples already paid for are reused; only the missing ones are asked for,
@@ -279,21 +307,19 @@ async def run_paraphrase(
         max_tokens = opts.paraphrase_max_tokens
         key = cache.key("paraphrase", getattr(backend, "name", ""), prompt, opts.temperature, max_tokens, seed)
         replies = [ParaphraseReply.from_cache(value) for value in cache.get(key) or []]
-        if len(replies) < n_ask:
+        if len(replies) < count:
             async with semaphore:
                 completions = await generate(
                     backend,
                     prompt,
-                    n=n_ask - len(replies),
+                    n=count - len(replies),
                     temperature=opts.temperature,
                     max_tokens=max_tokens,
                     seed=seed + len(replies),
                 )
             replies += [ParaphraseReply(c.text, c.finish_reason == "length") for c in completions]
             cache.put(key, [reply.to_cache() for reply in replies])
-        if advance is not None:
-            advance()
-        return candidate.id, replies[:n_ask]
+        return replies[:count]
 
     return dict(await asyncio.gather(*(one(c) for c in candidates)))
 
@@ -359,7 +385,7 @@ def select_paraphrases(
             else:
                 problem = paraphrase_problem(
                     text, candidate.query, candidate.calls, others, opts.dedupe_threshold,
-                    answers=candidate_answers(candidate),
+                    answers=candidate_answers(candidate), read_back=trips is not None,
                 )  # fmt: skip
             if problem is None and trips is not None:
                 trip = trips.get((candidate.id, text))
