@@ -508,6 +508,18 @@ def test_a_forced_call_the_model_did_not_complete_is_an_error_not_text(
     assert message in error["message"] and error["param"] == param
 
 
+def test_a_forced_reply_cut_off_after_a_complete_call_returns_the_complete_calls() -> None:
+    """A small model sampled hot starts a second call (or writes a string on and on) until max_tokens: the calls it
+    completed are the reply, the one cut off is left out, and finish_reason says the reply was cut."""
+    second = '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*'
+    reply = 'weather", "arguments": {"city": "Oslo"}}\n</tool_call>' + second
+    response = _post(ScriptedBackend([(reply, "length")]), {"tools": [CALC, WEATHER], "tool_choice": "required"})
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    assert _calls(response) == [("weather", {"city": "Oslo"})]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+
+
 def test_a_forced_call_cannot_continue_a_partial_assistant_message() -> None:
     body = {
         "messages": [*HI, {"role": "assistant", "content": "Let me"}],

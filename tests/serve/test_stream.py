@@ -595,6 +595,29 @@ def test_a_forced_call_that_fails_after_the_stream_began_is_an_error_event() -> 
     assert "cut off by max_tokens (20)" in str(raised.value)
 
 
+def test_a_forced_reply_cut_off_in_a_further_call_streams_the_complete_calls_only() -> None:
+    """The first call streams as it is written; a further one once it is closed: cut off by max_tokens, it is left
+    out of the stream as of the response, so the deltas add up to the non-streamed reply."""
+    second = '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*'
+    reply = 'weather", "arguments": {"city": "Oslo"}}\n</tool_call>' + second
+    body = {"messages": HI, "tools": [CALC, WEATHER], "tool_choice": "required", "max_tokens": 40}
+    with running_server(StreamingScript([(reply, "length")]), "scripted") as url:
+        events = asyncio.run(_sse(url, body))
+        client = openai.OpenAI(base_url=url, api_key="x")
+        plain = client.chat.completions.create(model="scripted", **body)
+        # (the client's `stream()` helper refuses to parse a reply whose finish_reason is "length": read chunks)
+        chunks = list(client.chat.completions.create(model="scripted", stream=True, **body))
+    deltas = [e["choices"][0]["delta"] for e in events[1:-1] if isinstance(e, dict) and e["choices"]]
+    indices = {c["index"] for d in deltas for c in d.get("tool_calls") or []}
+    assert indices == {0}  # the cut-off second call never started on the wire
+    assert len([d for d in deltas if d.get("tool_calls")]) > 3  # the first streamed as it was written
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    streamed = "".join(c.function.arguments or "" for k in chunks for c in k.choices[0].delta.tool_calls or [])
+    (call,) = plain.choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("weather", streamed) == ("weather", '{"city": "Oslo"}')
+    assert plain.choices[0].finish_reason == chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_the_openai_client_reassembles_streamed_tool_calls() -> None:
     reply = (
         "Checking.\n" + CALL + "\n" + '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'

@@ -19,9 +19,11 @@ Request handling, on purpose:
   model names a tool and may add more calls) or the whole opener up to the named function's arguments
   (generation stops at `</tool_call>`, so it is exactly one call). The calls come back in `tool_calls` with
   finish reason "tool_calls" ("required") or "stop" (a named function), as OpenAI and vLLM answer. A forced
-  reply that is not a complete, valid call (cut off by `max_tokens`; unconstrained: bad JSON, a tool not offered)
-  is an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse — never text
-  passed off as a compliant reply. "required" without tools, or a named function that is not among the tools,
+  reply that is not a complete, valid call (cut off by `max_tokens` in its first call; unconstrained: bad JSON, a
+  tool not offered) is an HTTP 400 naming what went wrong, as vLLM answers when the forced output does not parse —
+  never text passed off as a compliant reply. One cut off by `max_tokens` after a complete call (a small model
+  sampled hot starts another call, or writes one string on and on) returns its complete calls, the one cut off
+  left out, with finish reason "length". "required" without tools, or a named function that is not among the tools,
   is a 400; so is a forced call with `continue_final_message`, and a tool schema the grammar library cannot
   compile (one line naming the tool and the construct).
 - `response_format`: "json_object" and "json_schema" hold the whole reply to JSON (of that schema), constrained
@@ -90,7 +92,7 @@ from toolschool.serve.limits import (
     parameters_problem,
     read_body,
 )
-from toolschool.serve.stream import DONE, ChunkWriter, ForcedCalls, error_event, new_call_id
+from toolschool.serve.stream import DONE, ChunkWriter, ForcedCalls, complete_calls_text, error_event, new_call_id
 
 T = TypeVar("T")
 
@@ -715,8 +717,10 @@ def _choice(
         calls, content = _forced_calls(body, forced, completion)
         message["content"] = content or None
         message["tool_calls"] = _wire_calls(calls[: _call_limit(body)])
-        # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function.
-        finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
+        # OpenAI and vLLM: "tool_calls" for "required", "stop" for a named function; "length" when the reply was
+        # cut off after its complete calls (the one cut off left out)
+        if completion.finish_reason != "length":
+            finish_reason = "stop" if isinstance(body.tool_choice, dict) else "tool_calls"
     # A reply cut off by max_tokens is returned as text: its calls may be incomplete.
     elif offer_tools and completion.finish_reason == "stop":
         parsed = get_format("hermes").parse(completion.text, body.tools)
@@ -741,15 +745,20 @@ def _choice(
 def _forced_calls(
     body: ChatCompletionRequest, prefill: str, completion: Completion
 ) -> tuple[list[dict[str, Any]], str]:
-    """The calls (and any text beside them) of a reply that started with the forced opener, or BadRequest."""
+    """The calls (and any text beside them) of a reply that started with the forced opener, or BadRequest. A reply
+    cut off by max_tokens gives the calls completed before the one cut off (`complete_calls_text`), or, when the
+    first was cut off, a BadRequest saying so."""
     what = _forced_name(body.tool_choice)
+    text = prefill + completion.text
     if completion.finish_reason == "length":
-        limit = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
-        raise BadRequest(
-            f"tool_choice {what}: the model's tool call was cut off by max_tokens ({limit}); raise max_tokens",
-            "max_tokens",
-        )
-    parsed = get_format("hermes").parse(prefill + completion.text, body.tools)
+        text = complete_calls_text(text)
+        if not text:
+            limit = body.max_completion_tokens or body.max_tokens or DEFAULT_MAX_TOKENS
+            raise BadRequest(
+                f"tool_choice {what}: the model's tool call was cut off by max_tokens ({limit}); raise max_tokens",
+                "max_tokens",
+            )
+    parsed = get_format("hermes").parse(text, body.tools)
     if not parsed.calls:
         reason = parsed.error or "no call"
         raise BadRequest(f"tool_choice {what}: the model's reply is not a valid tool call ({reason})", "tool_choice")

@@ -17,9 +17,11 @@ offered is sent when it is finished.
 A forced call (`tool_choice` "required" or a named function) is a call whatever the model writes next, so it
 streams as the OpenAI API streams calls: a `tool_calls` delta with the call's index, id, type, name and empty
 arguments once its name is known, then `function.arguments` deltas (index only) as they are written
-(`partial_calls`), and at the end the rest of its arguments, if any. A call the model chooses is only known to be
-one when the reply ends (cut off by `max_tokens`, it is text), so it comes whole then. A forced reply's text
-beside its calls comes when it is finished.
+(`partial_calls`), and at the end the rest of its arguments, if any. That holds for the first call; a further
+call is sent once it is complete, because a reply cut off by `max_tokens` in a further call returns the calls
+before it (`complete_calls_text`), and a call already sent could not be taken back. A call the model chooses is
+only known to be one when the reply ends (cut off by `max_tokens`, it is text), so it comes whole then. A forced
+reply's text beside its calls comes when it is finished.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolschool.chat.formats.hermes import CLOSE as HERMES_CLOSE
 from toolschool.chat.formats.hermes import OPEN as HERMES_OPEN
 from toolschool.serve.partial_calls import calls_so_far
 
@@ -70,6 +73,19 @@ def sendable(text: str, stop: list[str], *, calls_possible: bool) -> str:
             text = text[:opener]
         text = text[: len(text) - partial_suffix(text, [HERMES_OPEN])]
     return text.rstrip()
+
+
+def complete_calls_text(text: str) -> str:
+    """A hermes reply cut off by max_tokens, up to the end of its last complete call ("" when its first call is
+    not complete): what of it can still be returned as calls."""
+    end = 0
+    pos = 0
+    while (start := text.find(HERMES_OPEN, pos)) != -1:
+        close = text.find(HERMES_CLOSE, start)
+        if close == -1:
+            break
+        end = pos = close + len(HERMES_CLOSE)
+    return text[:end]
 
 
 def new_call_id() -> str:
@@ -164,7 +180,11 @@ class ChunkWriter:
         assert self.forced is not None
         sent = self.choices[index].calls
         chunks = []
-        for k, call in enumerate(calls_so_far(self.forced.opener + text, self.forced.tools, self.forced.limit)):
+        written = self.forced.opener + text
+        closed = len(calls_so_far(complete_calls_text(written), self.forced.tools, self.forced.limit))
+        for k, call in enumerate(calls_so_far(written, self.forced.tools, self.forced.limit)):
+            if k > 0 and k >= closed and k == len(sent):
+                break  # a further call streams once closed: cut off by max_tokens, it is left out
             if k == len(sent):
                 sent.append(_SentCall(new_call_id(), call.name))
                 function = {"name": call.name, "arguments": ""}
