@@ -20,6 +20,7 @@ from toolschool.data.filters import (
     TEXT,
     TOOL_ECHO,
     UNIT,
+    UNUSED,
     EchoSource,
     Sources,
     call_grounding,
@@ -29,6 +30,7 @@ from toolschool.data.filters import (
     grounding_problem,
     template_sentences,
     tool_description_sources,
+    unused_numbers,
     word_numbers,
 )
 from toolschool.tools.registry import build_registry
@@ -139,6 +141,44 @@ def test_a_conversation_is_checked_call_by_call_with_earlier_results(builtin_too
     assert problem is not None and (problem.reason, problem.detail) == (NUMBER, "43")
 
 
+def test_a_number_of_the_request_that_no_call_uses_is_found(builtin_tools) -> None:
+    """A request stating a number its call does not use states an answer or a detail the call ignores; one used
+    negated, scaled by a word of the request ("3 weeks", "15%"), or as a bound of a program's range is used."""
+    assert unused_numbers("The number of days between 2020-08-02 and 2021-10-15 is 11 days.", [
+        {"start_date": "2020-08-02", "end_date": "2021-10-15"}
+    ]) == [11.0]  # fmt: skip
+    assert unused_numbers("I have 9570 km/h (5 miles per hour); in m/s?", [
+        {"value": 9570, "from_unit": "km/h", "to_unit": "m/s"}
+    ]) == [5.0]  # fmt: skip
+    assert unused_numbers("What is the date 3 weeks after 2024-01-01?", [{"date": "2024-01-01", "days": 21}]) == []
+    assert unused_numbers("What is 2 days before 2024-01-01?", [{"date": "2024-01-01", "days": -2}]) == []
+    assert unused_numbers("Add a 15% tip to 80 dollars", [{"expression": "80 * 1.15"}]) == []
+    assert (
+        unused_numbers(
+            "Print the sum of the squares of 1 to 18.", [{"code": "print(sum(i * i for i in range(1, 19)))"}]
+        )
+        == []
+    )
+    assert unused_numbers("What is 12 * 7? I got 83.", [{"expression": "12 * 7"}]) == [83.0]
+    assert unused_numbers("The days from 2024-01-01 to 2024-01-09 are 8.", [  # not a range: 8 is not 9 - 1
+        {"start_date": "2024-01-01", "end_date": "2024-01-09"}
+    ]) == [8.0]  # fmt: skip
+
+    def conversation(request: str) -> list[dict]:
+        function = {"name": "calculator", "arguments": {"expression": "12 * 7"}}
+        return [
+            {"role": "user", "content": request},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": function}]},
+            {"role": "tool", "tool_call_id": "a", "content": "84"},
+            {"role": "assistant", "content": "84"},
+        ]
+
+    assert grounding_problem(conversation("What is 12 * 7?"), builtin_tools) is None
+    problem = grounding_problem(conversation("12 * 7 is 84, right?"), builtin_tools)
+    assert problem is not None and (problem.reason, problem.detail) == (UNUSED, "84")
+    assert UNUSED == "a number in the request is not in the call"
+
+
 def test_number_words_and_date_spellings() -> None:
     assert word_numbers("three hundred and twenty five apples, twelve eggs, 2 million, twenty-five") == {
         325.0, 12.0, 2_000_000.0, 25.0,
@@ -189,8 +229,8 @@ def test_distill_drops_ungrounded_and_echoed_trials_and_counts_each_reason(tmp_p
         *good_trials()[:4],
         trial("calculator", 5, 0, "Add 17 and 25", [{"calls": [call("calculator", {"expression": "17+26"}, "43")]}],
               "43"),
-        trial("calculator", 5, 1, "Will it rain in Lisbon on 2024-06-14? Compute 2024-6",
-              [{"calls": [call("calculator", {"expression": "2024-6"}, "2018")]}], "2018"),
+        trial("calculator", 5, 1, "Will it rain in Lisbon on 2024-06-14? Compute 2024-6-14",
+              [{"calls": [call("calculator", {"expression": "2024-6-14"}, "2004")]}], "2004"),
     ]  # fmt: skip
     summary, card, filtered = _distilled(tmp_path, trials)
     assert summary["dropped"]["grounding"] == {"calculator": {NUMBER: 1}}

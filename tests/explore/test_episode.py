@@ -1021,6 +1021,22 @@ async def test_values_first_writes_the_request_again_when_it_leaves_a_value_out(
     assert drawn == [0.5, 0.65]
 
 
+async def test_values_first_writes_the_request_again_when_it_states_a_number_the_values_do_not_use(tmp_path) -> None:
+    """ "What is 1 * 7? It is 7." states the answer: a student taught on it learns to leave numbers out. Written
+    again, and the request that states only the values is the trial's."""
+    backend = ScriptedBackend(
+        _values_first_with("Write the short message", '"I think 1 * 7 is 8, is it?"', '"What is 1 * 7?"')
+    )
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first")
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    assert record["query"] == "What is 1 * 7?"
+    (aside,) = record["set_aside"]["requests"]
+    assert aside == {**aside, "request": "I think 1 * 7 is 8, is it?"}
+    assert aside["problem"] == "a number in the request is not in the call: 8"
+
+
 async def test_a_program_that_prints_nothing_is_set_aside() -> None:
     from toolschool.explore.episode import values_problem
 

@@ -266,6 +266,7 @@ DATE = "a date in the call is not in the request"
 UNIT = "a unit in the call is not in the request"
 TEXT = "a name or text in the call is not in the request"
 PYTHON = "a literal of the python code is not in the request"
+UNUSED = "a number in the request is not in the call"
 
 
 def _in_text(value: str, haystack: str) -> bool:
@@ -481,12 +482,44 @@ def _tool_name(tool: Any) -> str:
     return str(function.get("name", ""))
 
 
+def unused_numbers(request: str, arguments: Iterable[dict[str, Any]]) -> list[float]:
+    """The numbers `request` writes in digits that none of the calls' `arguments` uses, in order: neither as the
+    value itself (nor negated), nor as a bound of a program's range (+/- 1), nor scaled by a number a word of the
+    request implies ("3 weeks" is 21 days, "15%" is 0.15 or 1.15). A request that states a number its call does
+    not use states an answer ("... is 11 days"), or a detail the call ignores ("9570 km/h (5 miles per hour)"):
+    what a student learns from it is to leave numbers out."""
+    used: set[float] = set()
+    bounds: set[float] = set()  # the numbers of a program with a range: "1 to 18" is range(1, 19)
+    for values in arguments:
+        for _key, value in _flatten(values):
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                used.add(float(value))
+            elif isinstance(value, str):
+                used |= set(numbers_in(value))
+                if "range(" in value:
+                    bounds |= set(numbers_in(value))
+    factors = implied_numbers(request)
+    out: list[float] = []
+    for number in dict.fromkeys(numbers_in(request)):
+        forms = {number, -number}
+        for factor in factors:
+            if factor:
+                forms |= {number * factor, number / factor, 1 + number / factor, 1 - number / factor}
+        if not any(_close(form, value) for form in forms for value in used) and not any(
+            _close(number + step, bound) for step in (1, -1) for bound in bounds
+        ):
+            out.append(number)
+    return out
+
+
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
     """Why a clean conversation (the request, then calls and their results) has a call value the request does not
-    state, or None. A call may also use what an earlier call of the conversation returned."""
+    state, or a number in the request that no call uses (`unused_numbers`), or None. A call may also use what an
+    earlier call of the conversation returned."""
     if not messages or messages[0].get("role") != "user":
         return None
     sources = Sources(str(messages[0].get("content") or ""))
+    called: list[dict[str, Any]] = []
     for message in messages[1:]:
         if message.get("role") == "tool":
             sources = Sources(sources.request, [*sources.results, str(message.get("content") or "")])
@@ -498,7 +531,9 @@ def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]
                 problem = call_grounding(str(function.get("name")), arguments, tools, sources)
                 if problem is not None:
                     return problem
-    return None
+                called.append(arguments)
+    unused = unused_numbers(sources.request, called) if called else []
+    return Ungrounded(UNUSED, _format_number(unused[0])) if unused else None
 
 
 # ---------------------------------------------------------------------------------------------- echo

@@ -660,15 +660,20 @@ def calls_problem(tool: str, records: list[dict[str, Any]]) -> str | None:
 
 
 def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], request: str) -> str | None:
-    """Why a request written from `values` does not do: it is empty, or a value is not stated in it (distill's
-    grounding rules: numbers in any spelling, units as the tool reads them...). Such a request asks for something
-    else, so the call read from it cannot have the values; a small explorer drops one a time in three."""
-    from toolschool.data.filters import Sources, call_grounding
+    """Why a request written from `values` does not do: it is empty, a value is not stated in it (distill's
+    grounding rules: numbers in any spelling, units as the tool reads them...), or it states a number the values
+    do not use (`unused_numbers`: an answer, "... is 11 days", or a detail the call ignores). The first asks for
+    something else, so the call read from it cannot have the values (a small explorer drops one a time in three);
+    the second teaches a student to leave numbers out, and distill drops it."""
+    from toolschool.data.filters import UNUSED, Sources, call_grounding, unused_numbers
 
     if not request:
         return "no request"
     problem = call_grounding(tool, values, ctx.tool_schemas, Sources(request))
-    return None if problem is None else f"{problem.reason}: {problem.detail}"
+    if problem is not None:
+        return f"{problem.reason}: {problem.detail}"
+    unused = unused_numbers(request, [values])
+    return f"{UNUSED}: {unused[0]:g}" if unused else None
 
 
 async def _imagine_from_values(
