@@ -3,12 +3,14 @@
 A dataset line (`{"messages", "tools", "meta"}`) becomes one item: the conversation up to its first assistant
 turn is the prompt, that turn is the gold (its tool calls, or its text as the expected final answer), and
 `meta.expected_answer` (else the last assistant text) is what `--execute` scores the final answer against.
+This "prompt + gold turn" is the one unit evaluation, training's validation and RL score: all three build it
+with `item_from_example` (`split_at_first_assistant` for a bare conversation).
 Benchmarks (BFCL, STE) build items themselves and may attach a `judge` that adds their official verdict.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ class EvalItem:
     category: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     judge: Judge | None = None  # benchmark verdict {"valid": bool, ...}; None: metrics.score_item only
+    gold_turn: dict[str, Any] | None = None  # the gold assistant message as the line holds it (None: a benchmark's)
 
     @property
     def query(self) -> str:
@@ -40,6 +43,30 @@ class EvalItem:
             if message.get("role") == "user" and isinstance(message.get("content"), str):
                 return message["content"]
         return ""
+
+    @property
+    def gold_message(self) -> dict[str, Any]:
+        """The gold turn as a canonical assistant message: as a canonical (hermes) line holds it; for a line written
+        in a text format (`meta.format` json or react), or a benchmark's item, rebuilt from the calls read from its
+        text, so what compares replies with it compares calls, not the call's text as an answer."""
+        if self.gold_turn is not None and self.meta.get("format") in (None, "hermes"):
+            return self.gold_turn
+        if self.gold_calls:
+            return {"role": "assistant", "content": "", "tool_calls": list(self.gold_calls)}
+        return {"role": "assistant", "content": self.gold_final or ""}
+
+
+def first_assistant_turn(messages: Sequence[dict[str, Any]]) -> int | None:
+    """The index of the first assistant message, the gold turn; None when there is none."""
+    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+
+
+def split_at_first_assistant(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(prompt messages, first assistant message); a conversation without one is a DataError."""
+    turn = first_assistant_turn(messages)
+    if turn is None:
+        raise DataError("conversation has no assistant turn")
+    return list(messages[:turn]), messages[turn]
 
 
 def read_examples(path: str | Path, *, role: str = "data", flag: str = "--data") -> list[dict[str, Any]]:
@@ -59,7 +86,7 @@ def item_from_example(example: dict[str, Any], index: int, *, source: str = "dat
     """The first assistant turn of a conversation as an item; None when there is no assistant turn."""
     messages = example.get("messages") or []
     meta = dict(example.get("meta") or {})
-    turn = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    turn = first_assistant_turn(messages)
     if turn is None:
         return None
     gold = messages[turn]
@@ -78,7 +105,17 @@ def item_from_example(example: dict[str, Any], index: int, *, source: str = "dat
         benchmark=source,
         category=str(meta.get("category", "")),
         meta=meta,
+        gold_turn=gold,
     )
+
+
+def scored_turn(example: dict[str, Any], index: int, *, source: str = "data") -> EvalItem:
+    """`item_from_example` for a line that must have a gold turn (training's validation and RL data, checked when
+    loaded): one without is a DataError."""
+    item = item_from_example(example, index, source=source)
+    if item is None:
+        raise DataError("conversation has no assistant turn")
+    return item
 
 
 def _text_reader(written_in: Any) -> Callable[[dict[str, Any]], tuple[list[dict[str, Any]], str | None]]:

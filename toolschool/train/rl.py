@@ -34,6 +34,7 @@ from typing import Any
 from toolschool.chat.formats.base import offered_names
 from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
+from toolschool.evaluate.items import scored_turn
 from toolschool.evaluate.toolkens import model_toolkens
 from toolschool.run_state import read_jsonl, run_paths, write_text_atomic
 from toolschool.train.common import (
@@ -58,7 +59,6 @@ from toolschool.train.validation import (
     last_validation,
     load_validation_examples,
     resolve_validation_path,
-    split_at_first_assistant,
     validation_callback,
 )
 
@@ -220,18 +220,6 @@ def check_written_format(
         )
 
 
-def _written_gold(example: dict[str, Any]) -> dict[str, Any]:
-    """The first assistant turn of a line written in a text format, with its calls read from the text (as
-    evaluation reads them), so the rewards compare replies with the calls, not with the call's text as an answer."""
-    from toolschool.evaluate.items import item_from_example
-
-    item = item_from_example(example, 0)
-    assert item is not None  # check_has_assistant ran first
-    if item.gold_calls:
-        return {"role": "assistant", "content": "", "tool_calls": list(item.gold_calls)}
-    return {"role": "assistant", "content": item.gold_final or ""}
-
-
 def check_start_model(model: str, settings: RLSection) -> None:
     """RL continues what SFT taught: a start model trained to write another format than `rl.format` would be
     rewarded for replies it never learned to write, and one with STE toolkens cannot run TRL's tool loop."""
@@ -283,11 +271,13 @@ def build_single_turn_rows(
     second block of the format's instructions (with no tools), and its gold calls are read from the text."""
     rows, too_long = [], []
     for line, example in enumerate(examples, 1):
-        prompt, gold = split_at_first_assistant(example["messages"])
+        item = scored_turn(example, line)
+        # a line written in a text format: its gold calls read from the text (`gold_message`), its prompt sent as is
+        prompt, gold = item.messages, item.gold_message
         if written_format(example) is None:
             messages, tools = fmt.to_messages(prompt, example.get("tools") or None)
         else:
-            messages, tools, gold = prompt, None, _written_gold(example)
+            messages, tools = prompt, None
         text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         text += fmt.prefill
         length = len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -318,7 +308,8 @@ def build_multi_turn_rows(
     """One row per example: the opening messages (system/user, as TRL renders them with the tools), gold, answer."""
     rows, too_long = [], []
     for line, example in enumerate(examples, 1):
-        prompt, gold = split_at_first_assistant(example["messages"])
+        item = scored_turn(example, line)
+        prompt, gold = item.messages, item.gold_turn
         messages = [{"role": m["role"], "content": str(m.get("content") or "")} for m in prompt]
         ids = tokenizer.apply_chat_template(
             messages, tools=tools or None, tokenize=True, add_generation_prompt=True, return_dict=False

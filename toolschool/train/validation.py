@@ -15,17 +15,10 @@ from typing import Any
 
 from toolschool.chat.toolkens import plain_name, with_renamed_calls
 from toolschool.errors import ConfigError, DataError
+from toolschool.evaluate.items import split_at_first_assistant
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.run_state import RunPaths, read_jsonl
 from toolschool.train.common import JsonlLogger
-
-
-def split_at_first_assistant(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(prompt messages, first assistant message) — the unit validation and evaluation score."""
-    for index, message in enumerate(messages):
-        if message.get("role") == "assistant":
-            return list(messages[:index]), message
-    raise DataError("conversation has no assistant turn")
 
 
 @dataclass
@@ -33,7 +26,6 @@ class ValidationItem:
     messages: list[dict[str, Any]]  # the prompt as `toolschool eval` sends it (`evaluate.runner.sent_messages`)
     prompt_tools: list[dict[str, Any]] | None  # the tools it sends beside it (None: the format's text holds them)
     prompt_ids: list[int]  # the prompt the local backend renders from those, with the format's prefill
-    gold: dict[str, Any]
     tools: list[dict[str, Any]] | None
     # The prompt is longer than max_length: training cuts such a sequence (from the left, losing the system prompt
     # with the tools); validation sends it whole, as `toolschool eval` does (counted in the stage's summary).
@@ -51,14 +43,12 @@ def build_validation_items(
     gold read as evaluation builds and reads them, so validation rates and `toolschool eval` rates on the same
     lines agree."""
     from toolschool.engine.local_backend import render_prompt
-    from toolschool.evaluate.items import item_from_example
+    from toolschool.evaluate.items import scored_turn
     from toolschool.evaluate.runner import sent_messages
 
     items = []
     for index, example in enumerate(examples[:limit]):
-        _, gold = split_at_first_assistant(example["messages"])
-        scored = item_from_example(example, index)
-        assert scored is not None  # split_at_first_assistant found the assistant turn
+        scored = scored_turn(example, index)
         answer = scored.expected_answer if scored.expected_answer is not None else scored.gold_final
         messages, tools = sent_messages(fmt, scored, scored.messages, scored.tools)
         request = GenerationRequest(messages, tools, prefill=fmt.prefill)
@@ -68,7 +58,6 @@ def build_validation_items(
                 messages=messages,
                 prompt_tools=tools,
                 prompt_ids=ids,
-                gold=gold,
                 tools=example.get("tools"),
                 over_max_length=len(ids) > max_length,
                 gold_calls=list(scored.gold_calls),
