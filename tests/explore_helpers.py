@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from helpers import after_result
 
 from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.explore.episode import Ablations, ExploreContext, ExploreSettings
-from toolschool.explore.log import TrialLog
+from toolschool.explore.log import TrialLog, read_trials
 from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend, Completion, GenerationRequest
@@ -137,3 +138,8 @@ def calculator_policy(request, counter):
         return "Yes"
     number = counter["q"]
     return f'<tool_call>{{"name": "calculator", "arguments": {{"expression": "{number} + 2"}}}}</tool_call>'
+
+
+def trial_lines(path: str | Path) -> list[dict[str, Any]]:
+    """The trial log's lines as JSON, what the tests assert on (`read_trials`, each trial written back)."""
+    return [trial.to_json() for trial in read_trials(path)]

@@ -6,13 +6,13 @@ import json
 import tomllib
 
 import pytest
-from explore_helpers import ScriptedBackend, calculator_policy
+from explore_helpers import ScriptedBackend, calculator_policy, trial_lines
 from helpers import after_result, hanging_and_doubling_tools
 from typer.testing import CliRunner
 
 from toolschool.cli import app
 from toolschool.explore import stage
-from toolschool.explore.log import TRIALS_FILE, read_trials
+from toolschool.explore.log import TRIALS_FILE
 
 runner = CliRunner()
 
@@ -117,7 +117,7 @@ def test_explore_runs_saves_config_and_summary_and_refuses_to_mix_runs(tmp_path,
     args = ["explore", "--tools", "calculator,weekday", "--episodes", "2", "--stm-slots", "2", "--out", str(out)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    records = read_trials(out / TRIALS_FILE)
+    records = trial_lines(out / TRIALS_FILE)
     assert len(records) == 8
     call = records[0]["steps"][0]["calls"][0]
     number = int(call["arguments"]["expression"].split(" + ")[0])
@@ -146,12 +146,12 @@ def test_ctrl_c_then_resume_completes_without_duplicates(tmp_path, scripted) -> 
     args = ["explore", "--tools", "calculator", "--episodes", "3", "--stm-slots", "2", "--out", str(out)]
     result = runner.invoke(app, ["explore", *args[1:], "--concurrency", "2"])
     assert result.exit_code == 130 and "rerun the same command with --resume to continue" in result.output
-    partial = read_trials(out / TRIALS_FILE)
+    partial = trial_lines(out / TRIALS_FILE)
     assert 0 < len(partial) < 6
     scripted.fail_when = None
     result = runner.invoke(app, [*args, "--resume"])
     assert result.exit_code == 0, result.output
-    keys = [(r["episode"], r["slot"]) for r in read_trials(out / TRIALS_FILE)]
+    keys = [(r["episode"], r["slot"]) for r in trial_lines(out / TRIALS_FILE)]
     assert sorted(keys) == [(e, s) for e in range(3) for s in range(2)]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["total"]["trials"] == 6 and summary["run"]["trials_this_run"] == 6 - len(partial)
@@ -208,11 +208,11 @@ def test_real_sigint_keeps_every_finished_trial_and_resume_finishes(tmp_path) ->
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 130, output
     assert "interrupted" in output and "Traceback" not in output
-    partial = read_trials(log)
+    partial = trial_lines(log)
     assert 3 <= len(partial) < 16
     process = subprocess.run([*args, "--resume"], capture_output=True, text=True, timeout=120)
     assert process.returncode == 0, process.stdout + process.stderr
-    keys = [(r["tool"], r["episode"], r["slot"]) for r in read_trials(log)]
+    keys = [(r["tool"], r["episode"], r["slot"]) for r in trial_lines(log)]
     assert len(keys) == len(set(keys)) == 16
 
 
@@ -223,7 +223,7 @@ def test_config_as_argument_or_option_but_not_two_different(tmp_path, scripted) 
     out = tmp_path / "explore"
     result = runner.invoke(app, ["explore", str(first), "--tools", "calculator", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert len(read_trials(out / TRIALS_FILE)) == 1
+    assert len(trial_lines(out / TRIALS_FILE)) == 1
     both = runner.invoke(app, ["explore", str(first), "--config", str(second), "--out", str(tmp_path / "x")])
     assert both.exit_code == 2 and "two config files given" in both.output
 
@@ -267,7 +267,7 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
         assert len(hung) == 8 and all(thread.is_alive() for thread in hung)  # the run ended while they still hang
     finally:
         release.set()
-    records = read_trials(tmp_path / "explore" / TRIALS_FILE)
+    records = trial_lines(tmp_path / "explore" / TRIALS_FILE)
     stalled = [c["observation"] for r in records if r["tool"] == "stall" for s in r["steps"] for c in s["calls"]]
     assert len(stalled) == 8 and all(o["error_kind"] == "timeout" for o in stalled)
     assert "the tool 'stall' did not answer" in stalled[0]["text"]
@@ -319,7 +319,7 @@ def test_resume_may_add_episodes_and_counts_progress_within_the_plan(tmp_path, s
     more = runner.invoke(app, [*base, "--episodes", "3", "--resume"])
     assert more.exit_code == 0, more.output
     assert "resuming: 2 finished trial(s) kept, 1 episode(s) to run" in more.output
-    assert len(read_trials(out / TRIALS_FILE)) == 3
+    assert len(trial_lines(out / TRIALS_FILE)) == 3
     fewer = runner.invoke(app, [*base, "--episodes", "1", "--resume"])
     assert fewer.exit_code == 0, fewer.output
     assert "1/1 trials" in fewer.output and "3/1" not in fewer.output
@@ -339,13 +339,13 @@ def test_resume_after_a_user_tool_changed_its_schema_is_refused_naming_the_tool(
     common = ["explore", "--module", str(module), "--tools", "calculator", "--episodes", "1", "--out", str(out)]
     assert runner.invoke(app, common).exit_code == 0
     assert runner.invoke(app, [*common, "--episodes", "2", "--resume"]).exit_code == 0  # unchanged: resumes
-    before = len(read_trials(out / TRIALS_FILE))
+    before = len(trial_lines(out / TRIALS_FILE))
     write("Upper case, loudly.")
     result = runner.invoke(app, [*common, "--episodes", "3", "--resume"])
     assert result.exit_code == 2, result.output
     assert "ran with other inputs: schema of shout: " in result.output.replace("\n", "")
     assert "--out" in result.output
-    assert len(read_trials(out / TRIALS_FILE)) == before  # nothing lost
+    assert len(trial_lines(out / TRIALS_FILE)) == before  # nothing lost
 
 
 def test_resume_into_a_folder_without_trials_says_it_starts_anew(tmp_path, scripted) -> None:

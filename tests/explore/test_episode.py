@@ -10,7 +10,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from explore_helpers import SCHEMAS, FakeRegistry, ScriptedBackend, calculator_policy, make_ctx, scripted_policy
+from explore_helpers import (
+    SCHEMAS,
+    FakeRegistry,
+    ScriptedBackend,
+    calculator_policy,
+    make_ctx,
+    scripted_policy,
+    trial_lines,
+)
 from helpers import after_result
 
 from toolschool.chat.formats import get_format
@@ -25,11 +33,12 @@ from toolschool.explore.episode import (
     run_episode,
     seen_values,
 )
-from toolschool.explore.log import ERRORS_FILE, TRIALS_FILE, read_trials
+from toolschool.explore.log import ERRORS_FILE, TRIALS_FILE
 from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.runner import check_resumable, plan_episodes, run_exploration
 from toolschool.explore.summary import is_verified, summarize
 from toolschool.explore.templates import PromptSet
+from toolschool.explore.trial import Call, Trial
 from toolschool.models.backend import ContextLengthError, GenerationRequest
 from toolschool.tools.base import Observation
 from toolschool.tools.builtin import builtin_schema
@@ -50,7 +59,7 @@ async def test_one_episode_imagines_tries_reflects_and_logs(tmp_path) -> None:
     ctx = make_ctx(tmp_path, backend, registry=registry)
     assert await run_episode(ctx, "calculator", 0, {}) == 2
     ctx.log.close()
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     assert [(r["tool"], r["episode"], r["slot"]) for r in records] == [("calculator", 0, 0), ("calculator", 0, 1)]
     first = records[0]
     assert first["query"] == "What is 1 * 7?"
@@ -83,7 +92,7 @@ async def test_worked_examples_do_not_turn_the_first_trial_into_a_follow_up(tmp_
     first, second = imagination_requests(backend)
     assert first.messages[-1]["content"].startswith("Tool: calculator\nWhat it does: Evaluate an arithmetic")
     assert "explores the tool further" in second.messages[-1]["content"]
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     assert records[0]["messages"][2]["content"].startswith("Now answer the request using the tools.")
     assert records[1]["messages"][2]["content"].startswith("Now answer this request the same way")
 
@@ -99,7 +108,7 @@ async def test_long_term_memory_is_shown_only_when_imagining(tmp_path) -> None:
     assert "- What is 1 * 7? | solved: Yes" in second.messages[-1]["content"]
     assert "already explored" not in other_tool.messages[-1]["content"]  # memory is per tool
     # the conversation keeps the prompt without the memory
-    record = read_trials(tmp_path / TRIALS_FILE)[1]
+    record = trial_lines(tmp_path / TRIALS_FILE)[1]
     assert "already explored" not in record["messages"][0]["content"]
     later = [r for r in backend.requests if len(r.messages) > 3 and r.messages[1] == record["messages"][0]]
     assert later and all("already explored" not in m["content"] for r in later for m in r.messages[:2])
@@ -114,7 +123,7 @@ async def test_turn_budget_parse_errors_and_crashing_tool(tmp_path) -> None:
     registry = FakeRegistry()
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=3, no_reflection=True)
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     steps = record["steps"]
     assert len(steps) == 4  # max_turns executed turns + the reply written after the budget, not executed
     assert steps[0]["parse_error"] and steps[0]["error"] and not steps[0]["executed"]
@@ -127,7 +136,7 @@ async def test_turn_budget_parse_errors_and_crashing_tool(tmp_path) -> None:
     assert record["final_answer"] is None
     assert record["reflection"] is None and record["solved"] is None  # no_reflection ablation
     assert record["messages"][-1] == {"role": "assistant", "content": steps[3]["raw"], "verbatim": True}
-    counts = summarize([record])["total"]
+    counts = summarize([Trial.from_json(record)])["total"]
     assert counts["parse_errors"] == 1 and counts["executed_calls"] == 2 and counts["execution_errors"] == 1
     assert counts["trials_calls_ok"] == 0
 
@@ -136,7 +145,7 @@ async def test_no_exec_feedback_hides_observations_but_logs_them(tmp_path) -> No
     backend = ScriptedBackend()
     ctx = make_ctx(tmp_path, backend, stm_slots=1, no_exec_feedback=True)
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     call = record["steps"][0]["calls"][0]
     assert call["observation"]["text"] == "7"
     assert call["shown"] == "The call was made. No result is available."
@@ -188,7 +197,7 @@ async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path
     with pytest.raises(Crash):
         await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
-    before = read_trials(tmp_path / TRIALS_FILE)
+    before = trial_lines(tmp_path / TRIALS_FILE)
     assert 0 < len(before) < 18
     with (tmp_path / TRIALS_FILE).open("a") as handle:  # and the process died mid-line
         handle.write('{"tool": "calculator", "episode": 2, "sl')
@@ -200,7 +209,7 @@ async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path
     check_resumable(ctx.log.existing, model="scripted", fmt="hermes", ablations=Ablations().to_dict())
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
-    after = read_trials(tmp_path / TRIALS_FILE)
+    after = trial_lines(tmp_path / TRIALS_FILE)
     keys = [(r["tool"], r["episode"], r["slot"]) for r in after]
     assert len(keys) == len(set(keys)) == 18
     assert after[: len(before)] == before
@@ -234,7 +243,7 @@ async def test_target_per_tool_explores_until_enough_verified_trials_within_the_
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), episodes=5, target_per_tool=3)
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     episodes = {t: sorted({r["episode"] for r in records if r["tool"] == t}) for t in ("calculator", "weekday")}
     assert episodes == {"calculator": [0, 1], "weekday": [0, 1, 2, 3, 4]}
     assert result.summary["tools"]["calculator"]["verified"] == 4
@@ -249,13 +258,13 @@ async def test_target_per_tool_explores_until_enough_verified_trials_within_the_
 
 
 def test_resume_with_other_settings_is_a_clear_error() -> None:
-    records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "react", "ablations": {}}]
+    records = [Trial("a", 0, 0, model="m", format="react", ablations={})]
     with pytest.raises(ResumeRefused, match='the trial log ran with other settings: format: "react" → "hermes".*--out'):
         check_resumable(records, model="m", fmt="hermes", ablations={})
 
 
 def test_plan_is_episode_major_and_skips_finished_episodes() -> None:
-    done = {("a", 0): {0: {}, 1: {}}, ("b", 0): {0: {}}}
+    done = {("a", 0): {0: Trial("a", 0, 0), 1: Trial("a", 0, 1)}, ("b", 0): {0: Trial("b", 0, 0)}}
     assert plan_episodes(["a", "b"], 2, 2, done) == [("b", 0), ("a", 1), ("b", 1)]
 
 
@@ -443,7 +452,7 @@ async def test_parallel_calls_in_one_reply_count_against_max_turns(tmp_path) -> 
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
     assert registry.calls == [("calculator", {"expression": "1+1"}), ("calculator", {"expression": "2+2"})]
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     first = record["steps"][0]
     assert [c["observation"]["text"] for c in first["calls"]] == ["2", "4"]
     assert [c["arguments"]["expression"] for c in first["skipped_calls"]] == ["3+3", "4+4", "5+5"]
@@ -453,7 +462,7 @@ async def test_parallel_calls_in_one_reply_count_against_max_turns(tmp_path) -> 
     answered = [m["tool_call_id"] for m in record["messages"] if m["role"] == "tool"]
     assert answered == [call["id"] for call in assistant["tool_calls"]]
     assert record["final_answer"] == "They are 2, 4, 6, 8 and 10."
-    assert summarize([record])["total"]["executed_calls"] == 2
+    assert summarize([Trial.from_json(record)])["total"]["executed_calls"] == 2
 
 
 async def test_a_reply_after_the_call_budget_is_spent_is_not_run(tmp_path) -> None:
@@ -469,7 +478,7 @@ async def test_a_reply_after_the_call_budget_is_spent_is_not_run(tmp_path) -> No
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
     assert len(registry.calls) == 2
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert len(record["steps"]) == 2
     assert record["steps"][1]["executed"] is False and record["steps"][1]["calls"] == []
 
@@ -506,7 +515,7 @@ async def test_a_tool_with_huge_output_does_not_stop_the_episode(tmp_path) -> No
     result = await run_exploration(ctx, ["calculator"], concurrency=1)
     ctx.log.close()
     assert result.failures == []
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     assert [r["slot"] for r in records] == [0, 1] and all(r["final_answer"] == "Many sevens." for r in records)
     call = records[0]["steps"][0]["calls"][0]
     assert len(call["observation"]["text"]) == 1_000_000  # the log keeps what the tool returned
@@ -527,8 +536,7 @@ def test_cut_observation_keeps_short_results_and_zero_means_never() -> None:
 def test_a_resume_lists_every_trial_shaping_setting_that_changed() -> None:
     """Every key of the logged settings is compared both ways: a setting missing on one side is a change too."""
     old = {"stm_slots": 2, "max_turns": 4, "temperature": 0.9}
-    records = [{"tool": "a", "episode": 0, "slot": 0, "model": "m", "format": "hermes", "ablations": {}}]
-    records[0]["settings"] = old
+    records = [Trial("a", 0, 0, model="m", format="hermes", ablations={}, settings=old)]
     check_resumable(records, model="m", fmt="hermes", ablations={}, settings=dict(old))
     with pytest.raises(ToolschoolError, match=r"max_turns: 4 → 3; temperature: 0.9 → 0.3 — "):
         check_resumable(
@@ -576,7 +584,7 @@ async def test_a_tool_that_returns_no_observation_is_an_error_observation_not_a_
     result = await run_exploration(ctx, ["calculator"], concurrency=1)
     ctx.log.close()
     assert result.failures == []
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     observation = record["steps"][0]["calls"][0]["observation"]
     assert observation["is_error"] and observation["error_kind"] == "execution"
     assert "returned str, not an Observation" in observation["text"]
@@ -614,7 +622,7 @@ async def test_an_episode_that_outgrows_the_context_ends_with_its_trial_logged_a
     printed = console.file.getvalue()
     assert "warning: calculator episode 0 ended after" in printed
     assert "no longer fits the model's context (lower --stm-slots, --max-turns, --max-tokens, [explore]" in printed
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     for episode in (0, 1):
         trials = [r for r in records if r["episode"] == episode]
         assert 1 <= len(trials) < 6
@@ -629,7 +637,7 @@ async def test_an_episode_that_outgrows_the_context_ends_with_its_trial_logged_a
     again = await run_exploration(ctx, ["calculator"], concurrency=2)
     ctx.log.close()
     assert again.trials_run == 0 and again.failures == []
-    assert len(read_trials(tmp_path / TRIALS_FILE)) == len(records)
+    assert len(trial_lines(tmp_path / TRIALS_FILE)) == len(records)
 
 
 async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_not_end_the_episode(tmp_path) -> None:
@@ -652,7 +660,7 @@ async def test_without_short_term_memory_a_trial_too_long_for_the_context_does_n
     result = await run_exploration(ctx, ["calculator"], concurrency=1)
     ctx.log.close()
     assert result.failures == []
-    statuses = [r["status"] for r in read_trials(tmp_path / TRIALS_FILE)]
+    statuses = [r["status"] for r in trial_lines(tmp_path / TRIALS_FILE)]
     assert statuses == ["context_full", "ok", "ok"]
 
 
@@ -787,7 +795,7 @@ async def test_lone_surrogates_from_a_tool_or_in_call_arguments_neither_stop_the
     result = await run_exploration(ctx, ["calculator"], concurrency=1)
     ctx.log.close()
     assert result.failures == []
-    records = read_trials(tmp_path / TRIALS_FILE)
+    records = trial_lines(tmp_path / TRIALS_FILE)
     assert len(records) == 2
     call = records[0]["steps"][0]["calls"][0]
     assert call["observation"]["text"] == call["shown"] == "smile \ufffd"
@@ -844,7 +852,7 @@ def test_resume_with_other_prompts_or_another_long_term_memory_window_is_refused
     assert "ltm_max_queries: 5 → 3" in other.output.replace("\n", "")
     same = _explore_cli(tmp_path, "--config", str(first), "--resume", "--episodes", "2")
     assert same.exit_code == 0, same.output
-    assert len(read_trials(tmp_path / "x" / TRIALS_FILE)) == 2
+    assert len(trial_lines(tmp_path / "x" / TRIALS_FILE)) == 2
 
 
 def test_json_format_prompts_ask_for_the_json_format_not_hermes_tags() -> None:
@@ -912,12 +920,12 @@ async def test_values_first_imagination_writes_the_request_from_values_and_check
     ctx = make_ctx(tmp_path, backend, stm_slots=2, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    first, second = read_trials(tmp_path / TRIALS_FILE)
+    first, second = trial_lines(tmp_path / TRIALS_FILE)
     assert first["imagined_values"] == {"expression": "1 * 7"} and first["query"] == "What is 1 * 7?"
-    assert first["intent_matched"] is True and first["solved"] is None and is_verified(first)
+    assert first["intent_matched"] is True and first["solved"] is None and is_verified(Trial.from_json(first))
     assert not any(_is_reflection(str(r.messages[-1].get("content"))) for r in backend.requests)
     assert second["imagined_values"] == {"expression": "2 * 9"} and second["intent_matched"] is False
-    assert not is_verified(second)
+    assert not is_verified(Trial.from_json(second))
     assert not any("With these values" in str(m.get("content")) for m in first["messages"])
     assert first["messages"][0]["content"].endswith("Request: What is 1 * 7?")
     side = [r for r in backend.requests if "With these values" in str(r.messages[-1].get("content"))]
@@ -935,7 +943,7 @@ async def test_values_first_without_a_values_object_logs_an_empty_query(tmp_path
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["status"] == "empty_query" and record["imagined_values"] is None and not record["steps"]
 
 
@@ -962,7 +970,7 @@ async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> Non
     ctx = make_ctx(tmp_path, backend, stm_slots=2, max_turns=1, imagine="values_first", temperature=0.5)
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    first, second = read_trials(tmp_path / TRIALS_FILE)
+    first, second = trial_lines(tmp_path / TRIALS_FILE)
     assert first["imagined_values"] == {"expression": "1 * 7"} and second["imagined_values"] == {"expression": "3 * 7"}
     drawn = [r.params.temperature for r in backend.requests if "as a JSON object" in r.messages[-1]["content"]]
     assert drawn == [0.5, 0.5, 0.65]
@@ -978,7 +986,7 @@ async def test_values_first_draws_again_when_the_tool_refuses_the_values(tmp_pat
     ctx = make_ctx(tmp_path, backend, registry=registry, stm_slots=1, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["imagined_values"] == {"expression": "4 * 7"} and record["intent_matched"] is True
     (aside,) = record["set_aside"]["values"]
     assert aside["values"] == {"expression": "784!"}
@@ -997,7 +1005,7 @@ async def test_values_first_with_every_draw_refused_logs_an_empty_query(tmp_path
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["status"] == "empty_query" and record["imagined_values"] is None and not record["steps"]
     assert len(record["set_aside"]["values"]) == VALUES_ATTEMPTS
     assert all("tool crashed" in a["problem"] for a in record["set_aside"]["values"])
@@ -1012,7 +1020,7 @@ async def test_values_first_writes_the_request_again_when_it_leaves_a_value_out(
     ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first", temperature=0.5)
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["query"] == "What is 1 * 7?" and record["intent_matched"] is True
     (aside,) = record["set_aside"]["requests"]
     assert aside["request"] == "What is 1 times something?"
@@ -1103,7 +1111,7 @@ async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tm
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), stm_slots=1, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["final_answer"] == "It is 7." and record["set_aside"]["answers"] == ["It is 8."]
     assert record["messages"][-1]["content"] == "It is 7."
 
@@ -1122,13 +1130,13 @@ async def test_values_first_draws_the_call_again_when_the_tool_refuses_it(tmp_pa
     )
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     (aside,) = record["set_aside"]["calls"]
     assert aside["calls"] == [{"name": "calculator", "arguments": {"expression": "1 * 7)"}}]
     assert aside["problem"].startswith("the tool refused them: Error: the tool 'calculator' failed")
     (step,) = [s for s in record["steps"] if s["calls"]]
     assert [c["arguments"] for c in step["calls"]] == [{"expression": "1 * 7"}]
-    assert record["intent_matched"] is True and is_verified(record)
+    assert record["intent_matched"] is True and is_verified(Trial.from_json(record))
     assert registry.calls[-2:] == [("calculator", {"expression": "1 * 7)"}), ("calculator", {"expression": "1 * 7"})]
     assert not any("failed" in str(m.get("content")) for m in record["messages"])
     drawn = [r.params.temperature for r in backend.requests if "Request: What is" in str(r.messages[-1]["content"])]
@@ -1146,7 +1154,7 @@ async def test_a_call_refused_at_every_draw_is_the_step_and_its_error_is_shown(t
     )
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert len(record["set_aside"]["calls"]) == ANSWER_ATTEMPTS - 1
     (step,) = [s for s in record["steps"] if s["calls"]]
     assert step["error"] is True and record["intent_matched"] is False
@@ -1171,7 +1179,7 @@ async def test_a_refused_call_is_not_drawn_again_without_values_first(tmp_path) 
     ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=1)
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["set_aside"] is None and len(registry.calls) == 1
 
 
@@ -1184,7 +1192,7 @@ def test_a_result_problem_names_the_error_line_of_a_traceback() -> None:
     assert result_problem({"text": traceback, "is_error": True}) == "the tool refused them: SyntaxError: unmatched '}'"
     assert result_problem({"text": "(no output)", "value": {"stdout": ""}}) == "the tool returned nothing"
     assert result_problem({"text": "7", "value": None}) is None
-    other = {"name": "other", "observation": {"text": "Error", "is_error": True}}
+    other = Call("other", observation={"text": "Error", "is_error": True})
     assert calls_problem("calculator", [other]) is None  # only the explored tool's calls are checked
 
 
@@ -1199,7 +1207,7 @@ async def test_the_attempt_samples_at_trial_temperature_and_imagination_at_tempe
     )
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["intent_matched"] is True and record["settings"]["trial_temperature"] == 0.3
     side = {r.params.temperature for r in backend.requests if r.tools in (None, [])}
     attempt = {r.params.temperature for r in backend.requests if r.tools not in (None, [])}

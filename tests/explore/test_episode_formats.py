@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from explore_helpers import SCHEMAS, ScriptedBackend, make_ctx
+from explore_helpers import SCHEMAS, ScriptedBackend, make_ctx, trial_lines
 from helpers import after_result
 
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import model_view, run_episode
-from toolschool.explore.log import TRIALS_FILE, read_trials
+from toolschool.explore.log import TRIALS_FILE
 from toolschool.models.backend import GenerationRequest
 
 
@@ -27,7 +27,7 @@ async def test_react_trial_is_rendered_and_parsed_like_the_paper(tmp_path) -> No
     ctx = make_ctx(tmp_path, backend, stm_slots=1)
     ctx.fmt = get_format("react")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["format"] == "react"
     assert record["steps"][0]["raw"].startswith("Thought: I should compute it.")
     assert record["steps"][0]["calls"][0]["observation"]["text"] == "42"
@@ -62,7 +62,7 @@ async def test_hermes_passes_tools_to_the_template_and_tool_results_as_tool_mess
     ctx = make_ctx(tmp_path, backend, stm_slots=1)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["final_answer"] == "It is 42." and record["solved"] is False
     assert all(r.tools == SCHEMAS and r.prefill == "" for r in backend.requests)
     tool_message = backend.requests[2].messages[-1]
@@ -104,7 +104,7 @@ async def test_force_call_prefills_a_call_to_the_explored_tool_and_demonstration
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True, demonstrations=2)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["steps"][0]["raw"].startswith('<tool_call>\n{"name": "calculator", "arguments": {"expression": "6')
     assert record["steps"][0]["calls"][0]["observation"]["text"] == "42"
     assert record["final_answer"] == "It is 42."
@@ -132,7 +132,7 @@ async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_l
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["decoding"] == "constrained"
     prose = [r for r in backend.requests if r.constraint is not None and r.constraint.plain_text]
     reflections = [r for r in backend.requests if r.constraint is not None and r.constraint.options]
@@ -154,7 +154,7 @@ async def test_the_reply_after_the_last_call_is_an_answer_without_json(tmp_path)
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True, max_turns=1)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     answers = [r for r in backend.requests if r.constraint is not None and r.constraint.answer_text]
     assert len(answers) == 1
     assert "gives the result (" in answers[0].messages[-1]["content"] and answers[0].messages[-2]["role"] == "tool"
@@ -166,5 +166,5 @@ async def test_exploration_without_constraints_logs_free_decoding(tmp_path) -> N
     ctx = make_ctx(tmp_path, backend, stm_slots=1, constrained=False)
     ctx.fmt = get_format("hermes")
     await run_episode(ctx, "calculator", 0, {})
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["decoding"] == "free" and all(r.constraint is None for r in backend.requests)

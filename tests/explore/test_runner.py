@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from explore_helpers import SCHEMAS, FakeRegistry
+from explore_helpers import SCHEMAS, FakeRegistry, trial_lines
 
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import Ablations, ExploreContext, ExploreSettings
-from toolschool.explore.log import TRIALS_FILE, TrialLog, read_trials
+from toolschool.explore.log import TRIALS_FILE, TrialLog
 from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.runner import run_exploration
 from toolschool.explore.templates import PromptSet
@@ -36,7 +36,7 @@ def test_tiny_model_explores_concurrently_and_logs_every_trial(tiny_model_dir, t
             model_name=str(tiny_model_dir),
         )
         result = asyncio.run(run_exploration(ctx, ["calculator", "weekday"], concurrency=4))
-    records = read_trials(out / TRIALS_FILE)
+    records = trial_lines(out / TRIALS_FILE)
     assert not result.failures
     assert sorted((r["tool"], r["episode"], r["slot"]) for r in records) == [
         (tool, 0, s) for tool in ("calculator", "weekday") for s in range(2)

@@ -33,6 +33,7 @@ from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory, MemoryEntry
 from toolschool.explore.templates import PromptSet, takes_code
+from toolschool.explore.trial import Call, Step, Trial
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.tools.base import Observation, valid_unicode
 
@@ -158,7 +159,7 @@ class ExploreContext:
     settings: ExploreSettings
     tool_schemas: list[dict[str, Any]]
     model_name: str
-    on_trial: Callable[[dict[str, Any]], None] | None = None
+    on_trial: Callable[[Trial], None] | None = None
 
     @property
     def decoding(self) -> str:
@@ -295,7 +296,7 @@ class _Trial:
         self.episode = episode
         self.slot = slot
         self.messages: list[dict[str, Any]] = []
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[Step] = []
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.final_answer: str | None = None
@@ -351,15 +352,15 @@ async def _execute(ctx: ExploreContext, name: str, args: dict[str, Any]) -> Obse
 
 async def _run_calls(
     ctx: ExploreContext, trial: _Trial, parsed: ParsedReply, turn: int, calls_left: int
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[Call], list[Call], list[dict[str, Any]]]:
     """Execute the calls of one reply, at most `calls_left` of them (`max_turns` counts calls, not replies).
 
-    Returns (records of the calls run, records of the calls past the budget, tool messages for the conversation).
+    Returns (the calls run, the calls past the budget, tool messages for the conversation).
     A call past the budget is not run but still answered, with the `call_limit` notice: an assistant message
     whose tool_call ids are not all answered is refused by OpenAI-compatible endpoints.
     """
-    records: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
+    records: list[Call] = []
+    skipped: list[Call] = []
     tool_messages: list[dict[str, Any]] = []
     calls = []
     for index, call in enumerate(parsed.calls):
@@ -372,9 +373,7 @@ async def _run_calls(
     notice = ctx.prompts.render("call_limit", max_turns=ctx.settings.max_turns, tool=trial.tool)
     for call in calls[max(calls_left, 0) :]:
         function = call["function"]
-        skipped.append(
-            {"id": call["id"], "name": function["name"], "arguments": function.get("arguments"), "shown": notice}
-        )
+        skipped.append(Call(function["name"], function.get("arguments"), call["id"], shown=notice))
     for call in calls[: max(calls_left, 0)]:
         name = call["function"]["name"]
         args = call["function"].get("arguments") or {}
@@ -383,19 +382,9 @@ async def _run_calls(
             shown = ctx.prompts.render("no_feedback")
         else:
             shown = cut_observation(observation.text, ctx.settings.max_observation_chars)
-        records.append(
-            {
-                "id": call["id"],
-                "name": name,
-                "arguments": args,
-                "observation": observation.to_dict(),
-                "shown": shown,
-            }
-        )
+        records.append(Call(name, args, call["id"], observation.to_dict(), shown))
         tool_messages.append({"role": "tool", "tool_call_id": call["id"], "name": name, "content": shown})
-    tool_messages += [
-        {"role": "tool", "tool_call_id": c["id"], "name": c["name"], "content": c["shown"]} for c in skipped
-    ]
+    tool_messages += [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": c.shown} for c in skipped]
     return records, skipped, tool_messages
 
 
@@ -411,22 +400,21 @@ def cut_observation(text: str, limit: int) -> str:
     return f"{text[:limit]}\n[... {len(text) - limit} more characters not shown]"
 
 
-def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bool) -> dict[str, Any]:
-    return {
-        "raw": raw,
-        "calls": [],
-        "final": parsed.final if not parsed.calls else None,
-        "parse_error": parsed.error,
-        "error": parsed.error is not None,
-        "executed": executed,
-        "finish_reason": completion.finish_reason,
-        "completion_tokens": completion.num_tokens,
-    }
+def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bool) -> Step:
+    return Step(
+        raw=raw,
+        final=parsed.final if not parsed.calls else None,
+        parse_error=parsed.error,
+        error=parsed.error is not None,
+        executed=executed,
+        finish_reason=completion.finish_reason,
+        completion_tokens=completion.num_tokens,
+    )
 
 
 async def run_trial(
     ctx: ExploreContext, tool: str, episode: int, slot: int, conversation: list[dict[str, Any]], *, first: bool
-) -> dict[str, Any]:
+) -> Trial:
     """Imagine, try and reflect once; write the trial's log line and return it.
 
     `first`: the conversation holds no trial yet (only the system message and worked examples), so the trial
@@ -493,36 +481,35 @@ async def run_trial(
 
     status = "context_full" if context_error is not None else "ok" if query else "empty_query"
     intent_matched = None if imagined_values is None else _intent_matched(tool, imagined_values, trial.steps)
-    record = {
-        "tool": tool,
-        "episode": episode,
-        "slot": slot,
-        "status": status,
-        "query": query,
-        "query_raw": query_raw,
-        "imagined_values": imagined_values,
-        "intent_matched": intent_matched,
-        "set_aside": None
+    record = Trial(
+        tool=tool,
+        episode=episode,
+        slot=slot,
+        status=status,
+        query=query,
+        query_raw=query_raw,
+        imagined_values=imagined_values,
+        intent_matched=intent_matched,
+        set_aside=None
         if set_aside is None
         else {**set_aside, "calls": trial.set_aside_calls, "answers": trial.set_aside_answers},
-        "steps": trial.steps,
-        "final_answer": trial.final_answer,
-        "reflection": reflection,
-        "solved": solved,
-        "messages": trial.messages,
-        "tools": ctx.tool_schemas,
-        "tokens": {"prompt": trial.prompt_tokens, "completion": trial.completion_tokens},
-        "model": ctx.model_name,
-        "format": ctx.fmt.name,
-        "decoding": ctx.decoding,
-        "ablations": ablations.to_dict(),
-        "settings": settings.trial_shape(),
-        "started_at": started,
-        "finished_at": _now(),
-        "seconds": round(time.perf_counter() - clock, 3),
-    }
-    if context_error is not None:
-        record["error"] = context_error
+        steps=trial.steps,
+        final_answer=trial.final_answer,
+        reflection=reflection,
+        solved=solved,
+        messages=trial.messages,
+        tools=ctx.tool_schemas,
+        tokens={"prompt": trial.prompt_tokens, "completion": trial.completion_tokens},
+        model=ctx.model_name,
+        format=ctx.fmt.name,
+        decoding=ctx.decoding,
+        ablations=ablations.to_dict(),
+        settings=settings.trial_shape(),
+        started_at=started,
+        finished_at=_now(),
+        seconds=round(time.perf_counter() - clock, 3),
+        error=context_error,
+    )
     ctx.log.write(record)
     if ctx.on_trial is not None:
         ctx.on_trial(record)
@@ -543,14 +530,14 @@ def parse_values(text: str) -> dict[str, Any] | None:
     return None
 
 
-def _intent_matched(tool: str, values: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
+def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> bool:
     """imagine = "values_first": whether the first call to the explored tool, read from the request alone, has
     the values the request was written from (equal by the metrics' semantic rules). A request that leads back to
     its own values states them plainly; one that does not is vague, or the explorer misread it."""
     from toolschool.evaluate.metrics import arguments_match
 
-    calls = [c for step in steps for c in step.get("calls", []) if c.get("name") == tool]
-    return bool(calls) and arguments_match(tool, calls[0].get("arguments"), values, mode="semantic")
+    calls = [c for step in steps for c in step.calls if c.name == tool]
+    return bool(calls) and arguments_match(tool, calls[0].arguments, values, mode="semantic")
 
 
 # Values-first imagination draws again (hotter) when the values repeat every short text value already tried, or the
@@ -601,17 +588,17 @@ def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
     return messages
 
 
-def answer_misses_result(parsed: ParsedReply, steps: list[dict[str, Any]]) -> bool:
+def answer_misses_result(parsed: ParsedReply, steps: list[Step]) -> bool:
     """Whether `parsed` is a final answer that does not state the result of the last call that ran clean, when that
     result is short enough to state (`result_to_state`): what distill's `require_answer` drops."""
     from toolschool.evaluate.metrics import answer_matches, result_to_state
 
     if parsed.final is None or parsed.calls or parsed.error is not None:
         return False
-    clean = [c for step in steps for c in step.get("calls", []) if not c["observation"].get("is_error")]
+    clean = [c for step in steps for c in step.calls if not c.failed]
     if not clean:
         return False
-    observation = clean[-1]["observation"]
+    observation = clean[-1].observation or {}
     expected = result_to_state(observation.get("text"), observation.get("value"))
     return expected is not None and not answer_matches(parsed.final, expected)
 
@@ -646,14 +633,14 @@ async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any])
     return result_problem((await _execute(ctx, tool, values)).to_dict())
 
 
-def calls_problem(tool: str, records: list[dict[str, Any]]) -> str | None:
-    """Why the calls a trial's reply ran (`_run_calls` records) are drawn again, or None: a call to the explored
+def calls_problem(tool: str, calls: list[Call]) -> str | None:
+    """Why the calls a trial's reply ran (`_run_calls`) are drawn again, or None: a call to the explored
     tool failed or returned nothing (`result_problem`). Values first, the values already ran clean, so such a call
     is the explorer's slip, not the request's (a program without `print`, a name error; free decoding, the 0.5B's
     `print(3)}`, which the code grammar refuses when constrained), and a trial spent on it is one distill drops."""
-    for record in records:
-        if record.get("name") == tool:
-            problem = result_problem(record.get("observation") or {})
+    for call in calls:
+        if call.name == tool:
+            problem = result_problem(call.observation or {})
             if problem is not None:
                 return problem
     return None
@@ -784,7 +771,7 @@ async def _attempt(
             forced = settings.force_call and turn == 0 and constraint is None
             prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
             last = turn == settings.max_turns or calls_left <= 0
-            ran: tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]] | None = None
+            ran: tuple[list[Call], list[Call], list[dict[str, Any]]] | None = None
             for attempt in range(ANSWER_ATTEMPTS):
                 ran = None
                 completion = await trial.generate(
@@ -806,7 +793,7 @@ async def _attempt(
                     problem = calls_problem(trial.tool, ran[0])
                     if problem is None or final_attempt:
                         break
-                    calls = [{"name": c["name"], "arguments": c["arguments"]} for c in ran[0]]
+                    calls = [{"name": c.name, "arguments": c.arguments} for c in ran[0]]
                     trial.set_aside_calls.append({"calls": calls, "problem": problem})
                     continue
                 # an answer that does not state the call's result is written again: distill drops it
@@ -828,16 +815,14 @@ async def _attempt(
                     feedback = ctx.prompts.render("no_feedback")
                 else:
                     feedback = ctx.prompts.render("parse_error", error=parsed.error, **variables)
-                step["feedback"] = feedback
+                step.feedback = feedback
                 trial.messages += [_verbatim(raw), {"role": "user", "content": feedback}]
             else:
                 if ran is None:
                     ran = await _run_calls(ctx, trial, parsed, turn, calls_left)
-                step["calls"], skipped, tool_messages = ran
-                calls_left -= len(step["calls"])
-                if skipped:
-                    step["skipped_calls"] = skipped
-                step["error"] = any(c["observation"]["is_error"] for c in step["calls"])
+                step.calls, step.skipped_calls, tool_messages = ran
+                calls_left -= len(step.calls)
+                step.error = any(c.failed for c in step.calls)
                 trial.messages += [parsed.as_message(), *tool_messages]
             trial.steps.append(step)
         # 3. reflect (values first, the intent check judges the trial instead: no Yes/No is asked)
@@ -890,19 +875,19 @@ def demonstration_messages(ctx: ExploreContext) -> list[dict[str, Any]]:
     return messages
 
 
-def ends_episode(record: dict[str, Any], *, no_stm: bool) -> bool:
+def ends_episode(trial: Trial, *, no_stm: bool) -> bool:
     """A trial that outgrew the model's context ends its episode: the short-term memory only grows, so every
     later trial of the conversation would too. Without short-term memory each trial starts afresh."""
-    return record.get("status") == "context_full" and not no_stm
+    return trial.status == "context_full" and not no_stm
 
 
-def episode_finished(slots: dict[int, dict[str, Any]], stm_slots: int, *, no_stm: bool) -> bool:
+def episode_finished(slots: dict[int, Trial], stm_slots: int, *, no_stm: bool) -> bool:
     """Every slot of the episode is logged, or a logged trial ended it (`ends_episode`)."""
     return len(slots) >= stm_slots or any(ends_episode(r, no_stm=no_stm) for r in slots.values())
 
 
-async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[int, dict[str, Any]]) -> int:
-    """Run the slots of one episode not in `done` (slot -> logged record); return how many trials ran.
+async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[int, Trial]) -> int:
+    """Run the slots of one episode not in `done` (slot -> logged trial); return how many trials ran.
 
     Resume replays the logged trials' messages into the conversation, so a resumed episode continues exactly
     where its short-term memory stopped (with `no_stm`, every trial starts from the system message anyway).
@@ -919,11 +904,11 @@ async def run_episode(ctx: ExploreContext, tool: str, episode: int, done: dict[i
         if slot in done:
             if ends_episode(done[slot], no_stm=ablations.no_stm):
                 break
-            conversation += done[slot].get("messages", [])
+            conversation += done[slot].messages
             continue
         # The worked examples hold assistant turns too: "first" means no trial of this tool in the conversation.
         record = await run_trial(ctx, tool, episode, slot, conversation, first=len(conversation) == len(preamble))
-        conversation += record["messages"]
+        conversation += record.messages
         ran += 1
         if ends_episode(record, no_stm=ablations.no_stm):
             break

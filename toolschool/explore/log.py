@@ -1,84 +1,93 @@
-"""The exploration trial log: append-only JSONL, one line per *finished* trial.
+"""The exploration trial log: append-only JSONL, one line per *finished* trial (`explore.trial.Trial`).
 
 Why a line per finished trial: a crash or Ctrl-C can only lose the trial in flight, never a written one, and
 `--resume` can tell exactly which (tool, episode, slot) triples are done. Lines are flushed (and optionally
-fsynced) as they are written. A crash mid-write leaves at most a truncated last line; `read_trials` skips it
-and `TrialLog.open(..., resume=True)` cuts it off before appending, so the file stays valid JSONL.
+fsynced) as they are written.
 
-Fields of one line (version 1):
+`scan_trials` is the one reader of the log, for resume, the summary, `toolschool run`'s checks and distillation
+alike, with one policy for its last line: a crash mid-write leaves at most a torn last line, which is ignored
+(`TrialScan.note` says so) and cut off by `TrialLog.open(..., resume=True)` before appending, so the file stays
+valid JSONL; a last line that is a whole trial without its newline (a log written by hand or by another tool, or a
+crash between the line and its newline) is a finished trial and kept — resume writes the missing newline first. A
+bad line elsewhere, or a line that is not a trial (`Trial.from_json`), stops with `file:line: what is wrong`.
 
-- `v`: 1; `tool`, `episode`, `slot`: which tool was explored, in which episode and short-term-memory slot;
-- `status`: "ok", "empty_query" (the explorer imagined nothing usable; no attempt was made) or "context_full"
-  (the conversation outgrew the model's context: the trial stopped there, its episode ended; `error` says why);
-- `query` (cleaned imagined query), `query_raw` (the model's text);
-- imagine = "values_first" only (else null): `imagined_values` (the argument values the request was written from),
-  `intent_matched` (the call read from the request has them), `set_aside` {values: [{values, problem}], requests:
-  [{request, problem}], calls: [{calls: [{name, arguments}], problem}], answers: [text]} (draws not used: values
-  the tool refused or that repeat those tried, requests that leave a value out, calls the tool refused or that
-  returned nothing — they ran, their results were not shown —, final answers that do not state the call's result);
-- `steps`: one per model turn of the attempt: `raw` (the full model text), `calls` (each with `name`, `arguments`,
-  `id`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw: the observation text,
-  cut at `max_observation_chars`), `skipped_calls` (only when a reply held more calls than the budget of `max_turns`
-  calls had left: each with `id`, `name`, `arguments` and `shown`, the "not run" notice the model got), `final`,
-  `parse_error`, `error` (a parse error or any failed call), `executed` (false for a reply written after the budget
-  ran out), `finish_reason`, `completion_tokens`;
-- `final_answer`: the final answer or null; `reflection` (the model's text or null) and `solved`
-  (true / false / null when reflection was off or unclear);
-- `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the
-  query, the attempt, the reflection) — replayed on resume and used by distillation; `tools`: the OpenAI
-  schemas offered;
-- `tokens` {prompt, completion}, `model`, `format`, `decoding` ("constrained": every reply of the attempt was
-  grammar-constrained, so a call parses, names an offered tool and fits its schema; "free"), `ablations`
-  {no_exec_feedback, no_stm, no_ltm, no_reflection},
-  `settings` (what shaped the trial: stm_slots, max_turns, temperature, max_tokens, reflection_max_tokens,
-  demonstrations, force_call, constrained, max_observation_chars, ltm_max_queries, prompts_sha256, seed), `started_at`,
-  `finished_at` (ISO 8601 UTC), `seconds`.
+The fields of a line: see `toolschool.explore.trial`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from toolschool.errors import DataError
+from toolschool.explore.trial import LOG_VERSION, Trial
 from toolschool.run_state import ERRORS_FILE, TRIALS_FILE, append_jsonl, lock_or_refuse, scan_jsonl
 
-LOG_VERSION = 1
+__all__ = ["LOG_VERSION", "TRIALS_FILE", "TrialLog", "TrialScan", "completed_slots", "read_trials", "scan_trials"]
 
 
-def _scan(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Parse the log; return the records and the byte length of its valid prefix (a torn last line excluded)."""
-    scan = scan_jsonl(path, hint="the trial log is append-only; restore it or move the bad line away")
-    for number, record in scan.lines:
-        if not isinstance(record, dict) or not {"tool", "episode", "slot"} <= record.keys():
-            raise DataError(f"{path}:{number}: not a trial record (needs tool, episode and slot)")
-    return scan.records, scan.valid_bytes
+BAD_LINE_HINT = "the trial log is append-only: restore it, or fix or move the bad line away"
 
 
-def read_trials(path: str | Path) -> list[dict[str, Any]]:
-    """All finished trials in a log file (or in `DIR/trials.jsonl` when given the explore folder), file order.
+@dataclass
+class TrialScan:
+    """The trials of a log file with their line numbers, the byte length of its valid part (a torn last line
+    excluded: an append continues after it) and the number of a torn last line that was ignored (else None)."""
 
-    A truncated last line (a crash mid-write) is ignored; a bad line elsewhere is a `DataError` naming it.
-    """
+    path: Path
+    lines: list[tuple[int, Trial]]
+    valid_bytes: int
+    torn: int | None = None
+
+    @property
+    def trials(self) -> list[Trial]:
+        return [trial for _, trial in self.lines]
+
+    @property
+    def note(self) -> str | None:
+        """What a reader tells the user about a torn last line, or None."""
+        if self.torn is None:
+            return None
+        return f"{self.path}:{self.torn}: incomplete last line ignored (an exploration still writing, or interrupted)"
+
+
+def _trial_log_path(path: str | Path) -> Path:
     path = Path(path)
-    if path.is_dir():
-        path = path / TRIALS_FILE
-    if not path.exists():
+    return path / TRIALS_FILE if path.is_dir() else path
+
+
+def scan_trials(path: str | Path) -> TrialScan:
+    """Every finished trial of a log file (or of `DIR/trials.jsonl` when given the explore folder), in file order."""
+    path = _trial_log_path(path)
+    if not path.is_file():
         raise DataError(f"trial log '{path}' does not exist", hint="run `toolschool explore` first")
-    return _scan(path)[0]
+    scan = scan_jsonl(path, hint=BAD_LINE_HINT, keep_complete_last=True)
+    lines: list[tuple[int, Trial]] = []
+    for number, record in scan.lines:
+        try:
+            lines.append((number, Trial.from_json(record)))
+        except DataError as exc:
+            raise DataError(f"{path}:{number}: {exc.message}", hint=BAD_LINE_HINT) from None
+    return TrialScan(path, lines, scan.valid_bytes, scan.torn)
 
 
-def completed_slots(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[int, dict[str, Any]]]:
-    """(tool, episode) -> {slot: record}: what resume must not redo. A duplicate line keeps the first."""
-    done: dict[tuple[str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
-    for record in records:
-        done[(record["tool"], int(record["episode"]))].setdefault(int(record["slot"]), record)
+def read_trials(path: str | Path) -> list[Trial]:
+    """The finished trials of a log (`scan_trials`)."""
+    return scan_trials(path).trials
+
+
+def completed_slots(trials: list[Trial]) -> dict[tuple[str, int], dict[int, Trial]]:
+    """(tool, episode) -> {slot: trial}: what resume must not redo. A duplicate line keeps the first."""
+    done: dict[tuple[str, int], dict[int, Trial]] = defaultdict(dict)
+    for trial in trials:
+        done[(trial.tool, trial.episode)].setdefault(trial.slot, trial)
     return dict(done)
 
 
 class TrialLog:
-    """Appends trial records to `trials.jsonl` (and episode failures to `errors.jsonl`), flushing each line.
+    """Appends trials to `trials.jsonl` (and episode failures to `errors.jsonl`), flushing each line.
 
     All writes happen on the event-loop thread, so lines from concurrent episodes never interleave.
     """
@@ -87,7 +96,7 @@ class TrialLog:
         self,
         directory: Path,
         handle: TextIO,
-        existing: list[dict[str, Any]],
+        existing: list[Trial],
         *,
         fsync: bool,
         created: tuple[Path, ...] = (),
@@ -125,26 +134,29 @@ class TrialLog:
                     hint="wait for it to finish (or stop it), or use --out / another run name",
                 ),
             )
-            existing, valid_length = _scan(path)
+            scan = scan_trials(path)
             if not resume and path.stat().st_size > 0:
                 raise DataError(
-                    f"'{path}' already holds {len(existing)} trial(s)",
+                    f"'{path}' already holds {len(scan.lines)} trial(s)",
                     hint="pass --resume to continue that run, or --out / another run name to start a new one",
                 )
-            if path.stat().st_size != valid_length:
-                with path.open("r+b") as raw:  # drop a torn last line so the next append starts clean
-                    raw.truncate(valid_length)
+            with path.open("r+b") as raw:
+                if path.stat().st_size != scan.valid_bytes:  # drop a torn last line so the next append starts clean
+                    raw.truncate(scan.valid_bytes)
+                if scan.valid_bytes:  # a last trial without its newline is kept: end its line before appending
+                    raw.seek(scan.valid_bytes - 1)
+                    if raw.read(1) != b"\n":
+                        raw.write(b"\n")
         except BaseException:
             handle.close()
             raise
-        return cls(directory, handle, existing, fsync=fsync, created=created)
+        return cls(directory, handle, scan.trials, fsync=fsync, created=created)
 
     def _append(self, handle: TextIO, record: dict[str, Any]) -> None:
         append_jsonl(handle, record, fsync=self._fsync)  # a lone surrogate replaced: UTF-8 cannot hold it
 
-    def write(self, record: dict[str, Any]) -> None:
-        record.setdefault("v", LOG_VERSION)
-        self._append(self._handle, record)
+    def write(self, trial: Trial) -> None:
+        self._append(self._handle, trial.to_json())
 
     def write_error(self, record: dict[str, Any]) -> None:
         """An episode that stopped on an error (e.g. the backend failed); its finished trials stay logged."""

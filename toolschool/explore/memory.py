@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+
+from toolschool.explore.trial import Trial
 
 
 @dataclass
@@ -36,16 +37,16 @@ class LongTermMemory:
         self._entries: dict[str, list[MemoryEntry]] = {}
 
     @classmethod
-    def from_records(cls, records: list[dict[str, Any]], max_shown: int = 0) -> LongTermMemory:
+    def from_records(cls, trials: list[Trial], max_shown: int = 0) -> LongTermMemory:
         """Rebuild from a trial log (resume): every logged query with its reflection outcome."""
         memory = cls(max_shown)
-        for record in records:
-            if record.get("query"):
-                values = record.get("imagined_values")
+        for trial in trials:
+            if trial.query:
+                values = trial.imagined_values
                 memory.add(
-                    record["tool"],
-                    record["query"],
-                    record.get("solved"),
+                    trial.tool,
+                    trial.query,
+                    trial.solved,
                     values=None if values is None else json.dumps(values, ensure_ascii=False),
                 )
         return memory

@@ -29,6 +29,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from toolschool.explore.episode import ExploreContext, episode_finished, run_episode
 from toolschool.explore.log import completed_slots, read_trials
 from toolschool.explore.summary import is_verified, summarize
+from toolschool.explore.trial import Trial
 from toolschool.run_state import StageState, check_resume, flatten
 
 SUMMARY_FILE = "summary.json"
@@ -47,7 +48,7 @@ def plan_episodes(
     tools: list[str],
     episodes: int,
     stm_slots: int,
-    done: dict[tuple[str, int], dict[int, Any]],
+    done: dict[tuple[str, int], dict[int, Trial]],
     *,
     no_stm: bool = False,
 ) -> list[tuple[str, int]]:
@@ -60,19 +61,19 @@ def plan_episodes(
     ]
 
 
-def verified_counts(records: list[dict[str, Any]], tools: list[str]) -> dict[str, int]:
+def verified_counts(trials: list[Trial], tools: list[str]) -> dict[str, int]:
     """Verified trials per tool (`summary.is_verified`), what `target_per_tool` counts."""
     counts = dict.fromkeys(tools, 0)
-    for record in records:
-        if record.get("tool") in counts and is_verified(record):
-            counts[record["tool"]] += 1
+    for trial in trials:
+        if trial.tool in counts and is_verified(trial):
+            counts[trial.tool] += 1
     return counts
 
 
 def plan_round(
     tools: list[str],
     settings: Any,
-    done: dict[tuple[str, int], dict[int, Any]],
+    done: dict[tuple[str, int], dict[int, Trial]],
     verified: dict[str, int],
     concurrency: int,
     skip: set[tuple[str, int]],
@@ -114,10 +115,10 @@ def _schema_digests(schemas: list[Any], names: Collection[str]) -> dict[str, str
     return digests
 
 
-def schema_state(first: dict[str, Any], schemas: list[dict[str, Any]]) -> tuple[StageState, StageState]:
+def schema_state(first: Trial, schemas: list[dict[str, Any]]) -> tuple[StageState, StageState]:
     """(what the trial log offered, what the tool set offers now): the schemas of the tools both name, as inputs. A
     user who edited a function's signature or docstring since would get trials holding calls to the old tool."""
-    logged = first.get("tools") if isinstance(first.get("tools"), list) else []
+    logged = first.tools or []
     names = {_tool_name(schema) for schema in logged} & {_tool_name(schema) for schema in schemas}
     return StageState(inputs=_schema_digests(logged, names)), StageState(inputs=_schema_digests(schemas, names))
 
@@ -148,7 +149,7 @@ def trial_state(
 
 
 def check_resumable(
-    records: list[dict[str, Any]],
+    records: list[Trial],
     *,
     model: str,
     fmt: str,
@@ -163,12 +164,12 @@ def check_resumable(
     if not records:
         return
     first = records[0]
-    logged = first.get("settings") if isinstance(first.get("settings"), dict) else {}
-    offered = [_tool_name(schema) for schema in first["tools"]] if isinstance(first.get("tools"), list) else None
+    logged = first.settings or {}
+    offered = None if first.tools is None else [_tool_name(schema) for schema in first.tools]
     saved = trial_state(
-        first.get("model"),
-        first.get("format"),
-        first.get("ablations"),
+        first.model,
+        first.format,
+        first.ablations,
         None if settings is None else logged,
         None if tools is None else offered,
     )
@@ -208,7 +209,7 @@ async def run_exploration(
     progress = _make_progress(console)
     overall = per_tool = None
     target = settings.target_per_tool
-    tried = {t: sum(1 for r in ctx.log.existing if r.get("tool") == t) for t in tools}
+    tried = {t: sum(1 for r in ctx.log.existing if r.tool == t) for t in tools}
     verified = verified_counts(ctx.log.existing, tools)
     if progress is not None and target:  # the bars count verified trials toward the target, and say what was tried
         overall = progress.add_task(
@@ -241,11 +242,11 @@ async def run_exploration(
 
     logged = list(ctx.log.existing)  # every trial of the log, the ones this run writes appended: rounds plan from it
 
-    def on_trial(record: dict[str, Any]) -> None:
+    def on_trial(record: Trial) -> None:
         nonlocal trials_run
         trials_run += 1
         logged.append(record)
-        tool = record["tool"]
+        tool = record.tool
         tried[tool] = tried.get(tool, 0) + 1
         if progress is None or overall is None or per_tool is None:
             return

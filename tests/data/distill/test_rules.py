@@ -12,18 +12,24 @@ from typer.testing import CliRunner
 
 from toolschool.cli import app
 from toolschool.data.distill.options import DistillOptions
-from toolschool.data.distill.rules import trial_to_candidate
+from toolschool.data.distill.rules import Candidate, trial_to_candidate
 from toolschool.data.distill.runner import distill
 from toolschool.errors import DataError
+from toolschool.explore.trial import Trial
+
+
+def candidate_of(line: dict, **rules: bool) -> tuple[Candidate | None, str | None]:
+    """`trial_to_candidate` of a trial given as its log line."""
+    return trial_to_candidate(Trial.from_json(line), **rules)
 
 
 def test_rules_build_the_clean_conversation() -> None:
     trials = good_trials()
-    candidate, reason = trial_to_candidate(trials[1])
+    candidate, reason = candidate_of(trials[1])
     assert reason is None and candidate is not None
     assert [m["role"] for m in candidate.messages] == ["user", "assistant", "tool", "assistant"]
     assert candidate.messages[1]["tool_calls"][0]["function"]["arguments"] == {"expression": "(17+25)*2"}
-    reasons = [trial_to_candidate(t)[1] for t in trials[4:]]
+    reasons = [candidate_of(t)[1] for t in trials[4:]]
     assert reasons == [
         "no tool call",
         "last call before the final answer failed",
@@ -32,12 +38,12 @@ def test_rules_build_the_clean_conversation() -> None:
         "status empty_query",
     ]
     unsolved = dict(trials[0], solved=False)
-    assert trial_to_candidate(unsolved, require_solved=True)[1] == "not self-reported as solved"
+    assert candidate_of(unsolved, require_solved=True)[1] == "not self-reported as solved"
     # calls past --max-turns were answered "not run": the example would show a final answer written after a
     # refusal its conversation does not hold
     over_budget = json.loads(json.dumps(trials[0]))
     over_budget["steps"][0]["skipped_calls"] = [{"name": "calculator", "arguments": {"expression": "1+1"}}]
-    assert trial_to_candidate(over_budget)[1] == "calls past the call budget were not run"
+    assert candidate_of(over_budget)[1] == "calls past the call budget were not run"
 
 
 @pytest.mark.parametrize(
@@ -141,18 +147,18 @@ BAD_CALL = call("calculator", {"expression": "6x7"}, "calculator error", error=T
     ],
 )
 def test_each_rule_keeps_a_good_trial_and_drops_a_bad_one(rule: str, passing: dict, failing: dict) -> None:
-    kept, reason = trial_to_candidate(_ok_trial(**passing))
+    kept, reason = candidate_of(_ok_trial(**passing))
     assert reason is None and kept is not None
-    dropped, reason = trial_to_candidate(_ok_trial(**failing))
+    dropped, reason = candidate_of(_ok_trial(**failing))
     assert dropped is None and reason is not None and reason.startswith(rule), reason
 
 
 def test_rules_require_solved_and_duplicate_trial_lines(tmp_path: Path) -> None:
-    assert trial_to_candidate(_ok_trial(solved=True), require_solved=True)[1] is None
-    assert trial_to_candidate(_ok_trial(solved=None), require_solved=True)[1] == "not self-reported as solved"
-    assert trial_to_candidate(_ok_trial(solved=None))[1] is None  # only when asked for
+    assert candidate_of(_ok_trial(solved=True), require_solved=True)[1] is None
+    assert candidate_of(_ok_trial(solved=None), require_solved=True)[1] == "not self-reported as solved"
+    assert candidate_of(_ok_trial(solved=None))[1] is None  # only when asked for
     # the explorer's own reflection said No: not taught, whether or not Yes is required
-    assert trial_to_candidate(_ok_trial(solved=False))[1] == "the explorer's reflection said it was not solved"
+    assert candidate_of(_ok_trial(solved=False))[1] == "the explorer's reflection said it was not solved"
     trials = [_ok_trial(), _ok_trial(slot=1), _ok_trial(query="What is 7 * 6?")]  # the last repeats slot 0
     summary = distill(trials, DistillOptions(trials=tmp_path / "t", out=tmp_path / "o", dedupe_threshold=1.0))
     assert summary["dropped"]["rules"] == {"calculator": {"duplicate trial line": 1}}
@@ -162,21 +168,21 @@ def test_rules_require_solved_and_duplicate_trial_lines(tmp_path: Path) -> None:
 def test_a_values_first_trial_is_judged_by_its_intent_check_not_its_reflection() -> None:
     """A trial imagined values first: the call read from the request must have those values; the explorer's own
     Yes/No (near chance for a small explorer) is then not what decides."""
-    assert trial_to_candidate(_ok_trial(intent_matched=True, solved=False))[1] is None
-    reason = trial_to_candidate(_ok_trial(intent_matched=False, solved=True))[1]
+    assert candidate_of(_ok_trial(intent_matched=True, solved=False))[1] is None
+    reason = candidate_of(_ok_trial(intent_matched=False, solved=True))[1]
     assert reason == "the call read from the request lacks the values it was written from"
 
 
 def test_require_answer_keeps_a_final_answer_that_states_the_result() -> None:
-    assert trial_to_candidate(_ok_trial(), require_answer=True)[1] is None  # "6 * 7 = 42" states 42
+    assert candidate_of(_ok_trial(), require_answer=True)[1] is None  # "6 * 7 = 42" states 42
     wrong = _ok_trial(final_answer="It is a Monday.")
-    assert trial_to_candidate(wrong)[1] is None  # only when asked for
-    assert trial_to_candidate(wrong, require_answer=True)[1] == "the final answer does not state the tool's result"
+    assert candidate_of(wrong)[1] is None  # only when asked for
+    assert candidate_of(wrong, require_answer=True)[1] == "the final answer does not state the tool's result"
 
 
 def test_require_answer_drops_a_request_that_already_states_the_result() -> None:
     stated = _ok_trial(query="6 * 7 is 42, right?")
-    assert trial_to_candidate(stated, require_answer=True)[1] == "the request states the tool's result"
+    assert candidate_of(stated, require_answer=True)[1] == "the request states the tool's result"
     printed = _ok_trial(
         tool="python",
         query="Run print('hi') and tell me what it says: hi?",
@@ -184,7 +190,7 @@ def test_require_answer_drops_a_request_that_already_states_the_result() -> None
         final_answer="It prints hi.",
         tools=[*TOOLS, {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
     )
-    assert trial_to_candidate(printed, require_answer=True)[1] is None  # the result is a literal of the call
+    assert candidate_of(printed, require_answer=True)[1] is None  # the result is a literal of the call
 
 
 def test_a_program_that_only_prints_a_calculation_is_the_calculators_and_dropped() -> None:
@@ -199,7 +205,7 @@ def test_a_program_that_only_prints_a_calculation_is_the_calculators_and_dropped
         answer = {"raw": "", "calls": [], "final": "It prints 4.", "executed": False}
         return trial("python", 0, 0, "Print what 2 + 2 makes.", [step, answer], "It prints 4.", tools=offered)
 
-    reason = trial_to_candidate(program("print(2 + 2)", tools))[1]
+    reason = candidate_of(program("print(2 + 2)", tools))[1]
     assert reason == "a program that only prints a calculation, which the offered calculator does"
-    assert trial_to_candidate(program("print(sum([2, 2]))", tools))[1] is None
-    assert trial_to_candidate(program("print(2 + 2)", [builtin_schema("python")]))[1] is None
+    assert candidate_of(program("print(sum([2, 2]))", tools))[1] is None
+    assert candidate_of(program("print(2 + 2)", [builtin_schema("python")]))[1] is None

@@ -7,8 +7,14 @@ from pathlib import Path
 from distill_helpers import calc_trial, good_trials
 
 from toolschool.data.distill.options import DistillOptions
-from toolschool.data.distill.rules import trial_to_candidate
+from toolschool.data.distill.rules import Candidate, trial_to_candidate
 from toolschool.data.distill.runner import distill
+from toolschool.explore.trial import Trial
+
+
+def candidate_of(line: dict, **rules: bool) -> tuple[Candidate | None, str | None]:
+    """`trial_to_candidate` of a trial given as its log line."""
+    return trial_to_candidate(Trial.from_json(line), **rules)
 
 
 def test_an_empty_train_split_names_the_step_that_kept_nothing(tmp_path: Path) -> None:
@@ -19,7 +25,7 @@ def test_an_empty_train_split_names_the_step_that_kept_nothing(tmp_path: Path) -
 
     assert nothing_to_train(run(good_trials(), "ok")) is None
     assert "the trial log holds no trial" in nothing_to_train(run([], "none"))[0]
-    failing = [t for t in good_trials() if trial_to_candidate(t)[0] is None]
+    failing = [t for t in good_trials() if candidate_of(t)[0] is None]
     why, hint = nothing_to_train(run(failing, "rules"))
     assert "no exploration trial ended with a final answer" in why and "explorer" in hint
     # every trial passed the rules, none the grounding filter: it is named, with its reasons and the way out

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 from toolschool.data.cache import ReplyCache
@@ -21,7 +22,7 @@ from toolschool.data.distill.paraphrase import (
     run_paraphrase,
     select_paraphrases,
 )
-from toolschool.data.distill.rules import Candidate, trial_problem, trial_to_candidate
+from toolschool.data.distill.rules import Candidate, trial_to_candidate
 from toolschool.data.distill.split import split_by_original
 from toolschool.data.distill.summary import FILTERS, NO_TOOL, STEPS, filter_yield
 from toolschool.data.filters import (
@@ -40,12 +41,13 @@ from toolschool.data.irrelevance import (
 )
 from toolschool.data.round_trip import run_round_trips
 from toolschool.errors import DataError
+from toolschool.explore.trial import Trial
 from toolschool.models.backend import Backend
 from toolschool.run_state import write_jsonl
 
 
 def distill(
-    trials: list[dict[str, Any]],
+    trials: Sequence[Trial | dict[str, Any]],
     opts: DistillOptions,
     *,
     judge: Backend | None = None,
@@ -60,7 +62,7 @@ def distill(
 
 
 async def run_distill(
-    trials: list[dict[str, Any]], opts: DistillOptions, *, progress: Any = None, ready: Any = None
+    trials: Sequence[Trial | dict[str, Any]], opts: DistillOptions, *, progress: Any = None, ready: Any = None
 ) -> dict[str, Any]:
     """Make the judge/paraphraser backends named in `opts` (one backend when both name the same model), run,
     and close them, all in one event loop (a local backend's batching worker lives on that loop).
@@ -111,12 +113,23 @@ def _tool_lists(originals: list[Candidate]) -> list[list[dict[str, Any]]]:
     return list(lists.values())
 
 
+def _trial(line: Any, index: int) -> Trial:
+    """A trial given as its log line (the API takes the log's lines as they are); a malformed one is named."""
+    try:
+        return Trial.from_json(line)
+    except DataError as exc:
+        where = f"trial {index}"
+        if isinstance(line, dict):
+            where += f" ({line.get('tool')}/e{line.get('episode')}/s{line.get('slot')})"
+        raise DataError(f"{where}: {exc.message}", hint="fix or remove that trial; every other trial is kept") from None
+
+
 def _row_order(tool: str) -> tuple[bool, str]:
     return tool == NO_TOOL, tool
 
 
 async def adistill(
-    trials: list[dict[str, Any]],
+    trials: Sequence[Trial | dict[str, Any]],
     opts: DistillOptions,
     *,
     judge: Backend | None = None,
@@ -143,16 +156,9 @@ async def adistill(
 
     candidates: list[Candidate] = []
     seen_trials: set[str] = set()
-    for index, trial in enumerate(trials, start=1):
-        problem = trial_problem(trial)
-        if problem is not None:
-            where = trial.get("_where") if isinstance(trial, dict) else None
-            if where is None:
-                where = f"trial {index}"
-                if isinstance(trial, dict):
-                    where += f" ({trial.get('tool')}/e{trial.get('episode')}/s{trial.get('slot')})"
-            raise DataError(f"{where}: {problem}", hint="fix or remove that trial; every other trial is kept")
-        tool = str(trial.get("tool"))
+    for index, line in enumerate(trials, start=1):
+        trial = line if isinstance(line, Trial) else _trial(line, index)
+        tool = trial.tool
         counts[tool]["trials"] += 1
         candidate, reason = trial_to_candidate(
             trial, require_solved=opts.require_solved, require_answer=opts.require_answer

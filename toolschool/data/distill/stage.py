@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.data.distill.options import DistillOptions, check_options
-from toolschool.data.distill.rules import read_trial_log
 from toolschool.data.distill.runner import run_distill
 from toolschool.data.distill.summary import yield_rows
+from toolschool.explore.log import scan_trials
 
 
 def distill_explorer(config: Any) -> str | None:
@@ -32,7 +32,8 @@ def run_distill_stage(
 
     d = config.distill
     trials_path = Path(d.trials) if d.trials else run_paths(config).trials
-    records, note = read_trial_log(trials_path)
+    scan = scan_trials(trials_path)
+    records, note = scan.trials, scan.note
     out_dir = stage_path(config, "distill", out)
     opts = DistillOptions(
         trials=trials_path,
