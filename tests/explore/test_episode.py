@@ -1038,7 +1038,7 @@ async def test_values_first_writes_the_request_again_when_it_states_a_number_the
     ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first")
     await run_episode(ctx, "calculator", 0, {})
     ctx.log.close()
-    (record,) = read_trials(tmp_path / TRIALS_FILE)
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
     assert record["query"] == "What is 1 * 7?"
     (aside,) = record["set_aside"]["requests"]
     assert aside == {**aside, "request": "I think 1 * 7 is 8, is it?"}
