@@ -172,7 +172,7 @@ class ScriptedBackend(Backend):
         query = prompt.rsplit("Request: ", 1)[1]
         texts = self.paraphrases.get(query, [])  # a text, or a Completion (one cut off at max_tokens)
         # sample i of a request is asked in style i (in turn): this request serves its style's next samples
-        styles = paraphrase_styles()
+        styles = paraphrase_styles(read_back="Keep every number and date exactly" in prompt)
         style = next(i for i, s in enumerate(styles) if f"in different words, {s}." in prompt)
         first = self.served.get((query, style), 0)
         self.served[(query, style)] = first + request.params.n

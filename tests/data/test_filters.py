@@ -160,6 +160,15 @@ def test_a_number_of_the_request_that_no_call_uses_is_found(builtin_tools) -> No
         == []
     )
     assert unused_numbers("What is 12 * 7? I got 83.", [{"expression": "12 * 7"}]) == [83.0]
+    # used, or not an argument: fused to a name, 0 and 1, a unit's exponent, a number of decimal places
+    assert unused_numbers("What is log base 10 of 1000?", [{"expression": "log10(1000)"}]) == []
+    assert unused_numbers("Sum the integers from 1 to 100", [{"code": "print(sum(range(101)))"}]) == []
+    assert unused_numbers("What is 1/3 of 90?", [{"expression": "90/3"}]) == []
+    square = {"value": 50, "from_unit": "square_meter", "to_unit": "square_foot"}
+    assert unused_numbers("Convert 50 m^2 to square feet", [square]) == []
+    assert (
+        unused_numbers("5 km in miles, to 2 decimal places", [{"value": 5, "from_unit": "km", "to_unit": "mile"}]) == []
+    )
     assert unused_numbers("The days from 2024-01-01 to 2024-01-09 are 8.", [  # not a range: 8 is not 9 - 1
         {"start_date": "2024-01-01", "end_date": "2024-01-09"}
     ]) == [8.0]  # fmt: skip

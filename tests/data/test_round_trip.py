@@ -157,3 +157,19 @@ def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, m
     assert distill_explorer(load_config(None, {**base, "distill.judge_model": "j"})) == "j"
     chosen = load_config(None, {**base, "distill.judge_model": "j", "distill.explorer_model": "e"})
     assert distill_explorer(chosen) == "e"
+
+
+def test_a_paraphrase_round_trip_names_the_tool_only_for_one_call_to_it() -> None:
+    """The reply may be made to call the original's tool only when the original's first turn is exactly one call
+    to it: made to write one call, a round trip of a two-call turn (or of one whose first call is another tool's)
+    could never match, and would refuse every paraphrase of it."""
+    from toolschool.data.round_trip import named_tool
+
+    def turn(*names: str) -> list[dict]:
+        calls = [{"type": "function", "function": {"name": n, "arguments": {}}} for n in names]
+        return [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": calls}]
+
+    assert named_tool(turn("calculator"), "calculator") == "calculator"
+    assert named_tool(turn("calculator", "calculator"), "calculator") is None
+    assert named_tool(turn("weekday"), "calculator") is None
+    assert named_tool([{"role": "user", "content": "q"}], "calculator") is None

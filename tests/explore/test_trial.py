@@ -60,6 +60,8 @@ def test_a_hand_written_line_reads_with_defaults_and_keeps_unknown_keys() -> Non
         ({"solved": "yes"}, "solved must be true or false, got str"),
         ({"seconds": "1"}, "seconds must be a number, got str"),
         ({"steps": [{"executed": "no"}]}, r"steps\[0\].executed must be true or false, got str"),
+        # a null where the field cannot hold one would read back as its default (executed: true)
+        ({"steps": [{"executed": None}]}, r"steps\[0\].executed must be true or false, got null"),
         ({"steps": [{"calls": [{"arguments": {}}]}]}, r"steps\[0\].calls\[0\].name is missing"),
         (
             {"steps": [{"calls": [], "skipped_calls": [{"name": "c", "shown": 3}]}]},

@@ -518,6 +518,16 @@ def test_a_forced_reply_cut_off_after_a_complete_call_returns_the_complete_calls
     choice = response.json()["choices"][0]
     assert _calls(response) == [("weather", {"city": "Oslo"})]
     assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    # a closing tag inside a string of the call cut off does not end it; a call whose JSON ended is complete
+    program = '\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 </tool_call> 2'
+    ended = 'weather", "arguments": {"city": "Oslo"}}'
+    for text, calls in (
+        (reply.replace(second, program), [("weather", {"city": "Oslo"})]),
+        (ended, [("weather", {"city": "Oslo"})]),
+    ):
+        response = _post(ScriptedBackend([(text, "length")]), {"tools": [CALC, WEATHER], "tool_choice": "required"})
+        assert response.status_code == 200, response.text
+        assert _calls(response) == calls and response.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_a_forced_call_cannot_continue_a_partial_assistant_message() -> None:

@@ -482,12 +482,21 @@ def _tool_name(tool: Any) -> str:
     return str(function.get("name", ""))
 
 
+# digits fused to a name in a call ("log10", "log2"): a number the request states ("log base 10")
+_FUSED_DIGITS = re.compile(r"(?<=[A-Za-z_])\d+")
+# numbers a request states that no call is expected to hold: an exponent of a unit ("m^2", read "square meter") and
+# a number of decimal places to round to (the tools round as they do)
+_NOT_ARGUMENTS = re.compile(r"\^\s*(\d+)|(\d+)\s+decimal\b", re.IGNORECASE)
+
+
 def unused_numbers(request: str, arguments: Iterable[dict[str, Any]]) -> list[float]:
     """The numbers `request` writes in digits that none of the calls' `arguments` uses, in order: neither as the
     value itself (nor negated), nor as a bound of a program's range (+/- 1), nor scaled by a number a word of the
-    request implies ("3 weeks" is 21 days, "15%" is 0.15 or 1.15). A request that states a number its call does
-    not use states an answer ("... is 11 days"), or a detail the call ignores ("9570 km/h (5 miles per hour)"):
-    what a student learns from it is to leave numbers out."""
+    request implies ("3 weeks" is 21 days, "15%" is 0.15 or 1.15), nor fused to a name ("log10"). 0 and 1 are
+    never counted (a range's start, "1/3 of 90" as 90 / 3), nor a unit's exponent ("m^2") or a number of decimal
+    places. A request that states a number its call does not use states an answer ("... is 11 days"), or a
+    detail the call ignores ("9570 km/h (5 miles per hour)"): what a student learns from it is to leave numbers
+    out."""
     used: set[float] = set()
     bounds: set[float] = set()  # the numbers of a program with a range: "1 to 18" is range(1, 19)
     for values in arguments:
@@ -495,12 +504,15 @@ def unused_numbers(request: str, arguments: Iterable[dict[str, Any]]) -> list[fl
             if isinstance(value, int | float) and not isinstance(value, bool):
                 used.add(float(value))
             elif isinstance(value, str):
-                used |= set(numbers_in(value))
+                used |= set(numbers_in(value)) | {float(d) for d in _FUSED_DIGITS.findall(value)}
                 if "range(" in value:
                     bounds |= set(numbers_in(value))
     factors = implied_numbers(request)
+    exempt = {float(a or b) for a, b in _NOT_ARGUMENTS.findall(request)} | {0.0, 1.0}
     out: list[float] = []
     for number in dict.fromkeys(numbers_in(request)):
+        if number in exempt:
+            continue
         forms = {number, -number}
         for factor in factors:
             if factor:
@@ -510,6 +522,12 @@ def unused_numbers(request: str, arguments: Iterable[dict[str, Any]]) -> list[fl
         ):
             out.append(number)
     return out
+
+
+def unused_number_problem(request: str, arguments: Iterable[dict[str, Any]]) -> Ungrounded | None:
+    """The first number of `request` that no call uses (`unused_numbers`), as a grounding problem, or None."""
+    unused = unused_numbers(request, arguments)
+    return Ungrounded(UNUSED, _format_number(unused[0])) if unused else None
 
 
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
@@ -532,8 +550,7 @@ def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]
                 if problem is not None:
                     return problem
                 called.append(arguments)
-    unused = unused_numbers(sources.request, called) if called else []
-    return Ungrounded(UNUSED, _format_number(unused[0])) if unused else None
+    return unused_number_problem(sources.request, called) if called else None
 
 
 # ---------------------------------------------------------------------------------------------- echo

@@ -7,11 +7,13 @@ by the semantic rules of `toolschool.evaluate.metrics` (`score_item`: calculator
 pint, python by output). A request that does not say enough to get there (an ambiguous unit, a value the explorer
 picked from its context) fails, as it would for the student.
 
-The same check verifies a paraphrase of a kept request: the model, made to call the original's tool (a named
-tool_choice, when its backend constrains), must write the original's arguments from the paraphrase alone. A
-paraphrase that turns "Celsius to Fahrenheit" around, or "10 days after" into "10 days before", reads back to
-another call and is not taught. (The tool is named there because the tool's choice was verified on the original;
-what a paraphrase must keep is what the call says.)
+The same check verifies a paraphrase of a kept request: the model must write the original's first call from the
+paraphrase alone. A paraphrase that turns "Celsius to Fahrenheit" around, or "10 days after" into "10 days
+before", reads back to another call and is not taught. When that first call is one call to the original's tool,
+the reply is made to call that tool (a named tool_choice, enforced when the backend constrains): the paraphrase is
+to keep what the call says, and a small explorer's own choice of tool (the 0.5B converts units with the
+calculator) would refuse good paraphrases of a trial whose tool the rules and values-first exploration kept.
+Otherwise (several calls, another tool first) the reply is free.
 
 The reply is generated greedily through the explorer's backend, in the canonical (hermes) format the datasets are
 written in and the evaluation scores, and cached like every distill reply, so a resumed distill does not ask again.
@@ -53,6 +55,13 @@ def first_calls(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if message.get("role") == "assistant" and message.get("tool_calls"):
             return list(message["tool_calls"])
     return []
+
+
+def named_tool(messages: list[dict[str, Any]], tool: str) -> str | None:
+    """`tool` when the conversation's first turn is exactly one call to it (a reply may then be made to call it),
+    else None."""
+    calls = first_calls(messages)
+    return tool if len(calls) == 1 and (calls[0].get("function") or {}).get("name") == tool else None
 
 
 def round_trip_problem(reply: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> str | None:

@@ -652,15 +652,14 @@ def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], requ
     do not use (`unused_numbers`: an answer, "... is 11 days", or a detail the call ignores). The first asks for
     something else, so the call read from it cannot have the values (a small explorer drops one a time in three);
     the second teaches a student to leave numbers out, and distill drops it."""
-    from toolschool.data.filters import UNUSED, Sources, call_grounding, unused_numbers
+    from toolschool.data.filters import Sources, call_grounding, unused_number_problem
 
     if not request:
         return "no request"
-    problem = call_grounding(tool, values, ctx.tool_schemas, Sources(request))
-    if problem is not None:
-        return f"{problem.reason}: {problem.detail}"
-    unused = unused_numbers(request, [values])
-    return f"{UNUSED}: {unused[0]:g}" if unused else None
+    problem = call_grounding(tool, values, ctx.tool_schemas, Sources(request)) or unused_number_problem(
+        request, [values]
+    )
+    return None if problem is None else f"{problem.reason}: {problem.detail}"
 
 
 async def _imagine_from_values(

@@ -73,7 +73,9 @@ def _fields(
     record: type, data: Any, path: str, spec: dict[str, str], required: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the known fields of one JSON object of a line, checked against `spec`; the unknown ones). `path` names the
-    object in messages (`steps[1].calls[0]`). A null reads as the field's default, except in a required field."""
+    object in messages (`steps[1].calls[0]`). A null is accepted only in a field that may hold one ("str?", or a
+    default of None), and in a list (read as an empty one): elsewhere it would read back as another value (a null
+    `executed` as true), so it is refused with the field's name."""
     if not isinstance(data, dict):
         raise DataError(f"{path} must be a JSON object, got {_kind(data)}")
     missing = [name for name in required if name not in data]
@@ -87,9 +89,10 @@ def _fields(
     for name, value in data.items():
         if name not in spec:
             continue
-        if value is None and name not in required:
-            if defaults[name] is None:
-                known[name] = None
+        if value is None and (spec[name].endswith("?") or defaults[name] is None):
+            known[name] = None
+            continue
+        if value is None and spec[name] == "list":  # no list written: an empty one
             continue
         kind = spec[name].rstrip("?")
         accepts, described = _KINDS[kind]

@@ -77,14 +77,23 @@ def sendable(text: str, stop: list[str], *, calls_possible: bool) -> str:
 
 def complete_calls_text(text: str) -> str:
     """A hermes reply cut off by max_tokens, up to the end of its last complete call ("" when its first call is
-    not complete): what of it can still be returned as calls."""
-    end = 0
-    pos = 0
+    not complete): what of it can still be returned as calls. A call is complete once its JSON object has ended
+    (with its `</tool_call>` when that follows); a `</tool_call>` inside a string of the call (a program that
+    prints the tag) does not end it."""
+    decoder = json.JSONDecoder()
+    end = pos = 0
     while (start := text.find(HERMES_OPEN, pos)) != -1:
-        close = text.find(HERMES_CLOSE, start)
-        if close == -1:
+        brace = start + len(HERMES_OPEN)
+        while brace < len(text) and text[brace].isspace():
+            brace += 1
+        try:
+            _value, stop = decoder.raw_decode(text, brace)
+        except ValueError:  # not complete (or not JSON): the reply's calls end before it
             break
-        end = pos = close + len(HERMES_CLOSE)
+        after = text[stop:]
+        if after.lstrip().startswith(HERMES_CLOSE):
+            stop += len(after) - len(after.lstrip()) + len(HERMES_CLOSE)
+        end = pos = stop
     return text[:end]
 
 

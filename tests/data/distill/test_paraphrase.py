@@ -111,8 +111,8 @@ def test_resume_reuses_cached_paraphrases_when_the_plan_changes(tmp_path: Path) 
     )  # fmt: skip
     first = distill(trials[:2], opts, paraphraser=backend)  # 2 originals: 2 paraphrases each planned, 4 asked
     assert first["total"]["paraphrases"] == 3
-    # one request per style, each for the samples of its style (four styles: one sample each)
-    assert [r.params.n for r in backend.requests] == [1] * 8
+    # one request per style, each for the samples of its style (three styles without a round trip: 2, 1 and 1)
+    assert [r.params.n for r in backend.requests] == [2, 1, 1, 2, 1, 1]
     backend.requests.clear()
     second = distill(trials, opts, paraphraser=backend)  # 3 originals: 1 each planned, 3 asked
     asked = [r.messages[-1]["content"].rsplit("Request: ", 1)[1] for r in backend.requests]
@@ -122,7 +122,7 @@ def test_resume_reuses_cached_paraphrases_when_the_plan_changes(tmp_path: Path) 
     opts.max_paraphrases = 3
     opts.target_per_tool = 12  # 3 each planned, 5 asked: only the missing samples are asked for
     distill(trials, opts, paraphraser=backend)
-    # the first two: a second sample of the first style; the third: that, and one of the fourth style
+    # the first two: a second sample of the second style; the third: one more of the first and the second
     assert [r.params.n for r in backend.requests] == [1, 1, 1, 1]
     assert sorted(r.messages[-1]["content"].rsplit("Request: ", 1)[1] for r in backend.requests) == [
         "Add 17 and 25", "Divide 81 by 9", "Divide 81 by 9", "What is 1234 * 5678?"
@@ -141,11 +141,17 @@ def test_a_paraphrase_that_answers_echoes_the_prompt_or_drops_a_quoted_value_or_
     )
     assert paraphrase_problem("What weekday fell on 2024-05-01?", original, dated, [], 0.9, answers=answers) is None
     # the paraphrasing prompt echoed back (a small model does), with or without the request after it, in any style
-    for sample in range(4):
-        echo = paraphrase_prompt("", sample).split("\n\n")[0]
-        assert paraphrase_problem(echo, original, dated, [], 0.9) == "repeats the paraphrasing instructions"
-    assert "in the words a person would say" in paraphrase_prompt("", 1)
-    assert paraphrase_prompt("", 4) == paraphrase_prompt("", 0)  # the styles in turn
+    for read_back in (False, True):
+        for sample in range(4):
+            echo = paraphrase_prompt("", sample, read_back=read_back).split("\n\n")[0]
+            assert paraphrase_problem(echo, original, dated, [], 0.9) == "repeats the paraphrasing instructions"
+    # units respelled only where a round trip reads them back; otherwise every unit and name is kept as written
+    assert "in the words a person would say" in paraphrase_prompt("", 1, read_back=True)
+    assert not any("in the words a person would say" in paraphrase_prompt("", i) for i in range(3))
+    assert "name and unit exactly as written" in paraphrase_prompt("", 0)
+    assert "name and unit" not in paraphrase_prompt("", 0, read_back=True)
+    assert paraphrase_prompt("", 4, read_back=True) == paraphrase_prompt("", 0, read_back=True)  # styles in turn
+    assert paraphrase_prompt("", 3) == paraphrase_prompt("", 0)
     assert paraphrase_problem(f"Keep every number and date exactly: {original}", original, dated, [], 0.9) == (
         "repeats the paraphrasing instructions"
     )

@@ -23,16 +23,18 @@ from toolschool.models.backend import Backend
 
 
 @functools.cache
-def paraphrase_styles() -> tuple[str, ...]:
-    """How each paraphrase is asked to be worded, in turn (`prompts/paraphrase_styles.json`)."""
-    return tuple(json.loads((PROMPTS_DIR / "paraphrase_styles.json").read_text(encoding="utf-8"))["styles"])
+def paraphrase_styles(read_back: bool = False) -> tuple[str, ...]:
+    """How each paraphrase is asked to be worded, in turn (`prompts/paraphrase_styles.json`); one that respells
+    units or names only when the paraphrases are read back (`paraphrase_problem`'s `read_back`)."""
+    styles = json.loads((PROMPTS_DIR / "paraphrase_styles.json").read_text(encoding="utf-8"))["styles"]
+    return tuple(s["style"] for s in styles if read_back or not s.get("respells"))
 
 
-def paraphrase_prompt(query: str, sample: int = 0) -> str:
+def paraphrase_prompt(query: str, sample: int = 0, *, read_back: bool = False) -> str:
     """The paraphrasing prompt (`prompts/paraphrase.jinja`) for one request's `sample`-th paraphrase: the styles
-    of `paraphrase_styles` in turn."""
-    styles = paraphrase_styles()
-    return render("paraphrase", query=query, style=styles[sample % len(styles)])
+    of `paraphrase_styles` in turn. Not read back, it asks to keep every unit and name as written too."""
+    styles = paraphrase_styles(read_back)
+    return render("paraphrase", query=query, style=styles[sample % len(styles)], read_back=read_back)
 
 
 _NUM = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
@@ -164,7 +166,13 @@ def _token_runs(text: str) -> set[tuple[str, ...]]:
     return {tuple(tokens[i : i + _ECHO_RUN]) for i in range(len(tokens) - _ECHO_RUN + 1)}
 
 
-_INSTRUCTION_RUNS = set().union(*(_token_runs(paraphrase_prompt("", i)) for i in range(len(paraphrase_styles()))))
+_INSTRUCTION_RUNS = set().union(
+    *(
+        _token_runs(paraphrase_prompt("", i, read_back=read_back))
+        for read_back in (False, True)
+        for i in range(len(paraphrase_styles(read_back)))
+    )
+)
 
 
 def _states(text: str, answer: str) -> bool:
@@ -188,9 +196,9 @@ def paraphrase_problem(
     `answers`: what answers the original (its final answer, the last tool result): a paraphrase stating one that the
     query does not is an answer, not a request ("2024-05-01 is a Wednesday" for "Which day was 2024-05-01?").
     `read_back`: the paraphrase will be read back to the original's call (a round trip), which checks a unit or name
-    by what it means: one written another way ("kilometres" for "km") is then left to it, where alone it is
-    rejected (a unit in words is what a student reading users' requests most needs to see). One written the same
-    way is still checked here, with the number it goes with."""
+    by what it means: one not written as in the original (respelled, "kilometres" for "km", or left out) is then
+    left to it, where alone it is rejected (a unit in words is what a student reading users' requests most needs
+    to see). One written the same way is still checked here, with the number it goes with."""
     if not paraphrase.strip():
         return "empty"
     if same_request_key(paraphrase) == same_request_key(original):
@@ -277,8 +285,11 @@ async def run_paraphrase(
     cache: ReplyCache,
     opts: DistillOptions,
     progress: Any = None,
+    *,
+    read_back: bool = False,
 ) -> dict[str, list[ParaphraseReply]]:
-    """Raw paraphrases per candidate id (cached); each candidate asks for its tool's planned count."""
+    """Raw paraphrases per candidate id (cached); each candidate asks for its tool's planned count, in the styles
+    of `paraphrase_styles(read_back)` in turn."""
     semaphore = asyncio.Semaphore(max(1, opts.concurrency))
     asking = sum(1 for c in candidates if plan.get(c.tool, 0) > 0)
     advance = progress("paraphrasing", asking) if progress is not None and asking else None
@@ -290,10 +301,13 @@ async def run_paraphrase(
         # ask for a few extra: some will be rejected
         n_ask = n + 2
         # sample i is asked in style i (in turn): one request per style, for the samples of that style
-        styles = len(paraphrase_styles())
+        styles = len(paraphrase_styles(read_back))
         per_style = [len(range(style, n_ask, styles)) for style in range(min(styles, n_ask))]
         by_style = await asyncio.gather(
-            *(ask(candidate, paraphrase_prompt(candidate.query, style), count) for style, count in enumerate(per_style))
+            *(
+                ask(candidate, paraphrase_prompt(candidate.query, style, read_back=read_back), count)
+                for style, count in enumerate(per_style)
+            )
         )
         if advance is not None:
             advance()

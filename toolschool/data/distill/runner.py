@@ -39,7 +39,7 @@ from toolschool.data.irrelevance import (
     build_out_of_scope,
     lines_wanted,
 )
-from toolschool.data.round_trip import run_round_trips
+from toolschool.data.round_trip import named_tool, run_round_trips
 from toolschool.errors import DataError
 from toolschool.explore.trial import Trial
 from toolschool.models.backend import Backend
@@ -256,7 +256,9 @@ async def adistill(
     trip_explorer = explorer if opts.paraphrase_round_trip else None
     if paraphraser is not None and opts.target_per_tool > 0 and opts.max_paraphrases > 0:
         plan = paraphrase_plan(Counter(c.tool for c in originals), opts.target_per_tool, opts.max_paraphrases)
-        raw = await run_paraphrase(originals, plan, paraphraser, cache, opts, progress)
+        raw = await run_paraphrase(
+            originals, plan, paraphraser, cache, opts, progress, read_back=trip_explorer is not None
+        )
         while True:  # ask the round trip, then the judge, about what the selection would keep, until all is known
             selection = select_paraphrases(
                 originals,
@@ -278,7 +280,7 @@ async def adistill(
                     seed=opts.seed,
                     concurrency=opts.concurrency,
                     advance=advance,
-                    tools_named=[c.tool for c, _text in pairs],
+                    tools_named=[named_tool(c.messages, c.tool) for c, _text in pairs],
                 )
                 trips.update(zip(((c.id, text) for c, text in pairs), replies, strict=True))
                 continue
