@@ -18,7 +18,7 @@ def _trial(index: int, a: int, b: int) -> dict:
         "episode": index,
         "slot": 0,
         "status": "ok",
-        "query": f"How much is {a} times {b} for order {index}?",
+        "query": f"How much is {a} times {b}?",
         "steps": [
             {
                 "calls": [
