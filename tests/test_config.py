@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from toolschool.config import load_config, read_toml, stage_dir
+from toolschool.config import MOVED_KEYS, load_config, read_toml, stage_dir
 from toolschool.errors import ConfigError
 
 
@@ -40,6 +40,34 @@ def test_unknown_key_names_file_key_and_suggestion(tmp_path: Path) -> None:
 def test_unknown_section(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="unknown key 'bogus'"):
         load_config(write(tmp_path, "[bogus]\nx = 1\n"))
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_KEYS))
+def test_a_key_that_moved_names_its_new_place(tmp_path: Path, old: str) -> None:
+    """Each setting is declared once: the student's format and toolkens in [model], the LoRA shape in [lora]. A
+    config still writing one under [sft], [rl] or [eval] is refused with where it went, not as an unknown key."""
+    section, _, key = old.partition(".")
+    new_section, _, new_key = MOVED_KEYS[old].partition(".")
+    path = write(tmp_path, f"[{section}]\n{key} = {'true' if key == 'toolkens' else 1}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert f"{path}: [{section}] {key} moved to [{new_section}] {new_key}" in message
+    assert "unknown key" not in message
+    assert ("one LoRA table for [sft] and [rl]" if new_section == "lora" else "a setting of the student") in message
+
+
+def test_the_moved_keys_land_in_model_and_lora(tmp_path: Path) -> None:
+    assert set(MOVED_KEYS.values()) == {
+        "model.format",
+        "model.toolkens",
+        "lora.rank",
+        "lora.alpha",
+        "lora.dropout",
+        "lora.target_modules",
+    }
+    cfg = load_config(write(tmp_path, '[model]\nformat = "react"\ntoolkens = true\n[lora]\nrank = 4\nalpha = 8\n'))
+    assert (cfg.model.format, cfg.model.toolkens, cfg.lora.rank, cfg.lora.alpha) == ("react", True, 4, 8)
 
 
 def test_wrong_type_names_key_and_expected(tmp_path: Path) -> None:

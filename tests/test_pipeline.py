@@ -34,7 +34,7 @@ def run_config(tmp_path: Path, tiny_model_dir: Path):
             "distill.validation_fraction": 0.25,
             "sft.num_steps": 2,
             "sft.batch_size": 2,
-            "sft.lora_rank": 4,
+            "lora.rank": 4,
             "sft.validation_samples": 0,
             "sft.checkpoint_interval": 2,
             "sft.log_interval": 1,
@@ -42,7 +42,6 @@ def run_config(tmp_path: Path, tiny_model_dir: Path):
             "rl.batch_size": 2,
             "rl.num_generations": 2,
             "rl.max_tokens": 8,
-            "rl.lora_rank": 4,
             "rl.log_interval": 1,
             "rl.checkpoint_interval": 1,
             "eval.max_tokens": 8,
@@ -187,6 +186,37 @@ def test_settings_a_later_stage_refuses_are_refused_before_the_first_stage_runs(
         run_pipeline(bad_sft)
     assert not is_done(run_config, "distill") and not (run_config.run_dir() / "distill").exists()
     assert not (run_config.run_dir() / "config.toml").exists()
+
+
+def test_a_stage_finished_before_format_and_lora_moved_is_kept_until_they_change(tmp_path: Path) -> None:
+    """A marker written before `[sft] format`, `toolkens` and `lora_*` moved to [model] and [lora] names them under
+    [sft]: the finished stage is kept with the same values, and a change is refused under the new key. RL's LoRA
+    default went from 16 to 32 with the one [lora] table: an RL stage that ran with the old default reruns."""
+    from toolschool.config import MOVED_KEYS
+    from toolschool.pipeline import check_finished_stage
+    from toolschool.run_state import stage_settings
+
+    def old_name(stage: str, key: str) -> str:
+        return next((old for old, new in MOVED_KEYS.items() if new == key and old.startswith(f"{stage}.")), key)
+
+    config = load_config(overrides={"run.root": str(tmp_path)})
+    for stage in ("sft", "rl", "eval"):
+        settings = stage_settings(config, stage)
+        assert settings["model.format"] == "hermes", stage  # the student's format, for each stage that reads it
+        before = {old_name(stage, key): value for key, value in settings.items()}
+        assert f"{stage}.format" in before and "model.format" not in before
+        if stage == "rl":
+            before["rl.lora_rank"] = 16
+        marker = config.run_dir() / stage / "DONE.json"
+        marker.parent.mkdir(parents=True)
+        marker.write_text(json.dumps({"stage": stage, "settings": before}))
+    assert check_finished_stage(config, "sft") == [] and check_finished_stage(config, "eval") == []
+    with pytest.raises(ResumeRefused, match=r"lora\.rank: 16 → 32"):
+        check_finished_stage(config, "rl")
+    config.model.format = "json"
+    for stage in ("sft", "eval"):
+        with pytest.raises(ResumeRefused, match=r'model\.format: "hermes" → "json"'):
+            check_finished_stage(config, stage)
 
 
 def test_config_show_refuses_what_a_stage_would_refuse(tmp_path: Path) -> None:

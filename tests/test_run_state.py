@@ -67,6 +67,18 @@ def test_continuable_keys_continue_and_operational_ones_are_no_change() -> None:
         check_resume("sft", saved, more, stage="sft", keep="k", fresh="f")
 
 
+def test_a_state_saved_under_a_moved_key_is_compared_under_its_new_one() -> None:
+    """A stage that ran before `[sft] format` moved to `[model] format` (and `[sft] lora_rank` to `[lora] rank`)
+    saved the old names: it continues while the values are the same, and a change is named by the new key."""
+    saved = StageState({"sft.format": "json", "sft.lora_rank": 8, "sft.num_steps": 10})
+    same = StageState({"model.format": "json", "lora.rank": 8, "sft.num_steps": 10})
+    assert check_resume("sft", saved, same, stage="sft", keep="k", fresh="f") == []
+    other = StageState({"model.format": "json", "lora.rank": 16, "sft.num_steps": 10})
+    with pytest.raises(ResumeRefused) as info:
+        check_resume("sft", saved, other, stage="sft", keep="k", fresh="f")
+    assert info.value.message == "sft ran with other settings: lora.rank: 8 → 16"
+
+
 def test_a_state_round_trips_through_json_and_tables_flatten_to_dotted_keys() -> None:
     state = StageState(flatten({"sft": {"lr": 1, "lora": {"rank": 8}}, "tools": []}), {"f": "d"})
     assert state.settings == {"sft.lr": 1, "sft.lora.rank": 8, "tools": []}

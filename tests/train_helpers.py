@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers import CALC
 
-from toolschool.config import load_config
+from toolschool.config import MOVED_KEYS, load_config
 
 # SFT
 
@@ -41,6 +41,12 @@ def _write(path: Path, examples: list[dict]) -> Path:
     return path
 
 
+def _key(section: str, key: str) -> str:
+    """The config key of a helper's keyword: a key of `section`, or one that moved from it to the student's [model]
+    or the shared [lora] (`format`, `toolkens`, `lora_rank`, ... as the stage's own keys were written)."""
+    return MOVED_KEYS.get(f"{section}.{key}", f"{section}.{key}")
+
+
 def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: object):
     overrides = {
         "run.root": str(tmp_path / "runs"),
@@ -51,8 +57,8 @@ def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: o
         "sft.batch_size": 2,
         "sft.num_steps": 4,
         "sft.max_length": 256,
-        "sft.lora_rank": 4,
-        "sft.lora_alpha": 8,
+        "lora.rank": 4,
+        "lora.alpha": 8,
         "sft.checkpoint_interval": 2,
         "sft.log_interval": 1,
         "sft.validation_interval": 2,
@@ -60,7 +66,7 @@ def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: o
         "sft.validation_max_tokens": 8,
         "sft.warmup_steps": 0,
     }
-    overrides.update({f"sft.{k}": v for k, v in sft.items()})
+    overrides.update({_key("sft", k): v for k, v in sft.items()})
     return load_config(None, overrides)
 
 
@@ -137,7 +143,7 @@ def rl_config(model: Path, train: Path, **rl: object):
         "rl.checkpoint_interval": 1,
         "rl.learning_rate": 1e-3,
     }
-    overrides.update({f"rl.{k}": v for k, v in rl.items()})
+    overrides.update({_key("rl", k): v for k, v in rl.items()})
     return load_config(None, overrides)
 
 

@@ -1,8 +1,10 @@
 """Run configuration: one TOML file per run, validated with pydantic, overridden by CLI flags.
 
-Each stage has a section (`[model]`, `[tools]`, later `[explore]`, `[sft]`, ...). Unknown keys and wrong
-types are errors that name the file, the key and what is expected. The resolved configuration is saved
-into every stage's run directory (`runs/<name>/<stage>/config.toml`) so a run can be reproduced.
+Each stage has a section (`[explore]`, `[sft]`, `[rl]`, ...); what several stages share is declared once in its
+own: `[model]` is the student (its name, and the tool-call `format` and `toolkens` that SFT teaches, RL rewards and
+eval reads), `[lora]` the adapter of both training stages. Unknown keys and wrong types are errors that name the
+file, the key and what is expected; a key that moved (`MOVED_KEYS`) names its new place. The resolved configuration
+is saved into every stage's run directory (`runs/<name>/<stage>/config.toml`) so a run can be reproduced.
 """
 
 from __future__ import annotations
@@ -82,6 +84,28 @@ class ModelSection(Section):
         "auto", description="auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware has it)"
     )
     device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    format: FormatName = Field(
+        "hermes",
+        description="hermes | json | react: how the student writes calls (SFT teaches it, RL rewards it, eval "
+        "reads it)",
+    )
+    toolkens: bool = Field(False, description="SFT adds one token <tool_NAME> per tool (STE toolkens)")
+
+
+class LoraSection(Section):
+    """The LoRA adapter of the training stages that run with `method = "lora"` ([sft] and [rl])."""
+
+    rank: int = Field(32, ge=1, description="LoRA rank")
+    alpha: int = Field(64, ge=1, description="LoRA alpha (the update is scaled by alpha / rank)")
+    dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="LoRA dropout (0 is PEFT's default; on CPU a dropout mask per LoRA layer costs ~12% of a step)",
+    )
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names, e.g. q_proj)'
+    )
 
 
 class ToolsSection(Section):
@@ -107,19 +131,7 @@ class SFTSection(Section):
     validation: str | None = Field(
         None, description="validation JSONL for in-training validation (default: the run's distill/validation.jsonl)"
     )
-    format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
-    method: TrainMethod = Field("lora", description="lora | full")
-    lora_rank: int = Field(32, ge=1, description="LoRA rank")
-    lora_alpha: int = Field(64, ge=1, description="LoRA alpha")
-    lora_dropout: float = Field(
-        0.0,
-        ge=0.0,
-        lt=1.0,
-        description="LoRA dropout (0 is PEFT's default; on CPU a dropout mask per LoRA layer costs ~12% of a step)",
-    )
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names, e.g. q_proj)'
-    )
+    method: TrainMethod = Field("lora", description="lora (the adapter of [lora]) | full")
     batch_size: int = Field(8, ge=1, description="sequences per optimizer step per process")
     gradient_accumulation: int = Field(1, ge=1, description="batches per optimizer step")
     num_steps: int = Field(800, ge=1, description="optimizer steps")
@@ -146,7 +158,6 @@ class SFTSection(Section):
     validation_interval: int = Field(200, ge=1, description="steps between validations")
     validation_samples: int = Field(50, ge=0, description="validation items generated each time; 0: no validation")
     validation_max_tokens: int = Field(128, ge=1, description="tokens generated per validation item")
-    toolkens: bool = Field(False, description="add one token <tool_NAME> per tool (STE toolkens)")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
     dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
@@ -178,7 +189,11 @@ class ExploreSection(Section):
     stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
     max_turns: int = Field(4, ge=1, description="tool calls per trial before the final answer")
     concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")
-    format: FormatName = Field("hermes", description="hermes | json | react: how the explorer writes calls")
+    format: FormatName = Field(
+        "hermes",
+        description="hermes | json | react: how the explorer writes calls while it explores (its own prompting: "
+        "trials are logged canonical, and the student learns them in [model] format)",
+    )
     temperature: float = Field(0.7, ge=0.0, description="sampling temperature (the paper used 1.0 with GPT-3.5)")
     trial_temperature: float | None = Field(
         None,
@@ -233,20 +248,13 @@ class RLSection(Section):
         "single_turn",
         description="single_turn (reward the first reply) | multi_turn (execute the tools, reward the final answer)",
     )
-    format: FormatName = Field("hermes", description="hermes | json | react (multi_turn: hermes only)")
     rewards: list[str] = Field(
         default_factory=lambda: ["format", "tool", "arguments", "length"],
         description="reward components: format, tool, arguments, length, answer; or fine_grained (an alternative "
         "correctness reward)",
     )
     reward_weights: list[float] | None = Field(None, description="one weight per reward (default: all 1.0)")
-    method: TrainMethod = Field("lora", description="lora | full")
-    lora_rank: int = Field(16, ge=1, description="LoRA rank")
-    lora_alpha: int = Field(32, ge=1, description="LoRA alpha")
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="LoRA dropout")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["all-linear"], description='LoRA target modules ("all-linear" or names)'
-    )
+    method: TrainMethod = Field("lora", description="lora (the adapter of [lora]) | full")
     learning_rate: float = Field(1e-5, gt=0, description="learning rate")
     batch_size: int = Field(
         8, ge=1, description="completions per optimizer step per process (prompts x num_generations)"
@@ -283,7 +291,6 @@ class EvalSection(Section):
         description="benchmarks: bfcl[:simple_python,multiple,parallel,parallel_multiple,irrelevance] | ste "
         "(empty: evaluate data)",
     )
-    format: FormatName = Field("hermes", description="hermes | json | react: how the model writes calls")
     limit: int | None = Field(None, ge=1, description="items per dataset / BFCL category / STE API")
     icl: int = Field(0, ge=0, description="K retrieved demonstrations per item (0: zero-shot)")
     demos: str | None = Field(None, description="training JSONL to retrieve demonstrations from")
@@ -464,6 +471,7 @@ class PipelineSection(Section):
 class ToolschoolConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     model: ModelSection = Field(default_factory=ModelSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
     tools: ToolsSection = Field(default_factory=ToolsSection)
     explore: ExploreSection = Field(default_factory=ExploreSection)
     distill: DistillSection = Field(default_factory=DistillSection)
@@ -486,6 +494,37 @@ class ToolschoolConfig(Section):
         if "execute" in self.eval.model_fields_set and "execute" not in self.pipeline.model_fields_set:
             self.pipeline.execute = self.eval.execute
         return self
+
+
+# Keys that moved, old dotted key -> new: each setting is declared once. A config still writing one at its old place is
+# refused with its new place (not the generic "unknown key"), and a resume state saved under an old name
+# (`run_state.StageState`) reads it under the new one.
+MOVED_KEYS: dict[str, str] = {
+    **{f"{stage}.format": "model.format" for stage in ("sft", "rl", "eval")},
+    "sft.toolkens": "model.toolkens",
+    **{
+        f"{stage}.{old}": f"lora.{new}"
+        for stage in ("sft", "rl")
+        for old, new in (
+            ("lora_rank", "rank"),
+            ("lora_alpha", "alpha"),
+            ("lora_dropout", "dropout"),
+            ("target_modules", "target_modules"),
+        )
+    },
+}
+
+
+_MOVED_WHY = {
+    "model": "a setting of the student, read by every stage that trains or evaluates it",
+    "lora": "one LoRA table for [sft] and [rl]",
+}
+
+
+def _section_key(dotted: str) -> str:
+    """`sft.lora_rank` as a config file writes it: `[sft] lora_rank`."""
+    section, _, key = dotted.rpartition(".")
+    return f"[{section}] {key}"
 
 
 def _describe_expected(err: dict[str, Any]) -> str:
@@ -540,7 +579,13 @@ def format_validation_error(
         key = ".".join(str(p) for p in loc)
         from_flag = key in flag_keys or any(key.startswith(f"{flag}.") for flag in flag_keys)
         source_of = "command-line flag" if from_flag else source
-        if err["type"] == "extra_forbidden":
+        if err["type"] == "extra_forbidden" and key in MOVED_KEYS:
+            new = MOVED_KEYS[key]
+            lines.append(
+                f"{source_of}: {_section_key(key)} moved to {_section_key(new)} — "
+                f"{_MOVED_WHY[new.partition('.')[0]]}: write it there, once"
+            )
+        elif err["type"] == "extra_forbidden":
             known = _known_keys(model, loc)
             close = difflib.get_close_matches(str(loc[-1]), known, n=1)
             section = ".".join(str(p) for p in loc[:-1]) or "top level"

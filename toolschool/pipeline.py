@@ -331,6 +331,7 @@ def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
 
     out_dir = stage_dir(config, "eval")
     settings = config.eval.model_dump()
+    settings["format"] = config.model.format
     settings["execute"] = config.pipeline.execute
     settings["seed"] = config.run.seed
     models = eval_models(config)
@@ -601,31 +602,11 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
     if "rl" in stages:
         from toolschool.train.rl import check_settings, check_train_data
 
-        check_settings(config.rl, device=device, machine=device is not None)
+        check_settings(config.rl, config.model.format, device=device, machine=device is not None)
         if device is not None:  # a run, not `config show`: RL's data is there, or this run's distill writes it
             check_train_data(config, distill_runs_first="distill" in stages)
             if "sft" not in stages and not sft_model_dir(config).is_dir():  # nor its start model
                 raise _no_sft_model(sft_model_dir(config))
-    check_trained_format(config, stages)
-
-
-def check_trained_format(config: ToolschoolConfig, stages: list[str]) -> None:
-    """SFT teaches a format; RL rewards and the eval stage must read the trained model's replies in that same one.
-    Each section has its own `format` (default hermes), so setting it in [sft] alone would train json and then
-    reward and score every json reply as a malformed hermes answer."""
-    readers = [s for s in ("sft", "rl") if s in stages]
-    if readers and "eval" in stages:
-        readers.append("eval")
-    formats = {stage: getattr(config, stage).format for stage in readers}
-    if len(set(formats.values())) <= 1:
-        return
-    trained = formats[readers[0]]
-    shown = ", ".join(f"[{stage}] format = '{value}'" for stage, value in formats.items())
-    raise ConfigError(
-        f"the stages that train and read the student disagree on its tool-call format: {shown}; the RL rewards and "
-        "the evaluation would read the trained model's replies in another format than it learned",
-        hint=f'set format = "{trained}" in each of [{"], [".join(readers)}] (every section defaults to "hermes")',
-    )
 
 
 def run_pipeline(

@@ -4,8 +4,9 @@ may continue it, the folder's lock, moving stale outputs aside, and JSONL in and
 Every stage keeps a `StageState` of what it ran with: its settings (dotted keys -> JSON values) and the digests of
 its inputs (a training file, a tool's schema, a model's weights). A rerun compares the saved state with its own in
 `check_resume`, the one place that decides "continue or refuse": a change of a key the stage declares continuable
-(`CONTINUABLE`) continues, a change of one that does not shape its outputs (`OPERATIONAL`) is no change, and any
-other is refused with one message listing each changed key as `key: old → new`, and the hint how to start over.
+(`CONTINUABLE`) continues, a change of one that does not shape its outputs (`OPERATIONAL`) is no change, a key saved
+under its old name (`config.MOVED_KEYS`) is read under its new one, and any other is refused with one message
+listing each changed key as `key: old → new`, and the hint how to start over.
 
 `read_lines` splits at newlines only, as a file iterates: `str.splitlines()` also splits at U+2028, U+2029,
 U+0085, \\x1c-\\x1e, \\v and \\f, which `json.dumps(..., ensure_ascii=False)` writes unescaped inside strings, so a
@@ -116,11 +117,12 @@ def saved_model_dir(stage_dir: Path) -> Path:
 STAGE_SETTINGS: dict[str, tuple[str, ...]] = {
     "explore": ("run.seed", "model.name", "tools", "explore", "pipeline.explorer"),
     "distill": ("run.seed", "distill"),
-    "sft": ("run.seed", "model.name", "sft"),
-    "rl": ("run.seed", "rl"),
+    "sft": ("run.seed", "model.name", "model.format", "model.toolkens", "lora", "sft"),
+    "rl": ("run.seed", "model.format", "lora", "rl"),
     "eval": (
         "run.seed",
         "model.name",
+        "model.format",
         "tools",
         "eval",
         "pipeline.eval_data",
@@ -235,12 +237,23 @@ def check_resume(
     (`refusal`) naming every other changed key. `OPERATIONAL` keys and `ignore` are never a change."""
     if saved is None:
         return []
+    saved = moved_keys(saved)
     changed = saved.changes(now, ignore={*OPERATIONAL, *ignore})
     continuable = CONTINUABLE.get(stage or "", frozenset())
     refused = [change for change in changed if change.key not in continuable]
     if refused:
         raise refusal(what, refused, keep=keep, fresh=fresh)
     return changed
+
+
+def moved_keys(state: StageState) -> StageState:
+    """`state` with its settings saved under a key that has since moved (`config.MOVED_KEYS`: `sft.format`,
+    `rl.lora_rank`, ...) under the new one: a stage that ran before the move is compared key by key as it ran."""
+    from toolschool.config import MOVED_KEYS
+
+    if not any(key in MOVED_KEYS for key in state.settings):
+        return state
+    return StageState({MOVED_KEYS.get(key, key): value for key, value in state.settings.items()}, dict(state.inputs))
 
 
 def stage_settings(config: Any, stage: str) -> dict[str, Any]:

@@ -35,7 +35,8 @@ COMMANDS = {
 LOADS_CONFIG = [path for path in COMMANDS if path not in {("serve",), ("generate",)}]
 
 # flag -> config key of each command as the hand-written options had them (before the flags were generated):
-# scripts and docs use these, so each must still set the same key
+# scripts and docs use these, so each must still set the same key (or its new place: `--format`, `--toolkens` and
+# the LoRA flags set the student's [model] and the shared [lora] keys, `config.MOVED_KEYS`)
 FLAG_KEYS = {
     "run": ("--explorer=pipeline.explorer --model,-m=model.name --run=run.name"),
     "explore": (
@@ -67,16 +68,17 @@ FLAG_KEYS = {
     ),
     "sft": (
         "--batch-size=sft.batch_size --batching=sft.batching --checkpoint-interval=sft.checkpoint_interval "
-        "--format=sft.format --group-by-length,--no-group-by-length=sft.group_by_length "
-        "--learning-rate,--lr=sft.learning_rate --log-interval=sft.log_interval --lora-alpha=sft.lora_alpha "
-        "--lora-dropout=sft.lora_dropout --lora-rank=sft.lora_rank --max-length=sft.max_length --method=sft.method "
-        "--model,-m=model.name --no-toolkens,--toolkens=sft.toolkens --num-steps=sft.num_steps --run=run.name "
-        "--seed=run.seed --target-modules=sft.target_modules --train=sft.train --validation=sft.validation "
+        "--format=model.format --group-by-length,--no-group-by-length=sft.group_by_length "
+        "--learning-rate,--lr=sft.learning_rate --log-interval=sft.log_interval --lora-alpha=lora.alpha "
+        "--lora-dropout=lora.dropout --lora-rank=lora.rank --max-length=sft.max_length --method=sft.method "
+        "--model,-m=model.name --no-toolkens,--toolkens=model.toolkens --num-steps=sft.num_steps --run=run.name "
+        "--seed=run.seed --target-modules=lora.target_modules --train=sft.train --validation=sft.validation "
         "--validation-interval=sft.validation_interval --validation-samples=sft.validation_samples "
         "--warmup-steps=sft.warmup_steps"
     ),
     "rl": (
-        "--batch-size=rl.batch_size --beta=rl.beta --checkpoint-interval=rl.checkpoint_interval --format=rl.format "
+        "--batch-size=rl.batch_size --beta=rl.beta --checkpoint-interval=rl.checkpoint_interval "
+        "--format=model.format "
         "--learning-rate,--lr=rl.learning_rate --log-interval=rl.log_interval --max-tokens=rl.max_tokens "
         "--method=rl.method --mode=rl.mode --model,-m=model.name --no-share-prompts,--share-prompts=rl.share_prompts "
         "--no-vllm,--use-vllm=rl.use_vllm --num-generations=rl.num_generations --num-steps,--steps=rl.num_steps "
@@ -87,13 +89,13 @@ FLAG_KEYS = {
     "eval": (
         "--arguments=eval.arguments --benchmark,-b=eval.benchmarks --concurrency=eval.concurrency "
         "--constrained,--no-constrained=eval.constrained --data=eval.data --demos=eval.demos "
-        "--execute,--no-execute=eval.execute --format=eval.format --icl=eval.icl --limit,-n=eval.limit "
+        "--execute,--no-execute=eval.execute --format=model.format --icl=eval.icl --limit,-n=eval.limit "
         "--max-tokens=eval.max_tokens --mcp=tools.mcp --module=tools.modules --retriever=eval.retriever "
         "--run=run.name --toolbox=tools.toolbox"
     ),
     "continual": (
         "--batch-size=sft.batch_size --batches=continual.batches --data=continual.data "
-        "--eval-limit=continual.eval_limit --eval-max-tokens=continual.eval_max_tokens --format=sft.format "
+        "--eval-limit=continual.eval_limit --eval-max-tokens=continual.eval_max_tokens --format=model.format "
         "--general=continual.general --general-count=continual.general_count --general-ratio=continual.general_ratio "
         "--learning-rate,--lr=sft.learning_rate --max-length=sft.max_length --model,-m=model.name "
         "--no-replay,--replay=continual.replay --out=continual.out --replay-ratio=continual.replay_ratio "
@@ -275,7 +277,7 @@ def test_a_flag_still_reaches_the_loaded_config(tmp_path: Path, monkeypatch) -> 
     assert (explore.explore.episodes, explore.explore.no_stm, explore.explore.constrained) == (7, True, False)
     assert (explore.explore.tools, explore.model.name) == (["a", "b"], "x")
     assert explore.explore.max_turns == _field_default("explore.max_turns")  # not given: the default
-    assert (sft.sft.learning_rate, sft.sft.target_modules) == (0.001, ["q_proj", "v_proj"])
+    assert (sft.sft.learning_rate, sft.lora.target_modules) == (0.001, ["q_proj", "v_proj"])
     assert (rl.rl.num_steps, rl.rl.use_vllm, rl.rl.rewards) == (9, False, ["tool"])
 
 

@@ -38,13 +38,12 @@ def _refused(args: list[str]) -> str:
 # ------------------------------------------------------------------------------------------------ choice keys
 
 CHOICES = [
-    ("sft", "format", "xml", "hermes, json, react"),
-    ("rl", "format", "xml", "hermes, json, react"),
-    ("eval", "format", "jsn", "hermes, json, react"),
+    ("model", "format", "xml", "hermes, json, react"),
     ("explore", "format", "chatml", "hermes, json, react"),
     ("sft", "method", "qlora", "lora, full"),
     ("rl", "method", "qlora", "lora, full"),
     ("sft", "dtype", "fp16", "fp32, bf16"),
+    ("rl", "dtype", "fp16", "fp32, bf16"),
     ("model", "dtype", "fp8", "auto, bf16, fp16, fp32"),
     ("eval", "arguments", "fuzzy", "exact, semantic"),
     ("eval", "retriever", "tfidf", "bm25, dense"),
@@ -67,8 +66,9 @@ def test_config_show_refuses_an_unknown_pipeline_stage(tmp_path) -> None:
 
 
 def test_choice_keys_accept_any_case_and_store_the_canonical_name(tmp_path) -> None:
-    config = load_config(_write(tmp_path, '[sft]\nformat = "JSON"\nmethod = "LoRA"\n[eval]\nformat = "Json"\n'))
-    assert (config.sft.format, config.sft.method, config.eval.format) == ("json", "lora", "json")
+    text = '[model]\nformat = "JSON"\n[sft]\nmethod = "LoRA"\n[eval]\narguments = "Exact"\n'
+    config = load_config(_write(tmp_path, text))
+    assert (config.model.format, config.sft.method, config.eval.arguments) == ("json", "lora", "exact")
 
 
 def test_a_bad_flag_value_is_named_as_a_flag(tmp_path) -> None:
@@ -84,8 +84,8 @@ def test_a_bad_flag_value_is_named_as_a_flag(tmp_path) -> None:
     [
         ("[sft]\nbatch_size = true\n", "sft.batch_size", "an integer"),
         ('[sft]\nbatch_size = "8"\n', "sft.batch_size", "an integer"),
-        ("[sft]\nlora_rank = 3.0\n", "sft.lora_rank", "an integer"),
-        ('[sft]\ntoolkens = "yes"\n', "sft.toolkens", "true or false"),
+        ("[lora]\nrank = 3.0\n", "lora.rank", "an integer"),
+        ('[model]\ntoolkens = "yes"\n', "model.toolkens", "true or false"),
         ("[explore]\nforce_call = 1\n", "explore.force_call", "true or false"),
         ('[rl]\nlearning_rate = "1e-5"\n', "rl.learning_rate", "a number"),
     ],
@@ -196,7 +196,7 @@ def test_input_files_an_earlier_stage_writes_or_a_stage_that_does_not_run_are_no
 
 
 def test_run_eval_stage_shows_a_toolken_sft_model_its_toolkens(tmp_path, tiny_model_dir) -> None:
-    """`[sft] toolkens = true` in a run: `toolschool eval` showed the SFT model `<tool_calculator>` as it was
+    """`[model] toolkens = true` in a run: `toolschool eval` showed the SFT model `<tool_calculator>` as it was
     trained, but the run's own eval stage offered it plain names, so its calls could never match."""
     import json
 
@@ -240,7 +240,7 @@ def test_run_eval_stage_shows_a_toolken_sft_model_its_toolkens(tmp_path, tiny_mo
     config = load_config(
         _write(
             tmp_path,
-            f'[run]\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\n[sft]\ntoolkens = true\n'
+            f'[run]\nroot = "{tmp_path / "runs"}"\n[model]\nname = "{tiny_model_dir}"\ntoolkens = true\n'
             f'[pipeline]\nstages = ["sft", "eval"]\neval_data = "{data}"\nexecute = false\n[eval]\nmax_tokens = 4\n',
         )
     )
@@ -335,7 +335,8 @@ def test_every_readme_command_line_names_flags_that_exist() -> None:
 @pytest.mark.parametrize(
     ("text", "where"),
     [
-        ("lora_rank = 8\n[sft]\nnum_steps = 5\n", "'lora_rank' is a key of [sft]"),  # written above its header
+        ("batching = 'padded'\n[sft]\nnum_steps = 5\n", "'batching' is a key of [sft]"),  # above its header
+        ("rank = 8\n[lora]\nalpha = 16\n", "'rank' is a key of [lora]"),
         ("[model]\nname = 'x'\nlearning_rate = 1e-4\n", "'learning_rate' is a key of [sft], [rl]"),
         ("[run]\nepisodes = 2\n", "'episodes' is a key of [explore]"),
     ],
@@ -385,12 +386,12 @@ def test_config_show_prints_the_batching_the_older_padding_free_key_means(tmp_pa
     assert "contradicts" in _refused(["config", "show", str(contradiction)])
 
 
-SFT_FLAGS = {
-    "--format": "format",
+SFT_FLAGS = {  # flag -> its [sft] key, or the dotted key of one in the student's [model] or the shared [lora]
+    "--format": "model.format",
     "--method": "method",
-    "--lora-rank": "lora_rank",
-    "--lora-alpha": "lora_alpha",
-    "--lora-dropout": "lora_dropout",
+    "--lora-rank": "lora.rank",
+    "--lora-alpha": "lora.alpha",
+    "--lora-dropout": "lora.dropout",
     "--batch-size": "batch_size",
     "--num-steps": "num_steps",
     "--max-length": "max_length",
@@ -408,7 +409,7 @@ def test_sft_help_states_the_defaults_the_config_has() -> None:
     (issue 7 names them: rank 32, batch 8, 800 steps, max_length 512, intervals 200 / 50 / 200, 50 samples)."""
     import re
 
-    from toolschool.config import SFTSection
+    from toolschool.config import ToolschoolConfig
 
     result = runner.invoke(app, ["sft", "--help"], env={"COLUMNS": "240", "TERMINAL_WIDTH": "240"})
     rows = {}
@@ -417,7 +418,8 @@ def test_sft_help_states_the_defaults_the_config_has() -> None:
         if match:
             rows[match.group(1)] = line
     for flag, key in SFT_FLAGS.items():
-        default = SFTSection.model_fields[key].default
+        section, _, name = key.rpartition(".")
+        default = ToolschoolConfig.model_fields[section or "sft"].annotation.model_fields[name].default
         assert f"default {default}" in rows[flag] or f"default: {default}" in rows[flag], (flag, rows[flag])
 
 

@@ -225,7 +225,7 @@ def test_rl_use_vllm_on_cpu() -> None:
     from toolschool.train.rl import check_settings
 
     with pytest.raises(ConfigError, match=r"rl.use_vllm needs a CUDA GPU; this run is on 'mps' — drop --use-vllm"):
-        check_settings(RLSection(use_vllm=True), device="mps")
+        check_settings(RLSection(use_vllm=True), "hermes", device="mps")
 
 
 def test_rl_multi_turn_without_expected_answers_names_the_lines() -> None:
@@ -589,7 +589,7 @@ def test_rl_use_vllm_without_vllm_installed() -> None:
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     with pytest.raises(ConfigError, match="rl.use_vllm is set but vllm is not installed — pip install vllm, or drop"):
-        check_settings(RLSection(use_vllm=True), device="cuda")
+        check_settings(RLSection(use_vllm=True), "hermes", device="cuda")
 
 
 def test_device_that_this_machine_lacks() -> None:

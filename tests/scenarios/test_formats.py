@@ -18,7 +18,7 @@ from helpers import CALC
 from toolschool.chat.formats import get_format
 from toolschool.chat.types import tool_call
 from toolschool.config import load_config
-from toolschool.errors import ConfigError, ToolschoolError
+from toolschool.errors import ToolschoolError
 
 NESTED = {"config": {"nested": {"deep": [1, 2, {"x": None, "y": True}]}, "empty": [[], {}]}, "n": 1.5e-7}
 TRICKY_ARGUMENTS = [
@@ -134,31 +134,26 @@ def _write_lines(path: Path, count: int = 4) -> Path:
     return path
 
 
-def test_run_refuses_an_sft_format_that_rl_and_eval_would_not_read(tmp_path: Path) -> None:
+def test_one_model_format_is_the_format_every_stage_trains_and_reads(tmp_path: Path) -> None:
     """`[sft] format = "json"` alone used to train json, then run RL and score every model in hermes (the other
-    sections' default): the RL rewards and the table read every json reply as a malformed hermes answer."""
-    from toolschool.pipeline import run_pipeline
-
-    config = load_config(overrides={"run.root": str(tmp_path), "sft.format": "json"})
-    with pytest.raises(ConfigError) as caught:
-        run_pipeline(config)
-    message = str(caught.value)
-    assert "[sft] format = 'json'" in message and "[rl] format = 'hermes'" in message
-    assert "[eval] format = 'hermes'" in message and 'format = "json"' in caught.value.hint
-    assert not (tmp_path / "default").exists()  # refused before any stage ran
-
-    # the same format everywhere, or stages that do not meet, are fine
+    sections' default): the RL rewards and the table read every json reply as a malformed hermes answer. The format
+    is now declared once, `[model] format`, and SFT, RL and the eval stage take it from there (exploration has its
+    own: how the explorer is prompted, its trials logged canonical)."""
     from toolschool.pipeline import check_stage_settings
+    from toolschool.run_state import stage_settings
+    from toolschool.train import rl, sft
 
-    same = load_config(overrides={"sft.format": "react", "rl.format": "react", "eval.format": "react"})
-    check_stage_settings(same, list(same.pipeline.stages))
-    explore_only = load_config(overrides={"explore.format": "json", "pipeline.stages": ["explore", "distill"]})
-    check_stage_settings(explore_only, list(explore_only.pipeline.stages))
-    base_only = load_config(overrides={"sft.format": "json", "pipeline.stages": ["eval"]})
-    check_stage_settings(base_only, list(base_only.pipeline.stages))
+    config = load_config(overrides={"run.root": str(tmp_path), "model.format": "json"})
+    check_stage_settings(config, list(config.pipeline.stages))
+    assert sft.resume_settings(config, "padded")["model.format"] == "json"
+    assert rl.resume_settings(config)["model.format"] == "json"
+    for stage in ("sft", "rl", "eval"):
+        assert stage_settings(config, stage)["model.format"] == "json", stage
+    explore = stage_settings(config, "explore")
+    assert "model.format" not in explore and explore["explore.format"] == "hermes"
 
 
-def test_config_show_names_the_disagreeing_formats(tmp_path: Path) -> None:
+def test_config_show_refuses_a_format_in_a_stage_section(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from toolschool.cli import app
@@ -167,7 +162,8 @@ def test_config_show_names_the_disagreeing_formats(tmp_path: Path) -> None:
     path.write_text('[sft]\nformat = "react"\n[rl]\nformat = "react"\n')
     result = CliRunner().invoke(app, ["config", "show", str(path)])
     assert result.exit_code == 2
-    assert "[eval] format = 'hermes'" in result.output.replace("\n", " ")
+    output = " ".join(result.output.split())
+    assert "[sft] format moved to [model] format" in output and "[rl] format moved to [model] format" in output
 
 
 def _fake_sft_run(tmp_path: Path, tiny_model_dir: Path, fmt: str) -> Path:
@@ -194,7 +190,7 @@ def test_rl_refuses_a_model_trained_in_another_format(tmp_path: Path, tiny_model
     )
     with pytest.raises(ToolschoolError) as caught:
         run_rl(config, tmp_path / "rl")
-    assert "trained with the json format" in str(caught.value) and "rl.format = 'hermes'" in str(caught.value)
+    assert "trained with the json format" in str(caught.value) and "model.format = 'hermes'" in str(caught.value)
     assert "--format json" in caught.value.hint
     assert not (tmp_path / "rl").exists()
 

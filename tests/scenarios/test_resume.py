@@ -129,7 +129,7 @@ def test_a_checkpoint_cut_short_is_passed_over_and_the_resumed_run_matches(
     config.pipeline.stages = ["explore", "distill", "sft"]
     config.sft.num_steps = 2
     config.sft.batch_size = 2
-    config.sft.lora_rank = 4
+    config.lora.rank = 4
     config.sft.validation_samples = 0
     config.sft.checkpoint_interval = 1
     config.sft.log_interval = 1
@@ -195,7 +195,7 @@ def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run
     run_dir = eval_run.run_dir()
     sft_dir = run_dir / "sft"
     sft = eval_run.model_copy(deep=True)
-    sft.sft.num_steps, sft.sft.batch_size, sft.sft.lora_rank, sft.sft.validation_samples = 1, 2, 4, 0
+    sft.sft.num_steps, sft.sft.batch_size, sft.lora.rank, sft.sft.validation_samples = 1, 2, 4, 0
     with _held_by_another_run(sft_dir), pytest.raises(ToolschoolError) as info:
         run_sft(sft, sft_dir, progress=False)
     assert f"{sft_dir} is being trained into by another running sft" in str(info.value)
@@ -204,7 +204,7 @@ def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run
     rl_dir = run_dir / "rl"
     rl = eval_run.model_copy(deep=True)
     rl.rl.train = str(run_dir / "distill" / "train.jsonl")
-    rl.rl.num_steps, rl.rl.batch_size, rl.rl.num_generations, rl.rl.max_tokens, rl.rl.lora_rank = 1, 2, 2, 4, 4
+    rl.rl.num_steps, rl.rl.batch_size, rl.rl.num_generations, rl.rl.max_tokens, rl.lora.rank = 1, 2, 2, 4, 4
     with _held_by_another_run(rl_dir), pytest.raises(ToolschoolError, match="being trained into by another running rl"):
         run_rl(rl, rl_dir, progress=False)
     assert not (rl_dir / "checkpoints").exists()

@@ -38,10 +38,10 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
     run_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
     log_before = (out / "train_log.jsonl").read_text()
     changes = {
-        "lora_rank": (8, "rl.lora_rank: 16 → 8"),
+        "lora_rank": (8, "lora.rank: 32 → 8"),
         "batch_size": (6, "rl.batch_size: 4 → 6"),
         "num_generations": (4, "rl.num_generations: 2 → 4"),
-        "format": ("json", 'rl.format: "hermes" → "json"'),
+        "format": ("json", 'model.format: "hermes" → "json"'),
     }
     for key, (value, named) in changes.items():
         config = rl_config(start, train_file, num_steps=2, max_tokens=4, **{key: value})

@@ -353,7 +353,7 @@ def test_two_rounds_with_and_without_replay_on_a_tiny_model_then_resume(
     toml = tmp_path / "run.toml"
     toml.write_text(
         '[model]\ndtype = "fp32"\ndevice = "cpu"\n'
-        "[sft]\nlora_rank = 4\nlora_alpha = 8\nmax_length = 384\nbatch_size = 2\ncheckpoint_interval = 1\n"
+        "[lora]\nrank = 4\nalpha = 8\n[sft]\nmax_length = 384\nbatch_size = 2\ncheckpoint_interval = 1\n"
         "warmup_steps = 0\n"
         "[continual]\ngeneral_count = 2\ntest_fraction = 0.25\neval_max_tokens = 3\n"
     )

@@ -260,7 +260,7 @@ def test_a_misspelt_lora_target_is_refused_before_anything_is_written(
     from toolschool.train.rl import run_rl
 
     config = rl_config(tiny_model_dir, train_file, target_modules=["q_proj", "vproj"])
-    with pytest.raises(ConfigError, match=r"rl.target_modules: 'vproj' names no module of the model") as info:
+    with pytest.raises(ConfigError, match=r"lora.target_modules: 'vproj' names no module of the model") as info:
         run_rl(config, tmp_path / "out", progress=False)
     assert "v_proj" in info.value.hint and not (tmp_path / "out").exists()
 

@@ -192,11 +192,11 @@ def test_max_length_inside_the_system_block_drops_and_counts_the_example(tokeniz
     ("setting", "message"),
     [
         (
-            'target_modules = ["q_proj", "vproj"]',
-            "sft.target_modules: 'vproj' names no module of the model",
+            '[lora]\ntarget_modules = ["q_proj", "vproj"]',
+            "lora.target_modules: 'vproj' names no module of the model",
         ),
-        ('target_modules = ["all-linear", "lm_head"]', "sft.target_modules: 'all-linear' names no module"),
-        ('lr_scheduler = "cosin"', "sft.lr_scheduler = 'cosin' is not a transformers scheduler"),
+        ('[lora]\ntarget_modules = ["all-linear", "lm_head"]', "lora.target_modules: 'all-linear' names no module"),
+        ('[sft]\nlr_scheduler = "cosin"', "sft.lr_scheduler = 'cosin' is not a transformers scheduler"),
     ],
 )
 def test_settings_peft_or_transformers_reject_are_one_line(
@@ -210,7 +210,7 @@ def test_settings_peft_or_transformers_reject_are_one_line(
 
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 6)])
     run_toml = tmp_path / "run.toml"
-    run_toml.write_text(f"[sft]\n{setting}\n")
+    run_toml.write_text(f"{setting}\n")
     out = tmp_path / "out"
     out.mkdir()
     (out / "config.toml").write_text("# the run's own settings\n")
@@ -258,11 +258,11 @@ def two_step_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path)
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"lora_rank": 8}, "sft.lora_rank: 4 → 8"),  # was PEFT's "Error(s) in loading state_dict"
+        ({"lora_rank": 8}, "lora.rank: 4 → 8"),  # was PEFT's "Error(s) in loading state_dict"
         ({"method": "full"}, 'sft.method: "lora" → "full"'),  # was "Can't find a checkpoint index"
-        ({"toolkens": True}, "sft.toolkens: false → true"),  # was KeyError 'base_model.model.model.embed_tokens'
+        ({"toolkens": True}, "model.toolkens: false → true"),  # was KeyError 'base_model.model.model.embed_tokens'
         ({"batch_size": 3}, "sft.batch_size: 2 → 3"),  # trained on, with another data order
-        ({"format": "json", "max_length": 300}, 'sft.format: "hermes" → "json"; sft.max_length: 256 → 300'),
+        ({"format": "json", "max_length": 300}, 'model.format: "hermes" → "json"; sft.max_length: 256 → 300'),
         ({"batching": "padded"}, 'sft.batching: "shared_prefix" → "padded"'),
     ],
 )

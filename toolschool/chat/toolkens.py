@@ -1,4 +1,4 @@
-"""STE "toolkens": with `sft.toolkens` a tool NAME is written as one added token `<tool_NAME>`.
+"""STE "toolkens": with `model.toolkens` a tool NAME is written as one added token `<tool_NAME>`.
 
 Training renames the offered tools and the gold calls to their toolkens (so choosing a tool is one token);
 evaluating such a model offers the tools by toolken and reads its calls back under the plain names.
@@ -24,7 +24,7 @@ def toolken(name: str) -> str:
     if name in CHAT_TAG_NAMES:
         raise DataError(
             f"tool name {name!r} cannot become a toolken: <tool_{name}> is a tag of chat templates (Hermes/Qwen)",
-            hint="rename the tool, or train without toolkens (sft.toolkens = false)",
+            hint="rename the tool, or train without toolkens (model.toolkens = false)",
         )
     return name if TOOLKEN.fullmatch(name) else f"<tool_{name}>"
 

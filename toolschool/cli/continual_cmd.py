@@ -27,7 +27,7 @@ from toolschool.cli.options import config_options, flag
     "continual.test_fraction",
     "continual.eval_limit",
     "continual.eval_max_tokens",
-    flag("sft.format", lead="SFT and evaluation"),
+    flag("model.format", lead="SFT and evaluation"),
     flag("sft.batch_size", lead="SFT"),
     flag("sft.max_length", lead="SFT", note="every tool schema is in the prompt"),
     flag("sft.learning_rate", "--learning-rate", "--lr", lead="SFT"),

@@ -39,6 +39,7 @@ def _run(
 
     config = load_config(config_path, overrides)
     settings = config.eval.model_dump()
+    settings["format"] = config.model.format
     settings["seed"] = config.run.seed
     chosen = list(models or config.eval.models or [config.model.name])
     benchmarks = resolve_benchmarks(config.eval.benchmarks, config.eval.data, config.eval.limit)
@@ -54,7 +55,7 @@ def _run(
         leave_out_evaluated(benchmarks, options, settings)
         check_models_distinct(chosen)
         _check_models(chosen)
-        _note_trained_formats(chosen, config.eval.format)
+        _note_trained_formats(chosen, config.model.format)
         refuse_finished_stage(stage_path(config, "eval", out or config.eval.out), "eval")
         out_dir = stage_dir(config, "eval", out or config.eval.out)
     except BaseException:
@@ -131,7 +132,7 @@ def _check_models(models: list[str]) -> None:
 @config_options(
     "eval.data",
     flag("eval.benchmarks", "--benchmark", "-b"),
-    "eval.format",
+    "model.format",
     flag("eval.limit", "--limit", "-n", min=1),
     "eval.icl",
     "eval.demos",
@@ -160,8 +161,8 @@ def eval_command(
     scored on its run's test data, in the format its run trained with, into CHECKPOINT/eval."""
     one_checkpoint = config_path is None and model and len(model) == 1
     if one_checkpoint and not overrides["eval.benchmarks"] and overrides["run.name"] is None:
-        overrides["eval.data"], overrides["eval.format"], out = _checkpoint_defaults(
-            model[0], overrides["eval.data"], overrides["eval.format"], out
+        overrides["eval.data"], overrides["model.format"], out = _checkpoint_defaults(
+            model[0], overrides["eval.data"], overrides["model.format"], out
         )
     _run(config_path, overrides, list(model) if model else None, out, resume)
 

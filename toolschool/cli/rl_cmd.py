@@ -19,7 +19,7 @@ from toolschool.cli.options import config_options, flag
     "rl.validation_interval",
     "rl.validation_samples",
     "rl.mode",
-    "rl.format",
+    "model.format",
     flag("rl.rewards", "--reward"),
     "rl.method",
     flag("rl.num_steps", "--num-steps", "--steps"),
@@ -50,7 +50,7 @@ def rl(
     from toolschool.train.rl import check_settings, run_rl
 
     config = load_config(config_path, overrides)
-    check_settings(config.rl)  # bad reward names etc. end here, before an output folder is made
+    check_settings(config.rl, config.model.format)  # bad reward names etc. end here, before an output folder is made
     out_dir = stage_path(config, "rl", out)  # run_rl writes config.toml once its checks have passed
     err_console.print(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"

@@ -1,4 +1,4 @@
-"""Evaluating a model trained with STE toolkens (`sft.toolkens`): it is shown the tools as `<tool_NAME>`, as it
+"""Evaluating a model trained with STE toolkens (`model.toolkens`): it is shown the tools as `<tool_NAME>`, as it
 was trained, and its calls are read back under the plain names, so scoring, per-tool tables and `--execute`
 see the same names as for any other model."""
 

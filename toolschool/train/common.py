@@ -33,23 +33,23 @@ class JsonlLogger:
 
 
 def lora_config(settings: Any, *, modules_to_save: list[str] | None = None) -> Any:
-    """peft LoraConfig from a section with lora_rank/lora_alpha/lora_dropout/target_modules."""
+    """peft LoraConfig from the [lora] section (`LoraSection`: rank, alpha, dropout, target_modules)."""
     from peft import LoraConfig
 
     targets: str | list[str] = (
         "all-linear" if list(settings.target_modules) == ["all-linear"] else list(settings.target_modules)
     )
     return LoraConfig(
-        r=settings.lora_rank,
-        lora_alpha=settings.lora_alpha,
-        lora_dropout=settings.lora_dropout,
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
         target_modules=targets,
         task_type="CAUSAL_LM",
         modules_to_save=modules_to_save,
     )
 
 
-def check_lora_targets(model: Any, target_modules: list[str], section: str) -> None:
+def check_lora_targets(model: Any, target_modules: list[str]) -> None:
     """Refuse a LoRA target that names no module of `model`, before training starts.
 
     PEFT matches each name against the end of the modules' dotted names and fails (with a traceback) only when
@@ -67,7 +67,7 @@ def check_lora_targets(model: Any, target_modules: list[str], section: str) -> N
     if missing:
         linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
         raise ConfigError(
-            f"{section}.target_modules: {', '.join(repr(t) for t in missing)} names no module of the model",
+            f"lora.target_modules: {', '.join(repr(t) for t in missing)} names no module of the model",
             hint=f'use ["all-linear"] on its own, or names of its linear layers: {", ".join(linear)}',
         )
 

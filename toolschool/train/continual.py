@@ -385,12 +385,12 @@ def evaluate_rounds_model(
     per_batch = []
     for batch in batches:
         test = eval_sample(batch, settings.eval_limit)
-        if config.sft.toolkens:
+        if config.model.toolkens:
             test = _toolken_copies(test)
         found = (item_from_example(example, k, source=batch.label) for k, example in enumerate(test))
         per_batch.append([item for item in found if item is not None])
     options = EvalOptions(
-        format=config.sft.format,
+        format=config.model.format,
         max_tokens=settings.eval_max_tokens,
         temperature=0.0,
         seed=config.run.seed,
@@ -480,7 +480,7 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
 
     settings = config.continual
     replay = settings.replay if replay is None else replay
-    get_format(config.sft.format)  # an unknown format fails here, before any work
+    get_format(config.model.format)  # an unknown format fails here, before any work
     batches_path = _required_path(settings.batches, "batches file", "--batches", "batches")
     data_path = _required_path(settings.data, "dataset", "--data", "data")
     names = read_batches(batches_path)
@@ -531,6 +531,10 @@ def load_inputs(config: ToolschoolConfig, *, replay: bool | None = None) -> Cont
             **({"sample": "round-robin over the batch's tools"} if settings.eval_limit else {}),
         },
         "sft": sft,
+        # the student's and the adapter's settings the rounds train with, under their config keys
+        "model.format": config.model.format,
+        "model.toolkens": config.model.toolkens,
+        "lora": config.lora.model_dump(),
     }
     return ContinualInputs(batches=batches, general=general, left_out=left_out, plan=plan)
 

@@ -86,9 +86,10 @@ class RLResult:
 # ------------------------------------------------------------------------------------------- checks
 
 
-def check_settings(settings: RLSection, *, device: str | None = None, machine: bool = True) -> None:
-    """Settings that do not need the model or the data: refused before anything is loaded. `machine=False`
-    leaves out what depends on this machine (vLLM installed, a CUDA device), as `toolschool config show` does."""
+def check_settings(settings: RLSection, fmt: str, *, device: str | None = None, machine: bool = True) -> None:
+    """Settings that do not need the model or the data (`fmt`: the student's format, `[model] format`): refused
+    before anything is loaded. `machine=False` leaves out what depends on this machine (vLLM installed, a CUDA
+    device), as `toolschool config show` does."""
     if settings.mode not in MODES:
         raise ConfigError(f"rl.mode = '{settings.mode}' is not a mode", hint=f"use one of: {', '.join(MODES)}")
     check_reward_names(settings.rewards, mode=settings.mode, weights=settings.reward_weights)
@@ -110,9 +111,9 @@ def check_settings(settings: RLSection, *, device: str | None = None, machine: b
             f"rl.num_generations = {settings.num_generations}",
             hint="each step holds whole groups: batch_size = prompts per step x num_generations",
         )
-    if settings.mode == "multi_turn" and settings.format != "hermes":
+    if settings.mode == "multi_turn" and fmt != "hermes":
         raise ConfigError(
-            f"rl.mode = 'multi_turn' needs the hermes format, not '{settings.format}': TRL reads the calls during "
+            f"rl.mode = 'multi_turn' needs the hermes format, not model.format = '{fmt}': TRL reads the calls during "
             "rollouts with the chat template's <tool_call> parser",
             hint="use --format hermes, or --mode single_turn for json/react",
         )
@@ -220,17 +221,17 @@ def check_written_format(
         )
 
 
-def check_start_model(model: str, settings: RLSection) -> None:
-    """RL continues what SFT taught: a start model trained to write another format than `rl.format` would be
+def check_start_model(model: str, settings: RLSection, fmt: str) -> None:
+    """RL continues what SFT taught: a start model trained to write another format than `fmt` (`model.format`) would be
     rewarded for replies it never learned to write, and one with STE toolkens cannot run TRL's tool loop."""
     from toolschool.train.common import trained_format
 
     found = trained_format(model)
-    if found is not None and found[0] != settings.format:
+    if found is not None and found[0] != fmt:
         raise ToolschoolError(
-            f"'{model}' was trained with the {found[0]} format ({found[1]}), but rl.format = '{settings.format}': "
-            f"its replies would be read as {settings.format} and rewarded as malformed",
-            hint=f'pass --format {found[0]} (or set [rl] format = "{found[0]}")',
+            f"'{model}' was trained with the {found[0]} format ({found[1]}), but model.format = '{fmt}': "
+            f"its replies would be read as {fmt} and rewarded as malformed",
+            hint=f'pass --format {found[0]} (or set [model] format = "{found[0]}")',
         )
     if settings.mode == "multi_turn" and model_toolkens(model):
         raise ToolschoolError(
@@ -481,19 +482,20 @@ def flatten_log(logs: dict[str, Any]) -> dict[str, Any]:
 
 
 def resume_settings(config: ToolschoolConfig) -> dict[str, Any]:
-    """The settings a checkpoint and the run's data order depend on, as `rl.KEY` / `run.seed` -> value.
+    """The settings a checkpoint and the run's data order depend on, as `rl.KEY` / `model.format` / `lora.KEY` /
+    `run.seed` -> value.
 
     Another LoRA shape cannot load the checkpoint; another batch size, group size or seed makes the trainer skip
     other prompts than the ones the checkpoint trained on, and another format renders other prompts. Others
     (num_steps, learning rate, beta, rewards, temperature, intervals) may change, as with SFT.
     """
-    settings = config.rl
+    settings, adapter = config.rl, config.lora
     lora = settings.method == "lora"
     return {
-        "rl.lora_rank": settings.lora_rank if lora else None,
-        "rl.lora_alpha": settings.lora_alpha if lora else None,
-        "rl.target_modules": list(settings.target_modules) if lora else None,
-        "rl.format": settings.format,
+        "lora.rank": adapter.rank if lora else None,
+        "lora.alpha": adapter.alpha if lora else None,
+        "lora.target_modules": list(adapter.target_modules) if lora else None,
+        "model.format": config.model.format,
         "rl.batch_size": settings.batch_size,
         "rl.num_generations": settings.num_generations,
         "run.seed": config.run.seed,
@@ -550,9 +552,9 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
 
     settings = config.rl
     device = resolve_device(config.model.device)
-    check_settings(settings, device=device)
-    fmt = get_format(settings.format)
-    check_start_model(config.model.name, settings)
+    check_settings(settings, config.model.format, device=device)
+    fmt = get_format(config.model.format)
+    check_start_model(config.model.name, settings, fmt.name)
     toolkens = model_toolkens(config.model.name)
     train_path = resolve_train_path(config)
     examples, report = load_dataset_jsonl(train_path, on_error="stop")
@@ -584,7 +586,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
         model.requires_grad_(True)
     else:
-        check_lora_targets(model, settings.target_modules, "rl")
+        check_lora_targets(model, config.lora.target_modules)
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
     identity = base_identity(loaded, config.model.name)
@@ -669,7 +671,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         ),
     )
     logger = JsonlLogger(out_dir / "train_log.jsonl")
-    peft_config = lora_config(settings) if settings.method == "lora" else None
+    peft_config = lora_config(config.lora) if settings.method == "lora" else None
     use_cpu = loaded.device == "cpu"
     args = GRPOConfig(
         output_dir=str(out_dir / "checkpoints"),

@@ -200,6 +200,7 @@ def _make_callbacks(
     settings: SFTSection,
     stats: dict[str, int],
     tb_dir: Path,
+    toolkens: bool,
 ) -> list[Any]:
     validation = validation_callback(
         logger,
@@ -209,7 +210,7 @@ def _make_callbacks(
         items,
         interval=settings.validation_interval,
         max_new_tokens=settings.validation_max_tokens,
-        toolkens=settings.toolkens,
+        toolkens=toolkens,
     )
     return [*log_callbacks(logger, tb_dir, stats), validation]
 
@@ -242,22 +243,23 @@ def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
 
 
 def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
-    """The settings a checkpoint and the run's data order depend on, as `sft.KEY` / `run.seed` -> value.
+    """The settings a checkpoint and the run's data order depend on, as `sft.KEY` / `model.KEY` / `lora.KEY` /
+    `run.seed` -> value.
 
     A resumed run must keep them: another LoRA shape, method or toolkens setting cannot load the checkpoint, and
     another batch size, rendering (format, max_length) or batching makes the batches it skips other batches than
     the ones the checkpoint trained on. Others (num_steps, learning rate, intervals, validation) may change.
     """
-    settings = config.sft
+    settings, adapter = config.sft, config.lora
     lora = settings.method == "lora"
     grouped = batching in ("shared_prefix", "padded")  # padding_free ignores group_by_length
     return {
         "sft.method": settings.method,
-        "sft.lora_rank": settings.lora_rank if lora else None,
-        "sft.lora_alpha": settings.lora_alpha if lora else None,
-        "sft.target_modules": list(settings.target_modules) if lora else None,
-        "sft.toolkens": settings.toolkens,
-        "sft.format": settings.format,
+        "lora.rank": adapter.rank if lora else None,
+        "lora.alpha": adapter.alpha if lora else None,
+        "lora.target_modules": list(adapter.target_modules) if lora else None,
+        "model.toolkens": config.model.toolkens,
+        "model.format": config.model.format,
         "sft.max_length": settings.max_length,
         "sft.batching": batching,
         "sft.group_by_length": settings.group_by_length if grouped else None,
@@ -296,13 +298,13 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
     check_scheduler(settings.lr_scheduler, "sft")
     batching = resolve_batching(settings)
-    fmt = get_format(settings.format)
+    fmt = get_format(config.model.format)
 
     train_examples, train_report = load_dataset_jsonl(train_path, on_error="stop")
     if not train_examples:
         raise DataError(f"training data '{train_path}' holds no examples")
     check_has_assistant(train_examples, str(train_path))
-    if settings.toolkens:
+    if config.model.toolkens:
         _check_canonical_for_toolkens(train_examples, train_path, train_report.kept_lines)
     validation_examples, _ = load_validation_examples(validation_path, required=bool(settings.validation))
 
@@ -314,7 +316,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     if settings.method == "full":
         model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
     else:
-        check_lora_targets(model, settings.target_modules, "sft")
+        check_lora_targets(model, config.lora.target_modules)
     identity = base_identity(loaded)
 
     held.enter_context(training_lock(out_dir, "sft"))  # a second run at once would write the same files
@@ -336,7 +338,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     restart_log_at(out_dir / "train_log.jsonl", checkpoint)
 
     toolkens: list[str] = []
-    if settings.toolkens:
+    if config.model.toolkens:
         toolkens = apply_toolkens(train_examples)
         apply_toolkens(validation_examples)
         added = tokenizer.add_tokens([toolken(n) for n in toolkens], special_tokens=False)
@@ -382,7 +384,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     totals = WholeRunTotals(out_dir / "train_log.jsonl", checkpoint_seconds(checkpoint), started)
     peft_config = None
     if settings.method == "lora":
-        peft_config = lora_config(settings, modules_to_save=["embed_tokens", "lm_head"] if toolkens else None)
+        peft_config = lora_config(config.lora, modules_to_save=["embed_tokens", "lm_head"] if toolkens else None)
     use_cpu = loaded.device == "cpu"
     args = SFTConfig(
         output_dir=str(out_dir / "checkpoints"),
@@ -433,7 +435,9 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         peft_config=peft_config,
         callbacks=[
             totals,  # first: it rewrites the final figures before the log callback writes them
-            *_make_callbacks(logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard"),
+            *_make_callbacks(
+                logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard", config.model.toolkens
+            ),
             *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
         ],
         **extra,
