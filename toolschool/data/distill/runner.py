@@ -39,7 +39,7 @@ from toolschool.data.irrelevance import (
     build_out_of_scope,
     lines_wanted,
 )
-from toolschool.data.round_trip import named_tool, run_round_trips
+from toolschool.data.round_trip import RoundTrip, named_tool, run_round_trips
 from toolschool.errors import DataError
 from toolschool.explore.trial import Trial
 from toolschool.models.backend import Backend
@@ -222,20 +222,27 @@ async def adistill(
     for candidate in judged:
         counts[candidate.tool]["judge"] += 1
 
-    reproduced = judged
-    if explorer is not None and opts.round_trip:
-        advance = progress("round trip", len(judged)) if progress is not None and judged else None
-        trips = await run_round_trips(
-            [(c.query, c.messages, c.tools) for c in judged],
+    async def round_trips(label: str, items: list[tuple[str, Candidate]], named: bool = False) -> list[RoundTrip]:
+        """The explorer's round trips of (query, candidate) pairs, shown as `label`; `named`: each reply is made
+        to call its candidate's tool where its first turn is one call to it (`named_tool`)."""
+        assert explorer is not None
+        advance = progress(label, len(items)) if progress is not None and items else None
+        return await run_round_trips(
+            [(query, c.messages, c.tools) for query, c in items],
             explorer,
             cache,
             max_tokens=opts.round_trip_max_tokens,
             seed=opts.seed,
             concurrency=opts.concurrency,
             advance=advance,
+            tools_named=[named_tool(c.messages, c.tool) for _query, c in items] if named else None,
         )
+
+    reproduced = judged
+    if explorer is not None and opts.round_trip:
+        read_back = await round_trips("round trip", [(c.query, c) for c in judged])
         reproduced = []
-        for candidate, trip in zip(judged, trips, strict=True):
+        for candidate, trip in zip(judged, read_back, strict=True):
             if trip.problem is None:
                 reproduced.append(candidate)
             else:
@@ -271,17 +278,7 @@ async def adistill(
             paraphrases, rejected = selection.accepted, selection.rejected
             if trip_explorer is not None and selection.awaiting_trips:
                 pairs = selection.awaiting_trips
-                advance = progress("paraphrase round trip", len(pairs)) if progress is not None else None
-                replies = await run_round_trips(
-                    [(text, c.messages, c.tools) for c, text in pairs],
-                    trip_explorer,
-                    cache,
-                    max_tokens=opts.round_trip_max_tokens,
-                    seed=opts.seed,
-                    concurrency=opts.concurrency,
-                    advance=advance,
-                    tools_named=[named_tool(c.messages, c.tool) for c, _text in pairs],
-                )
+                replies = await round_trips("paraphrase round trip", [(text, c) for c, text in pairs], named=True)
                 trips.update(zip(((c.id, text) for c, text in pairs), replies, strict=True))
                 continue
             if judge is None or not selection.awaiting:
