@@ -16,6 +16,7 @@ from toolschool.data.filters import (
     DEMONSTRATION_ECHO,
     NUMBER,
     PYTHON,
+    SIGNED_SPAN,
     TEMPLATE_ECHO,
     TEXT,
     TOOL_ECHO,
@@ -28,6 +29,7 @@ from toolschool.data.filters import (
     echo_problem,
     exploration_echo_sources,
     grounding_problem,
+    signed_span_problem,
     template_sentences,
     tool_description_sources,
     unused_numbers,
@@ -186,6 +188,36 @@ def test_a_number_of_the_request_that_no_call_uses_is_found(builtin_tools) -> No
     problem = grounding_problem(conversation("12 * 7 is 84, right?"), builtin_tools)
     assert problem is not None and (problem.reason, problem.detail) == (UNUSED, "84")
     assert UNUSED == "a number in the request is not in the call"
+
+
+def test_a_span_of_time_written_with_a_sign_is_refused(builtin_tools) -> None:
+    """ "Add -125 days" is grounded (the call's -125 is stated) but is how a schema writes it, and "-95 days ago"
+    says the direction twice: the student learnt -1 as date_add's default from such lines."""
+    assert SIGNED_SPAN == "a span of time in the request is written with a sign"
+    for request, span in [
+        ("Add -125 days to 2026-02-15?", "-125 days"),
+        ("The date will be 2023-02-12 -95 days ago.", "-95 days"),
+        ("Change +3 weeks from 2022-02-15.", "+3 weeks"),
+        ("What is 2020-01-03 \u22121 day?", "\u22121 day"),
+    ]:
+        problem = signed_span_problem(request)
+        assert problem is not None and (problem.reason, problem.detail) == (SIGNED_SPAN, span)
+    for request in [
+        "What is the date 125 days before 2026-02-15?",
+        "Between 2020-01-03 and 2020-02-01, how many days?",  # a date's own dashes are not signs
+        "Convert -5 degC to degF.",  # a negative temperature is how people write one
+        "What is 7 - 3 days?",  # an operator with spaces on both sides is not a sign
+    ]:
+        assert signed_span_problem(request) is None, request
+    function = {"name": "date_add", "arguments": {"date": "2026-02-15", "days": -125}}
+    messages = [
+        {"role": "user", "content": "Add -125 days to 2026-02-15."},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": function}]},
+    ]
+    problem = grounding_problem(messages, builtin_tools)
+    assert problem is not None and problem.reason == SIGNED_SPAN
+    messages[0]["content"] = "What was the date 125 days before 2026-02-15?"
+    assert grounding_problem(messages, builtin_tools) is None
 
 
 def test_number_words_and_date_spellings() -> None:

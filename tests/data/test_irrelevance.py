@@ -16,6 +16,7 @@ from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.runner import distill
 from toolschool.data.distill.summary import NO_TOOL
 from toolschool.data.irrelevance import (
+    OUT_OF_SCOPE_QUESTIONS,
     OUT_OF_SCOPE_REPLIES,
     OUT_OF_SCOPE_TASKS,
     REFUSALS,
@@ -255,24 +256,31 @@ def test_out_of_scope_tasks_that_may_fit_a_tool_are_not_used() -> None:
     assert shared_tool_word("What day is my dentist appointment?", BUILTIN) == "day"  # the date tools'
     weather = {"type": "function", "function": {"name": "get_weather", "description": "Forecast for a city."}}
     assert shared_tool_word("Will it rain in Oslo? I need the weather.", [weather]) == "weather"  # name split at _
-    assert all(shared_tool_word(task, BUILTIN) is None for task in OUT_OF_SCOPE_TASKS)  # all usable with builtin
+    every = OUT_OF_SCOPE_TASKS + OUT_OF_SCOPE_QUESTIONS
+    assert all(shared_tool_word(task, BUILTIN) is None for task in every)  # all usable with builtin
     pharmacy = {"type": "function", "function": {"name": "pharmacy_finder", "description": "Pharmacies."}}
-    lines, skipped = build_out_of_scope(len(OUT_OF_SCOPE_TASKS), [[*BUILTIN, pharmacy]], set(), seed=0)
-    assert not [line for line in lines if "pharmacy" in line["messages"][0]["content"]]
-    assert skipped == {"the task shares a word with an offered tool (it may fit)": 1}
+    lines, skipped = build_out_of_scope(len(every), [[*BUILTIN, pharmacy]], set(), seed=0)
+    assert not [line for line in lines if "pharmacy" in line["messages"][0]["content"].lower()]
+    assert skipped == {"the task shares a word with an offered tool (it may fit)": 2}  # a task and a question
 
 
 def test_out_of_scope_lines_put_each_task_one_way_before_another_and_refuse_it() -> None:
     lines, skipped = build_out_of_scope(40, [BUILTIN, BUILTIN[:2]], set(), seed=3)
     requests = [line["messages"][0]["content"] for line in lines]
     assert len(lines) == 40 and len(set(map(same_request_key, requests))) == 40 and not skipped
-    first = [same_request_key(r) for r in requests[: len(OUT_OF_SCOPE_TASKS)]]
-    assert all(sum(same_request_key(task) in r for r in first) == 1 for task in OUT_OF_SCOPE_TASKS)
+    every = OUT_OF_SCOPE_TASKS + OUT_OF_SCOPE_QUESTIONS
+    lines, skipped = build_out_of_scope(len(every) + 10, [BUILTIN, BUILTIN[:2]], set(), seed=3)
+    requests = [line["messages"][0]["content"] for line in lines]
+    first = [same_request_key(r) for r in requests[: len(every)]]  # each task and question once, then again
+    assert all(sum(same_request_key(task) in r for r in first) == 1 for task in every)
+    assert any(
+        r.endswith("?") and same_request_key(q) in same_request_key(r) for r in requests for q in OUT_OF_SCOPE_QUESTIONS
+    )
     assert all(line["messages"][1]["content"] in OUT_OF_SCOPE_REPLIES for line in lines)
     assert [names(line["tools"]) for line in lines[:2]] == [names(BUILTIN), names(BUILTIN[:2])]
     assert {line["meta"]["source"] for line in lines} == {"distill-out-of-scope"}
     assert all(validate_example(line) is None and line["meta"]["category"] == "no_tool" for line in lines)
-    assert lines == build_out_of_scope(40, [BUILTIN, BUILTIN[:2]], set(), seed=3)[0]  # seeded
+    assert lines == build_out_of_scope(len(every) + 10, [BUILTIN, BUILTIN[:2]], set(), seed=3)[0]  # seeded
     known = {same_request_key(requests[0])}  # e.g. a tool line's request: not repeated
     again, skipped = build_out_of_scope(40, [BUILTIN], known, seed=3)
     assert requests[0] not in [line["messages"][0]["content"] for line in again]
@@ -297,9 +305,9 @@ def test_out_of_scope_lines_never_hold_a_held_out_request() -> None:
     ours = {
         same_request_key(line["messages"][0]["content"])
         for seed in range(3)
-        for line in build_out_of_scope(6 * len(OUT_OF_SCOPE_TASKS), [BUILTIN], set(), seed=seed)[0]
+        for line in build_out_of_scope(1000, [BUILTIN], set(), seed=seed)[0]
     }
-    assert len(ours) == 6 * len(OUT_OF_SCOPE_TASKS)
+    assert len(ours) == 6 * len(OUT_OF_SCOPE_TASKS) + 4 * len(OUT_OF_SCOPE_QUESTIONS)
     registry = build_registry(("builtin",))
     held_out = [line for seed in range(5) for line in builtin_heldout(registry, per_tool=1, no_tool=8, seed=seed)]
     no_tool = {same_request_key(line["messages"][0]["content"]) for line in held_out if not line["meta"]["tool"]}

@@ -4,6 +4,7 @@ the defects found by using the stage as a demanding user would."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -30,6 +31,7 @@ from toolschool.explore.episode import (
     parse_reflection,
     parse_values,
     repeats_seen_values,
+    request_problem,
     run_episode,
     seen_values,
 )
@@ -953,12 +955,25 @@ def test_parse_values_reads_the_first_json_object() -> None:
 
 
 def test_values_already_tried_are_drawn_again() -> None:
-    """Short text values (units) that all repeat earlier ones ask for another draw; new numbers alone do not."""
+    """Short text values (units) that all repeat earlier ones ask for another draw, and so does a number tried
+    before for the same argument, in either sign (0 and 1 aside); new numbers with new units do not."""
     memory = [{"query": "q", "solved": "Yes", "values": '{"value": 5, "from_unit": "km", "to_unit": "mile"}'}]
     seen = seen_values(memory)
     assert repeats_seen_values({"value": 7, "from_unit": "KM", "to_unit": "mile"}, seen)
     assert not repeats_seen_values({"value": 7, "from_unit": "kg", "to_unit": "mile"}, seen)
+    assert repeats_seen_values({"value": 5, "from_unit": "kg", "to_unit": "lb"}, seen)
+    assert repeats_seen_values({"value": -5.0, "from_unit": "kg", "to_unit": "lb"}, seen)
     assert not repeats_seen_values({"expression": "4 * 5608"}, seen_values([]))
+    days = seen_values(
+        [
+            {"query": "q", "values": '{"date": "2020-01-03", "days": 1406}'},
+            {"query": "r", "values": '{"date": "2021-05-05", "days": 1}'},
+        ]
+    )
+    assert repeats_seen_values({"date": "2024-04-09", "days": -1406}, days)
+    assert not repeats_seen_values({"date": "2024-04-09", "days": -1}, days)  # 0 and 1 are anyone's numbers
+    assert not repeats_seen_values({"date": "2024-04-09", "days": 125}, days)
+    assert not repeats_seen_values({"date": "2024-04-09", "value": 1406}, days)  # another argument
 
 
 async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> None:
@@ -1043,6 +1058,20 @@ async def test_values_first_writes_the_request_again_when_it_states_a_number_the
     (aside,) = record["set_aside"]["requests"]
     assert aside == {**aside, "request": "I think 1 * 7 is 8, is it?"}
     assert aside["problem"] == "a number in the request is not in the call: 8"
+
+
+def test_a_request_that_writes_a_span_of_time_with_a_sign_is_written_again(tmp_path) -> None:
+    """Values with negative days are stated as a person says them ("125 days before"), not as "-125 days"."""
+    ctx = dataclasses.replace(make_ctx(tmp_path, ScriptedBackend()), tool_schemas=[builtin_schema("date_add")])
+    values = {"date": "2026-02-15", "days": -125}
+    assert request_problem(ctx, "date_add", values, "Add -125 days to 2026-02-15.") == (
+        "a span of time in the request is written with a sign: -125 days"
+    )
+    assert request_problem(ctx, "date_add", values, "What was the date 125 days before 2026-02-15?") is None
+    assert request_problem(ctx, "date_add", values, "Add 125 days to 2026-02-15.") == (
+        "a number in the call is not in the request: -125"
+    )
+    ctx.log.close()
 
 
 async def test_a_program_that_prints_nothing_is_set_aside() -> None:

@@ -267,6 +267,7 @@ UNIT = "a unit in the call is not in the request"
 TEXT = "a name or text in the call is not in the request"
 PYTHON = "a literal of the python code is not in the request"
 UNUSED = "a number in the request is not in the call"
+SIGNED_SPAN = "a span of time in the request is written with a sign"
 
 
 def _in_text(value: str, haystack: str) -> bool:
@@ -530,9 +531,26 @@ def unused_number_problem(request: str, arguments: Iterable[dict[str, Any]]) -> 
     return Ungrounded(UNUSED, _format_number(unused[0])) if unused else None
 
 
+# a span of time written with its sign, as a schema writes it: "-125 days", "+3 weeks"
+_SIGNED_SPAN = re.compile(
+    r"(?<![\w.])[-+\u2212]\d+(?:\.\d+)?\s*(?:days?|weeks?|months?|years?|hours?|minutes?|seconds?)\b", re.IGNORECASE
+)
+
+
+def signed_span_problem(request: str) -> Ungrounded | None:
+    """A span of time `request` writes with a sign ("Add -125 days to 2026-02-15", "2023-02-12 -95 days ago"), or
+    None. A person says "125 days before" or "95 days ago"; the sign is how a schema that takes negative days
+    writes it, and a small explorer copies it from the values it drew. A student taught on such requests learns a
+    negative count as the tool's default: asked for "101 days after 2023-03-18", the 135M called date_add with -1
+    (5 of the 27 date_add lines it learnt from wrote "-1 days")."""
+    match = _SIGNED_SPAN.search(request)
+    return Ungrounded(SIGNED_SPAN, match.group(0)) if match else None
+
+
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
     """Why a clean conversation (the request, then calls and their results) has a call value the request does not
-    state, or a number in the request that no call uses (`unused_numbers`), or None. A call may also use what an
+    state, a number in the request that no call uses (`unused_numbers`), or a span of time written with a sign
+    (`signed_span_problem`), or None. A call may also use what an
     earlier call of the conversation returned."""
     if not messages or messages[0].get("role") != "user":
         return None
@@ -550,7 +568,9 @@ def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]
                 if problem is not None:
                     return problem
                 called.append(arguments)
-    return unused_number_problem(sources.request, called) if called else None
+    if not called:
+        return None
+    return unused_number_problem(sources.request, called) or signed_span_problem(sources.request)
 
 
 # ---------------------------------------------------------------------------------------------- echo

@@ -14,7 +14,8 @@ Three kinds, all answered in plain text with the tools still offered:
   replies are cached like every distill reply.
 - **out of scope** (no teacher): a request for something an assistant can only do with a tool or service it is
   not given (live information, acting in the world or on the user's accounts and devices), from a fixed list of
-  tasks put in one of six ways a person asks ("Could you pay my electricity bill for me?"), offered with a tool
+  tasks put in one of six ways a person asks ("Could you pay my electricity bill for me?") and of questions only
+  live or personal information answers ("Is my train to Bristol on time?"), offered with a tool
   list of the kept lines and answered with a fixed sentence that no available tool can do it. Why: irrelevance lines
   only teach "this request's own tool was taken away" and chit-chat is small talk, so a small student offered the
   whole toolbox and asked for something else entirely invents a tool for it (`weather`, `send_email`). Written, not
@@ -121,6 +122,28 @@ OUT_OF_SCOPE_TASKS = (
     "search the web for reviews of this laptop",
     "back up my laptop to the cloud",
 )
+# What a person asks that only live or personal information answers, put as the question itself: told only the
+# tasks above (all requests to act), the 135M student still invented a tool for a plain question that needs one
+# ("What is the capital..." answered, "What is the current price of..." called `python`).
+OUT_OF_SCOPE_QUESTIONS = (
+    "Who won last night's football match?",
+    "Is my train to Bristol on time?",
+    "What time does the town museum close?",
+    "What's on at the cinema near me tonight?",
+    "How much money is in my bank account?",
+    "Has my parcel to my aunt arrived yet?",
+    "What are the top news stories right now?",
+    "Is the pharmacy on Elm Street still open?",
+    "How long is the queue at the passport office right now?",
+    "What's the traffic like on the ring road at the moment?",
+    "Which restaurants near me have a free table tonight?",
+    "Did Sam answer my last message?",
+    "How many steps have I walked so far?",
+    "Where did I leave my phone?",
+    "Is the swimming pool open on Sunday?",
+    "Who is playing at the concert hall this weekend?",
+)
+QUESTION_FORMS = ("{question}", "Quick question: {question}", "Hi! {question}", "Do you know? {question}")
 # How a person puts such a task (with the task's first letter upper-cased where it starts the message).
 OUT_OF_SCOPE_FORMS = (
     "Can you {task}?",
@@ -184,30 +207,37 @@ def build_out_of_scope(
     count: int, tool_lists: list[list[dict[str, Any]]], known_requests: set[str], seed: int
 ) -> tuple[list[dict[str, Any]], Counter[str]]:
     """(out-of-scope lines, why candidates were not used): up to `count` lines, each offering one of `tool_lists`
-    (in turn); the tasks that share no word with any offered tool, each in one form before any in a second, in a
-    seeded order. `known_requests`: `same_request_key`s of the other lines (not repeated)."""
+    (in turn); the tasks and questions that share no word with any offered tool, each in one form before any in a
+    second, in a seeded order. `known_requests`: `same_request_key`s of the other lines (not repeated)."""
     skipped: Counter[str] = Counter()
     if count <= 0 or not tool_lists:
         return [], skipped
     every_tool = list({tool_name(t): t for tools in tool_lists for t in tools}.values())
-    tasks = []
+    # each task or question with the ways it is put
+    candidates: list[list[str]] = []
     for task in OUT_OF_SCOPE_TASKS:
-        if shared_tool_word(task, every_tool) is None:
-            tasks.append(task)
+        candidates.append([form.format(task=task, Task=task[0].upper() + task[1:]) for form in OUT_OF_SCOPE_FORMS])
+    for question in OUT_OF_SCOPE_QUESTIONS:
+        candidates.append([form.format(question=question) for form in QUESTION_FORMS])
+    usable = []
+    for requests in candidates:
+        if shared_tool_word(requests[0], every_tool) is None:
+            usable.append(requests)
         else:
             skipped["the task shares a word with an offered tool (it may fit)"] += 1
     rng = random.Random(f"{seed}:out-of-scope")
-    rng.shuffle(tasks)
-    forms = [list(OUT_OF_SCOPE_FORMS) for _ in tasks]
-    for options in forms:
-        rng.shuffle(options)
+    rng.shuffle(usable)
+    for requests in usable:
+        rng.shuffle(requests)
     seen = set(known_requests)
     lines: list[dict[str, Any]] = []
-    for round_ in range(len(OUT_OF_SCOPE_FORMS)):
-        for task, options in zip(tasks, forms, strict=True):
+    for round_ in range(max((len(requests) for requests in usable), default=0)):
+        for requests in usable:
             if len(lines) >= count:
                 return lines, skipped
-            request = options[round_].format(task=task, Task=task[0].upper() + task[1:])
+            if round_ >= len(requests):
+                continue
+            request = requests[round_]
             if same_request_key(request) in seen:
                 skipped["request repeats another"] += 1
                 continue

@@ -550,24 +550,41 @@ VALUES_TEMPERATURE_STEP = 0.15
 _SHORT_TEXT = 40
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _seen_number(value: float) -> str:
+    return f"#{abs(value):g}"  # a number's entry among the texts: its size, either sign ("-1406" repeats "1406")
+
+
 def seen_values(memory: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """Per argument, the short text values (units, names, dates...) of the values already tried (the long-term
-    memory's `values`)."""
+    """Per argument, the short text values (units, names, dates...) and the sizes of the numbers (`_seen_number`)
+    of the values already tried (the long-term memory's `values`)."""
     seen: dict[str, set[str]] = {}
     for item in memory:
         values = parse_values(item.get("values") or "")
         for key, value in (values or {}).items():
             if isinstance(value, str) and len(value) <= _SHORT_TEXT:
                 seen.setdefault(key, set()).add(value.strip().casefold())
+            elif (number := _number(value)) is not None:
+                seen.setdefault(key, set()).add(_seen_number(number))
     return seen
 
 
 def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bool:
-    """Whether every short text value of `values` was already tried for its argument (and there is at least one):
-    a small explorer given the memory still picks the description's example units again and again ("km" to
-    "mile"); numbers alone do not count, the situation's numbers vary them."""
+    """Whether `values` repeats what was already tried: every short text value was tried for its argument (and
+    there is at least one), or a number other than 0 and 1 was, in either sign. A small explorer given the memory
+    copies it: it picked the description's example units again and again ("km" to "mile"), and a number it sees
+    there as well (date_add: 1406 days in 5 of 25 trials, -1 in 5), so a student learns that number as the
+    tool's default rather than reading it from the request."""
     texts = [(k, v) for k, v in values.items() if isinstance(v, str) and len(v) <= _SHORT_TEXT]
-    return bool(texts) and all(v.strip().casefold() in seen.get(k, set()) for k, v in texts)
+    if texts and all(v.strip().casefold() in seen.get(k, set()) for k, v in texts):
+        return True
+    return any(
+        (number := _number(v)) is not None and abs(number) > 1 and _seen_number(number) in seen.get(k, set())
+        for k, v in values.items()
+    )
 
 
 def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
@@ -649,15 +666,18 @@ def calls_problem(tool: str, calls: list[Call]) -> str | None:
 def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], request: str) -> str | None:
     """Why a request written from `values` does not do: it is empty, a value is not stated in it (distill's
     grounding rules: numbers in any spelling, units as the tool reads them...), or it states a number the values
-    do not use (`unused_numbers`: an answer, "... is 11 days", or a detail the call ignores). The first asks for
-    something else, so the call read from it cannot have the values (a small explorer drops one a time in three);
-    the second teaches a student to leave numbers out, and distill drops it."""
-    from toolschool.data.filters import Sources, call_grounding, unused_number_problem
+    do not use (`unused_numbers`: an answer, "... is 11 days", or a detail the call ignores), or it writes a span
+    of time with a sign (`signed_span_problem`: "add -125 days"). The first asks for something else, so the call
+    read from it cannot have the values (a small explorer drops one a time in three); the others teach a student
+    to leave numbers out or to read a count as negative, and distill drops them."""
+    from toolschool.data.filters import Sources, call_grounding, signed_span_problem, unused_number_problem
 
     if not request:
         return "no request"
-    problem = call_grounding(tool, values, ctx.tool_schemas, Sources(request)) or unused_number_problem(
-        request, [values]
+    problem = (
+        call_grounding(tool, values, ctx.tool_schemas, Sources(request))
+        or unused_number_problem(request, [values])
+        or signed_span_problem(request)
     )
     return None if problem is None else f"{problem.reason}: {problem.detail}"
 
