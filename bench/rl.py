@@ -200,7 +200,7 @@ def main() -> None:
 
     from toolschool.config import load_config
     from toolschool.data.dataset import load_dataset_jsonl
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import RLInputs, read_reward_curve, run_rl
 
     if args.data:
         examples, _ = load_dataset_jsonl(args.data, on_error="skip")
@@ -225,7 +225,7 @@ def main() -> None:
 
     start_model = args.model
     if args.sft_steps:
-        from toolschool.train.sft import run_sft
+        from toolschool.train.sft import SFTInputs, run_sft
 
         sft_config = load_config(
             None,
@@ -244,7 +244,7 @@ def main() -> None:
                 "run.seed": args.seed,
             },
         )
-        sft = run_sft(sft_config, work / "sft", progress=False)
+        sft = run_sft(sft_config, SFTInputs(args.model, train_path), work / "sft", progress=False)
         result["sft"] = {"steps": sft.steps, "seconds": round(sft.seconds, 1)}
         start_model = str(sft.merged_dir)
 
@@ -273,7 +273,7 @@ def main() -> None:
             },
         )
         started = time.perf_counter()
-        rl = run_rl(config, out, progress=False)
+        rl = run_rl(config, RLInputs(start_model, train_path), out, progress=False)
         return rl, read_reward_curve(out / "train_log.jsonl"), time.perf_counter() - started
 
     def timing(curve: list[dict[str, Any]]) -> dict[str, Any]:

@@ -296,7 +296,8 @@ def test_standalone_distill_or_eval_into_a_finished_run_stage_is_refused(tmp_pat
 
 def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(tmp_path: Path) -> None:
     """STE's question is whether the student reaches its teacher: the explorer zero-shot is the table's last row."""
-    from toolschool.pipeline import comparison_markdown, comparison_table, eval_models, final_model
+    from toolschool.evaluate.stage import comparison_markdown, comparison_table, final_model
+    from toolschool.pipeline import eval_models
 
     config = load_config(None, {"run.root": str(tmp_path), "run.name": "r", "pipeline.explorer": "qwen2.5-coder-0.5b"})
     assert eval_models(config) == [("base", "smollm2-135m"), ("explorer (reference)", "qwen2.5-coder-0.5b")]
@@ -323,8 +324,106 @@ def test_the_comparison_holds_the_explorer_as_reference_and_correct_by_category(
     assert "correct: the right tool with arguments matching the gold call's (exact: " in text
     assert "(semantic: equal, or the same call" in comparison_markdown([row], arguments="semantic")
     from toolschool.config import ARGUMENT_MODES
-    from toolschool.pipeline import ARGUMENT_RULES
+    from toolschool.evaluate.stage import ARGUMENT_RULES
 
     assert set(ARGUMENT_RULES) == set(ARGUMENT_MODES)  # every mode a config may name is described
     assert final_model(eval_models(config)) == ("base", "smollm2-135m")
     assert final_model([("base", "b"), ("sft", "s"), ("sft+rl", "r"), ("explorer (reference)", "e")]) == ("sft+rl", "r")
+
+
+# ------------------------------------------------------------------------------------------------ stage inputs
+
+
+def test_training_inputs_default_to_the_run_s_distill_split(tmp_path: Path) -> None:
+    """`toolschool sft` / `rl` and the run's stages take the same defaults, from one helper: the run's
+    distill/train.jsonl, and its validation split only when training on the run's split (and when it exists)."""
+    from toolschool.pipeline import training_inputs
+
+    run = tmp_path / "runs" / "r"
+    config = load_config(None, {"run.root": str(tmp_path / "runs"), "run.name": "r"})
+    inputs = training_inputs(config, "sft")
+    assert (inputs.start_model, inputs.train, inputs.validation) == (
+        config.model.name,
+        run / "distill/train.jsonl",
+        None,
+    )
+    (run / "distill").mkdir(parents=True)
+    (run / "distill" / "validation.jsonl").write_text("")
+    inputs = training_inputs(config, "rl", start_model="runs/r/sft/merged")
+    assert inputs.start_model == "runs/r/sft/merged" and inputs.train == run / "distill" / "train.jsonl"
+    assert inputs.validation == run / "distill" / "validation.jsonl" and inputs.validation_optional
+    named = load_config(None, {"run.root": str(tmp_path / "runs"), "run.name": "r", "sft.train": "mine.jsonl"})
+    assert training_inputs(named, "sft").train == Path("mine.jsonl")
+    assert training_inputs(named, "sft").validation is None  # a file of its own gets no validation from the run
+    both = load_config(None, {"sft.train": "mine.jsonl", "sft.validation": "held.jsonl"})
+    assert training_inputs(both, "sft").validation == Path("held.jsonl")
+    assert not training_inputs(both, "sft").validation_optional  # named: one holding no examples is refused
+
+
+def test_distill_and_eval_inputs_come_from_the_run_folder_unless_the_config_names_them(tmp_path: Path) -> None:
+    from toolschool.errors import ToolschoolError
+    from toolschool.pipeline import distill_inputs, eval_inputs
+
+    run = tmp_path / "runs" / "r"
+    base = {"run.root": str(tmp_path / "runs"), "run.name": "r"}
+    assert distill_inputs(load_config(None, base)).trials == run / "explore" / "trials.jsonl"
+    assert distill_inputs(load_config(None, {**base, "distill.trials": "t.jsonl"})).trials == Path("t.jsonl")
+    inputs = eval_inputs(load_config(None, base))
+    assert inputs.heldout == run / "distill" / "validation.jsonl" and inputs.models == (("base", "smollm2-135m"),)
+    builtin = eval_inputs(load_config(None, {**base, "pipeline.eval_data": "builtin"}))
+    assert builtin.heldout is None and builtin.trained_on == run / "distill" / "train.jsonl"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ToolschoolError, match=r"\[pipeline\] eval_data = '\S*empty.jsonl' is empty") as caught:
+        eval_inputs(load_config(None, {**base, "pipeline.eval_data": str(empty)}))
+    assert "'builtin'" in (caught.value.hint or "")
+
+
+def test_the_run_hands_rl_the_sft_model_and_explore_its_explorer_as_inputs(tmp_path: Path, monkeypatch) -> None:
+    """The pipeline rewrote `[model] name` in a copy of the config to tell RL (and exploration) which model to
+    start from; now the stage gets the run's config as it is, and the model as an input."""
+    import toolschool.explore.stage as explore_stage
+    import toolschool.train.rl as rl
+    from toolschool.pipeline import _stage_explore, _stage_rl
+
+    config = load_config(None, {"run.root": str(tmp_path / "runs"), "run.name": "r", "pipeline.explorer": "teacher"})
+    run = tmp_path / "runs" / "r"
+    (run / "sft" / "merged").mkdir(parents=True)
+    seen: dict[str, tuple] = {}
+
+    class Result:
+        steps, merged_dir, final_validation, groups_with_reward_spread = 1, None, None, None
+        summary, seconds = {}, 0.0
+
+    def fake(stage: str):  # noqa: ANN202
+        def record(config_seen, inputs, out_dir, **kwargs):  # noqa: ANN001, ANN003, ANN202
+            seen[stage] = (config_seen, inputs, out_dir)
+            return Result()
+
+        return record
+
+    monkeypatch.setattr(rl, "run_rl", fake("rl"))
+    monkeypatch.setattr(explore_stage, "run_explore_stage", fake("explore"))
+    _stage_rl(config, None)
+    _stage_explore(config, None)
+    given, inputs, out_dir = seen["rl"]
+    assert given is config and given.model.name == "smollm2-135m"
+    assert inputs.start_model == str(run / "sft" / "merged") and out_dir == run / "rl"
+    assert inputs.train == run / "distill" / "train.jsonl"
+    given, inputs, out_dir = seen["explore"]
+    assert given is config and inputs.explorer == "teacher" and out_dir == run / "explore"
+
+
+def test_a_training_stage_saves_its_inputs_in_its_config_toml(tmp_path: Path) -> None:
+    """The stage runs on the config it is handed; the config.toml it saves names its start model and files under
+    the keys its command reads them from, so `toolschool rl runs/NAME/rl/config.toml` trains it again."""
+    from toolschool.train.rl import RLInputs
+
+    config = load_config(None, {"run.root": str(tmp_path)})
+    saved = RLInputs("runs/r/sft/merged", Path("runs/r/distill/train.jsonl")).recorded(config, "rl")
+    assert (saved.model.name, saved.rl.train, saved.rl.validation) == (
+        "runs/r/sft/merged",
+        "runs/r/distill/train.jsonl",
+        None,
+    )
+    assert config.model.name == "smollm2-135m" and config.rl.train is None  # the stage's own config is untouched

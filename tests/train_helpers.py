@@ -47,6 +47,22 @@ def _key(section: str, key: str) -> str:
     return MOVED_KEYS.get(f"{section}.{key}", f"{section}.{key}")
 
 
+def train_sft(config, out_dir: Path, **kwargs: object):
+    """`run_sft` on the inputs `toolschool sft` hands it for this config (`pipeline.training_inputs`)."""
+    from toolschool.pipeline import training_inputs
+    from toolschool.train.sft import run_sft
+
+    return run_sft(config, training_inputs(config, "sft"), out_dir, **kwargs)
+
+
+def train_rl(config, out_dir: Path, **kwargs: object):
+    """`run_rl` on the inputs `toolschool rl` hands it for this config (`pipeline.training_inputs`)."""
+    from toolschool.pipeline import training_inputs
+    from toolschool.train.rl import run_rl
+
+    return run_rl(config, training_inputs(config, "rl"), out_dir, **kwargs)
+
+
 def _config(tmp_path: Path, model: Path, train: Path, validation: Path, **sft: object):
     overrides = {
         "run.root": str(tmp_path / "runs"),

@@ -671,7 +671,12 @@ def stage_path(config: ToolschoolConfig, stage: str, out: str | Path | None = No
 
 def stage_dir(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
     """Create `runs/<name>/<stage>/` (or `out`) and save the resolved config there."""
-    directory = stage_path(config, stage, out)
+    return save_config(config, stage_path(config, stage, out), stage)
+
+
+def save_config(config: BaseModel, directory: Path, stage: str) -> Path:
+    """Create `directory` and save `config` there as config.toml (a stage's output folder, handed to it);
+    `stage` names the folder in the refusal when it cannot be written."""
     try:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.toml").write_text(dump_toml(config), encoding="utf-8")
@@ -681,3 +686,14 @@ def stage_dir(config: ToolschoolConfig, stage: str, out: str | Path | None = Non
             hint="pass --out a folder you can write to (or choose another run name)",
         ) from None
     return directory
+
+
+def recorded(config: ToolschoolConfig, values: dict[str, Any]) -> ToolschoolConfig:
+    """A copy of `config` with the dotted keys of `values` set: the config.toml a stage saves, which names what it
+    was handed explicitly (its start model, its training file) under the keys its own command reads them from, so
+    `toolschool STAGE runs/NAME/STAGE/config.toml` redoes it. The stage itself runs on `config` and its inputs."""
+    copy = config.model_copy(deep=True)
+    for dotted, value in values.items():
+        section, key = dotted.split(".")
+        setattr(getattr(copy, section), key, value)
+    return copy

@@ -7,11 +7,14 @@ STAGE` reruns from that stage: the earlier outputs of it and every later stage a
 `runs/<name>/.previous/<time>/`, never deleted. A finished stage whose settings (STAGE_SETTINGS) changed since it
 ran is not skipped silently: the run is refused with the changed keys and a pointer to `--from`.
 
+Each stage is a function of explicit inputs, `run_X(config, inputs, out_dir)`: this module (with `train.continual`
+and the commands of `toolschool.cli`) is what knows the run folder's layout, and hands each stage what an earlier
+one wrote there (`*_inputs` below: SFT and RL train on `distill/train.jsonl` unless the config names a file, RL
+starts from the SFT stage's model, ...).
+
 The eval stage compares the base model, the SFT model and the SFT+RL model on the held-out split of the
 distilled data (`distill/validation.jsonl`, never trained on), executing the predicted calls so that the
-final answers are scored too; the final model is evaluated both ways, with free and with grammar-constrained
-decoding (`[eval] constrained` picks the mode of the other rows; the other mode's evaluation is in
-`eval/free/` or `eval/constrained/`), and the table's `decoding` column says which row is which.
+final answers are scored too (`toolschool.evaluate.stage`).
 """
 
 from __future__ import annotations
@@ -19,12 +22,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from toolschool.config import ToolschoolConfig, stage_dir, stage_path
+from toolschool.config import ToolschoolConfig, stage_path
 from toolschool.errors import ConfigError, ModelLoadError, ResumeRefused, ToolschoolError
 from toolschool.run_state import (
     MARKER_FILE,
@@ -39,13 +41,10 @@ from toolschool.run_state import (
     write_json,
 )
 
-# Columns of the final table: (label, summary key). Rates are in [0, 1].
-TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("well-formed %", "well_formed"),
-    ("correct tool %", "correct_tool"),
-    ("correct %", "correct"),
-    ("answer accuracy %", "answer_accuracy"),
-)
+if TYPE_CHECKING:
+    from toolschool.data.distill.stage import DistillInputs
+    from toolschool.evaluate.stage import EvalInputs
+    from toolschool.train.common import TrainingInputs
 
 
 @dataclass
@@ -175,12 +174,39 @@ def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary:
     write_json(run_paths(config).marker(stage), record)  # killed while writing: no half a marker
 
 
-def _with(config: ToolschoolConfig, **sections: dict[str, Any]) -> ToolschoolConfig:
-    """A copy of the config with some fields of some sections replaced (validated)."""
-    data = config.model_dump()
-    for section, values in sections.items():
-        data[section].update(values)
-    return ToolschoolConfig.model_validate(data)
+# ------------------------------------------------------------------------------------------------ stage inputs
+# What each stage takes from the run folder: the one place that maps the run's layout to a stage's inputs, for
+# `toolschool run` and for a stage's own command (which passes `--out` and the config's files through it).
+
+
+def stage_folder(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
+    """A stage's output folder: `out`, else `runs/<name>/<stage>/` (neither created nor written)."""
+    return stage_path(config, stage, out)
+
+
+def distill_inputs(config: ToolschoolConfig) -> DistillInputs:
+    """Distill's trial log: `[distill] trials`, else the run's explore/trials.jsonl."""
+    from toolschool.data.distill.stage import DistillInputs
+
+    return DistillInputs(Path(config.distill.trials) if config.distill.trials else run_paths(config).trials)
+
+
+def training_inputs(config: ToolschoolConfig, stage: str, *, start_model: str | None = None) -> TrainingInputs:
+    """What SFT or RL (`stage`) trains: `start_model` (default `[model] name`) on `[STAGE] train`, else the run's
+    distill/train.jsonl; validated on `[STAGE] validation`, else on the run's distill/validation.jsonl when it
+    trains on the run's distill/train.jsonl and the split exists (a training file named explicitly gets no
+    validation from the run's split: it may come from elsewhere)."""
+    from toolschool.train.common import TrainingInputs
+
+    section = getattr(config, stage)
+    paths = run_paths(config)
+    train = Path(section.train) if section.train else paths.distill_train
+    if section.validation:
+        validation, optional = Path(section.validation).expanduser(), False
+    else:
+        split = paths.distill_validation
+        validation, optional = (split if split.is_file() and not section.train else None), True
+    return TrainingInputs(start_model or config.model.name, train, validation, optional)
 
 
 def sft_model_dir(config: ToolschoolConfig) -> Path:
@@ -189,69 +215,6 @@ def sft_model_dir(config: ToolschoolConfig) -> Path:
 
 def rl_model_dir(config: ToolschoolConfig) -> Path:
     return run_paths(config).model("rl")
-
-
-# ------------------------------------------------------------------------------------------------ stages
-
-
-def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.explore.stage import run_explore_stage
-
-    explorer = config.pipeline.explorer or config.model.name
-    explore_config = _with(config, model={"name": explorer})
-    resume = run_paths(config).trials.is_file()
-    result = run_explore_stage(explore_config, resume=resume, console=console)
-    return {"explorer": explorer, "trials": result.summary.get("total", {}), "seconds_exploring": result.seconds}
-
-
-def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.data.distill.stage import run_distill_stage
-    from toolschool.data.distill.summary import nothing_to_train
-
-    out_dir, summary = run_distill_stage(config, console=console)
-    empty = nothing_to_train(summary)  # which step kept nothing: the rules, or a judge that kept none
-    if empty is not None:
-        raise ToolschoolError(f"{empty[0]} (see {out_dir / 'README.md'})", hint=empty[1])
-    return {"counts": summary.get("total", {})}
-
-
-def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.train.common import checkpoint_folders
-    from toolschool.train.sft import run_sft
-
-    out_dir = stage_path(config, "sft")  # run_sft saves the config
-    result = run_sft(config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
-    return {
-        "steps": result.steps,
-        "model": str(result.merged_dir) if result.merged_dir else None,
-        "data": result.stats,
-        "final_validation": result.final_validation,
-    }
-
-
-def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.train.common import checkpoint_folders
-    from toolschool.train.rl import run_rl
-
-    start = sft_model_dir(config)
-    if not start.is_dir():
-        raise _no_sft_model(start)
-    rl_config = _with(config, model={"name": str(start)})
-    out_dir = stage_path(rl_config, "rl")  # run_rl saves the config
-    result = run_rl(rl_config, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
-    return {
-        "steps": result.steps,
-        "model": str(result.merged_dir) if result.merged_dir else None,
-        "final_validation": result.final_validation,
-        "groups_with_reward_spread": result.groups_with_reward_spread,
-    }
-
-
-def _no_sft_model(start: Path) -> ToolschoolError:
-    return ToolschoolError(
-        f"the rl stage starts from the SFT stage's model, but {start} does not exist",
-        hint='add "sft" to [pipeline] stages, or train RL from another model with `toolschool rl --model MODEL`',
-    )
 
 
 def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
@@ -271,41 +234,19 @@ def eval_models(config: ToolschoolConfig) -> list[tuple[str, str]]:
 BUILTIN_HELDOUT = "builtin"
 
 
-def _training_queries(config: ToolschoolConfig) -> list[str]:
-    """The user requests of the run's training data (distill/train.jsonl), if it has any."""
-    from toolschool.data.dataset import load_dataset_jsonl
-    from toolschool.evaluate.retrieval import first_user_text
+def eval_inputs(config: ToolschoolConfig) -> EvalInputs:
+    """The eval stage's models (`eval_models`) and held-out set: `[pipeline] eval_data` (which must name a non-empty
+    file), the generated built-in toolbox test set for 'builtin' (leaving out the requests of the run's
+    distill/train.jsonl), else the run's distill/validation.jsonl."""
+    from toolschool.evaluate.stage import EvalInputs
 
-    path = run_paths(config).distill_train
-    if not path.is_file():
-        return []
-    examples, _ = load_dataset_jsonl(path, on_error="stop")
-    return [query for query in map(first_user_text, examples) if query]
-
-
-def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
-    """The held-out JSONL: the distill validation split, a file, or the generated built-in toolbox test set."""
-    if config.pipeline.eval_data == BUILTIN_HELDOUT:
-        from toolschool.data.heldout import builtin_heldout
-        from toolschool.run_state import write_jsonl
-
-        lines = builtin_heldout(
-            registry,
-            per_tool=config.pipeline.heldout_per_tool,
-            no_tool=config.pipeline.heldout_no_tool,
-            seed=config.run.seed,
-            exclude=_training_queries(config),  # measuring only: never an item the run trained on
-        )
-        if not lines:
-            raise ToolschoolError(
-                "eval_data = 'builtin' needs built-in tools in the tool set, and it has none",
-                hint="add toolbox = ['builtin'] under [tools], or point [pipeline] eval_data at a test JSONL",
-            )
-        path = out_dir / "heldout.jsonl"
-        write_jsonl(path, lines)
-        return path
-    if config.pipeline.eval_data:
-        path = Path(config.pipeline.eval_data)
+    paths = run_paths(config)
+    models = tuple(eval_models(config))
+    data = config.pipeline.eval_data
+    if data == BUILTIN_HELDOUT:
+        return EvalInputs(models, None, trained_on=paths.distill_train)
+    if data:
+        path = Path(data)
         if not path.is_file() or not path.read_text(encoding="utf-8").strip():
             state = "is empty" if path.is_file() else "does not exist"
             raise ToolschoolError(
@@ -313,133 +254,85 @@ def _held_out(config: ToolschoolConfig, registry: Any, out_dir: Path) -> Path:
                 hint="point it at a test JSONL of conversations, set it to 'builtin' for the generated built-in "
                 "toolbox test set, or remove it to evaluate on the distill validation split",
             )
-        return path
-    path = run_paths(config).distill_validation
-    if not path.is_file() or not path.read_text(encoding="utf-8").strip():
-        raise ToolschoolError(
-            f"the held-out set {path} is missing or empty",
-            hint="raise distill.validation_fraction or explore more, or set [pipeline] eval_data to a test JSONL "
-            "(or to 'builtin' for the generated built-in toolbox test set)",
-        )
-    return path
+        return EvalInputs(models, path)
+    return EvalInputs(models, paths.distill_validation)
+
+
+# ------------------------------------------------------------------------------------------------ stages
+
+
+def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.explore.stage import ExploreInputs, run_explore_stage
+
+    explorer = config.pipeline.explorer or config.model.name
+    out_dir = stage_folder(config, "explore")
+    resume = run_paths(config).trials.is_file()
+    result = run_explore_stage(config, ExploreInputs(explorer), out_dir, resume=resume, console=console)
+    return {"explorer": explorer, "trials": result.summary.get("total", {}), "seconds_exploring": result.seconds}
+
+
+def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.data.distill.stage import run_distill_stage
+    from toolschool.data.distill.summary import nothing_to_train
+
+    out_dir = stage_folder(config, "distill")
+    summary = run_distill_stage(config, distill_inputs(config), out_dir, console=console)
+    empty = nothing_to_train(summary)  # which step kept nothing: the rules, or a judge that kept none
+    if empty is not None:
+        raise ToolschoolError(f"{empty[0]} (see {out_dir / 'README.md'})", hint=empty[1])
+    return {"counts": summary.get("total", {})}
+
+
+def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.train.common import checkpoint_folders
+    from toolschool.train.sft import run_sft
+
+    out_dir = stage_folder(config, "sft")  # run_sft saves the config
+    inputs = training_inputs(config, "sft")
+    result = run_sft(config, inputs, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
+    return {
+        "steps": result.steps,
+        "model": str(result.merged_dir) if result.merged_dir else None,
+        "data": result.stats,
+        "final_validation": result.final_validation,
+    }
+
+
+def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
+    from toolschool.train.common import checkpoint_folders
+    from toolschool.train.rl import run_rl
+
+    start = sft_model_dir(config)
+    if not start.is_dir():
+        raise _no_sft_model(start)
+    out_dir = stage_folder(config, "rl")  # run_rl saves the config
+    inputs = training_inputs(config, "rl", start_model=str(start))
+    result = run_rl(config, inputs, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
+    return {
+        "steps": result.steps,
+        "model": str(result.merged_dir) if result.merged_dir else None,
+        "final_validation": result.final_validation,
+        "groups_with_reward_spread": result.groups_with_reward_spread,
+    }
+
+
+def _no_sft_model(start: Path) -> ToolschoolError:
+    return ToolschoolError(
+        f"the rl stage starts from the SFT stage's model, but {start} does not exist",
+        hint='add "sft" to [pipeline] stages, or train RL from another model with `toolschool rl --model MODEL`',
+    )
 
 
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
-    from toolschool.evaluate.session import make_options, resolve_benchmarks, run_evaluation
-    from toolschool.evaluate.toolkens import benchmarks_for_model, open_model_backend
-    from toolschool.tools.registry import registry_for
+    from toolschool.evaluate.stage import run_eval_stage
 
-    out_dir = stage_dir(config, "eval")
-    settings = config.eval.model_dump()
-    settings["format"] = config.model.format
-    settings["execute"] = config.pipeline.execute
-    settings["seed"] = config.run.seed
-    models = eval_models(config)
-    registry = registry_for(config.tools)
-    try:
-        data = _held_out(config, registry, out_dir)
-        benchmarks = resolve_benchmarks([], str(data), config.eval.limit)
-        options = make_options(settings, registry=registry)
-        names = [model for _, model in models]
-        eval_settings = {**settings, "data": str(data), "labels": dict((m, label) for label, m in models)}
-
-        def restart(problem: str) -> None:
-            if console is not None:
-                console.print(f"eval: {problem}; starting the evaluation over", markup=False, highlight=False)
-
-        with _eval_progress(console) as bar:
-
-            def progress(label: str, count: int) -> Callable[[Any], None] | None:
-                if bar is None:
-                    return None
-                model, _, bench = label.partition(" · ")  # a bar per model, named as in the table
-                task = bar.add_task(f"{eval_settings['labels'].get(model, model)} · {bench}", total=count)
-                return lambda _result: bar.advance(task)
-
-            # An eval stage killed part-way keeps the items it scored, unless they were scored otherwise.
-            summary = run_evaluation(
-                names,
-                benchmarks,
-                options,
-                out_dir,
-                make_backend=lambda m: open_model_backend(m, dtype=config.model.dtype, device=config.model.device),
-                settings=eval_settings,
-                progress=progress,
-                resume=True,
-                on_resume_problem=restart,
-                benchmarks_for=benchmarks_for_model,  # a toolken SFT model sees its <tool_NAME> names, as `eval` does
-            )
-        # the final model the other way too (constrained vs free decoding), so the table shows what constraints change
-        both_ways = _evaluate_other_decoding(config, models, benchmarks, eval_settings, registry, out_dir, restart)
-    finally:
-        registry.close()
-    table = comparison_table(summary, models)
-    if both_ways is not None:
-        table += comparison_table(*both_ways)
-    (out_dir / "comparison.json").write_text(json.dumps(table, indent=2), encoding="utf-8")
-    (out_dir / "comparison.md").write_text(
-        comparison_markdown(table, arguments=config.eval.arguments), encoding="utf-8"
-    )
-    return {"data": str(data), "items": len(benchmarks[0].items), "table": table}
-
-
-def final_model(models: list[tuple[str, str]]) -> tuple[str, str]:
-    """The (label, model) the run ends with: the last trained one (sft+rl, else sft), else the base model."""
-    trained = [pair for pair in models if pair[0] in ("sft+rl", "sft")]
-    return trained[-1] if trained else models[0]
-
-
-def _evaluate_other_decoding(
-    config: ToolschoolConfig,
-    models: list[tuple[str, str]],
-    benchmarks: list[Any],
-    settings: dict[str, Any],
-    registry: Any,
-    out_dir: Path,
-    restart: Callable[[str], None],
-) -> tuple[dict[str, Any], list[tuple[str, str]]] | None:
-    """The final model evaluated with the other decoding (constrained when [eval] constrained is false, free when
-    true) into eval/<mode>/: (its summary, its (label, model)) for the comparison; None for a model the local
-    backend does not run (an endpoint cannot constrain), and for constraining a toolken model (it writes its calls
-    as `<tool_NAME>` tokens, which the formats' grammars do not describe)."""
-    from toolschool.evaluate.session import make_options, run_evaluation
-    from toolschool.evaluate.toolkens import benchmarks_for_model, model_toolkens, open_model_backend
-    from toolschool.models.spec import parse_model_spec
-
-    label, model = final_model(models)
-    if parse_model_spec(model).kind == "openai" or (not config.eval.constrained and model_toolkens(model)):
-        return None
-    other = {**settings, "constrained": not config.eval.constrained, "labels": {model: label}}
-    options = make_options(other, registry=registry)
-    summary = run_evaluation(
-        [model],
-        benchmarks,
-        options,
-        out_dir / options.decoding,
-        make_backend=lambda m: open_model_backend(m, dtype=config.model.dtype, device=config.model.device),
-        settings=other,
-        resume=True,
-        on_resume_problem=restart,
-        benchmarks_for=benchmarks_for_model,
-    )
-    return summary, [(label, model)]
-
-
-def _eval_progress(console: Any) -> AbstractContextManager[Any]:
-    """The eval stage's progress bars on the run's console, as `toolschool eval` shows them (it scores every held-out
-    item with each model: minutes on a CPU, with nothing on the screen before); none without a console."""
-    if console is None:
-        return nullcontext()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    return Progress(*columns, console=console)
+    return run_eval_stage(config, eval_inputs(config), stage_folder(config, "eval"), console=console)
 
 
 def _stage_report(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.report import build_report
 
-    path = build_report(config.run_dir())
+    path = build_report(config.run_dir(), stage_folder(config, "report"))
     return {"html": str(path)}
 
 
@@ -451,68 +344,6 @@ STAGE_FUNCTIONS: dict[str, Callable[[ToolschoolConfig, Any], dict[str, Any]]] = 
     "eval": _stage_eval,
     "report": _stage_report,
 }
-
-
-# ------------------------------------------------------------------------------------------------ table
-
-
-def comparison_table(summary: dict[str, Any], models: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    rows = []
-    for label, model in models:
-        block = summary["models"].get(model, {}).get("data", {})
-        overall = block.get("overall", block)
-        row: dict[str, Any] = {
-            "model": label,
-            "decoding": str(block.get("decoding") or "free"),
-            "path": model,
-            "n": int(overall.get("n", 0)),
-        }
-        for column, key in TABLE_COLUMNS:
-            value = overall.get(key)
-            row[column] = None if value is None else round(100 * float(value), 1)
-        # correct % per category of the held-out set (a tool's name, or a no-tool kind)
-        row["correct % by category"] = {
-            category: round(100 * float(scores.get("correct", 0.0)), 1)
-            for category, scores in sorted(block.get("by_category", {}).items())
-        }
-        rows.append(row)
-    return rows
-
-
-ARGUMENT_RULES = {
-    "exact": "equal values after normalisation",
-    "semantic": "equal, or the same call by the metrics' semantic rules: a calculator expression of the same value, "
-    "one unit however it is named, a program printing the same",
-}
-
-
-def comparison_markdown(table: list[dict[str, Any]], *, arguments: str = "exact") -> str:
-    header = ["model", "decoding", *(c for c, _ in TABLE_COLUMNS), "items"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
-    for row in table:
-        values = ("—" if row[c] is None else f"{row[c]:.1f}" for c, _ in TABLE_COLUMNS)
-        cells = [row["model"], row.get("decoding", "free"), *values, str(row["n"])]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
-        "",
-        f"correct: the right tool with arguments matching the gold call's ({arguments}: {ARGUMENT_RULES[arguments]}).",
-    ]
-    categories = sorted({c for row in table for c in row.get("correct % by category", {})})
-    if categories:
-        lines += ["", "correct % by category:", ""]
-        lines += [
-            "| model | decoding | " + " | ".join(categories) + " |",
-            "|" + "|".join(["---"] * (len(categories) + 2)) + "|",
-        ]
-        for row in table:
-            by = row.get("correct % by category", {})
-            cells = [
-                row["model"],
-                row.get("decoding", "free"),
-                *("—" if c not in by else f"{by[c]:.1f}" for c in categories),
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------------------------------------ driver
@@ -600,13 +431,15 @@ def check_stage_settings(config: ToolschoolConfig, stages: list[str], *, device:
         resolve_batching(config.sft)
         check_scheduler(config.sft.lr_scheduler, "sft")
     if "rl" in stages:
-        from toolschool.train.rl import check_settings, check_train_data
+        from toolschool.train.rl import check_settings, check_train_file
 
         check_settings(config.rl, config.model.format, device=device, machine=device is not None)
-        if device is not None:  # a run, not `config show`: RL's data is there, or this run's distill writes it
-            check_train_data(config, distill_runs_first="distill" in stages)
-            if "sft" not in stages and not sft_model_dir(config).is_dir():  # nor its start model
-                raise _no_sft_model(sft_model_dir(config))
+        # a run, not `config show`: RL's data is there, or this run's distill writes it (the default
+        # distill/train.jsonl); otherwise RL would stop only after SFT had trained
+        if device is not None and (config.rl.train is not None or "distill" not in stages):
+            check_train_file(training_inputs(config, "rl").train)
+        if device is not None and "sft" not in stages and not sft_model_dir(config).is_dir():  # nor its start model
+            raise _no_sft_model(sft_model_dir(config))
 
 
 def run_pipeline(

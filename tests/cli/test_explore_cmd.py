@@ -21,7 +21,7 @@ runner = CliRunner()
 def scripted(monkeypatch):
     backends: list[ScriptedBackend] = []
 
-    def factory(config):
+    def factory(config, model):
         backend = ScriptedBackend(calculator_policy, fail_when=getattr(factory, "fail_when", None))
         backends.append(backend)
         return backend
@@ -92,10 +92,10 @@ def test_an_exploration_failing_before_its_first_trial_leaves_no_folder_and_keep
     assert result.exit_code == 2 and "127.0.0.1:9/v1 is unreachable" in result.output
     assert not (tmp_path / "runs").exists(), "neither runs/demo/explore/ nor runs/demo/ is left behind"
 
-    def no_model(config):  # noqa: ANN001, ANN202 - a model that does not load, after the log was opened
+    def no_model(config, model):  # noqa: ANN001, ANN202 - a model that does not load, after the log was opened
         from toolschool.errors import ModelLoadError
 
-        raise ModelLoadError(f"model '{config.model.name}' is not an existing folder")
+        raise ModelLoadError(f"model '{model}' is not an existing folder")
 
     monkeypatch.setattr(stage, "default_backend_factory", no_model)
     result = runner.invoke(app, ["explore", "--model", "nope", "--tools", "calculator", "--out", "fresh"])
@@ -103,7 +103,7 @@ def test_an_exploration_failing_before_its_first_trial_leaves_no_folder_and_keep
     assert not (tmp_path / "fresh").exists()
 
     # a log holding trials is kept: the endpoint answered the first run, and is down when it is resumed
-    monkeypatch.setattr(stage, "default_backend_factory", lambda config: ScriptedBackend(calculator_policy))
+    monkeypatch.setattr(stage, "default_backend_factory", lambda config, model: ScriptedBackend(calculator_policy))
     assert runner.invoke(app, [*unreachable, "--episodes", "1", "--stm-slots", "1", "--out", "kept"]).exit_code == 0
     logged = (tmp_path / "kept" / TRIALS_FILE).read_text()
     monkeypatch.setattr(stage, "default_backend_factory", real_factory)
@@ -182,7 +182,7 @@ class Slow(ScriptedBackend):
         await asyncio.sleep(0.05)
         return await super().generate(request)
 
-stage.default_backend_factory = lambda config: Slow(calculator_policy)
+stage.default_backend_factory = lambda config, model: Slow(calculator_policy)
 app(sys.argv[1:])
 """
 
@@ -260,8 +260,9 @@ def test_a_hanging_sync_tool_neither_blocks_other_calls_nor_the_end_of_the_run(t
     try:
         result = stage.run_explore_stage(
             config,
-            out=tmp_path / "explore",
-            backend_factory=lambda config: ScriptedBackend(policy),
+            stage.ExploreInputs(config.model.name),
+            tmp_path / "explore",
+            backend_factory=lambda config, model: ScriptedBackend(policy),
             registry_factory=registry_factory,
         )
         assert len(hung) == 8 and all(thread.is_alive() for thread in hung)  # the run ended while they still hang

@@ -47,19 +47,21 @@ def test_builtin_heldout_never_holds_a_training_query() -> None:
 def test_pipeline_refuses_builtin_heldout_without_builtin_tools(tmp_path) -> None:
     from toolschool.config import load_config
     from toolschool.errors import ToolschoolError
-    from toolschool.pipeline import _held_out
+    from toolschool.evaluate.stage import held_out
+    from toolschool.pipeline import eval_inputs
 
     config = load_config(None, {"run.root": str(tmp_path), "pipeline.eval_data": "builtin"})
     with build_registry(toolbox=[]) as reg:
         with pytest.raises(ToolschoolError, match="needs built-in tools in the tool set"):
-            _held_out(config, reg, tmp_path)
+            held_out(config, eval_inputs(config), reg, tmp_path)
 
 
 def test_pipeline_builtin_heldout_leaves_out_the_runs_training_queries(tmp_path) -> None:
     import json
 
     from toolschool.config import load_config
-    from toolschool.pipeline import _held_out
+    from toolschool.evaluate.stage import held_out
+    from toolschool.pipeline import eval_inputs
 
     config = load_config(None, {"run.root": str(tmp_path), "pipeline.eval_data": "builtin", "tools.only": ["weekday"]})
     with build_registry(toolbox=["builtin"], only=["weekday"]) as reg:
@@ -67,7 +69,7 @@ def test_pipeline_builtin_heldout_leaves_out_the_runs_training_queries(tmp_path)
         distill = config.run_dir() / "distill"
         distill.mkdir(parents=True)
         (distill / "train.jsonl").write_text(json.dumps({k: first[k] for k in ("messages", "tools")}) + "\n")
-        path = _held_out(config, reg, tmp_path)
+        path = held_out(config, eval_inputs(config), reg, tmp_path)
     queries = [json.loads(line)["messages"][0]["content"] for line in path.read_text().splitlines()]
     assert len(queries) == 6 and first["messages"][0]["content"] not in queries
 

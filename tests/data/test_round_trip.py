@@ -136,7 +136,7 @@ def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, m
     """[distill] explorer_model, else [pipeline] explorer when it is not the student, else the judge."""
     import toolschool.engine.backends as backends
     from toolschool.config import load_config
-    from toolschool.data.distill.stage import distill_explorer, run_distill_stage
+    from toolschool.data.distill.stage import DistillInputs, distill_explorer, run_distill_stage
 
     made: list[str] = []
 
@@ -150,7 +150,7 @@ def test_the_stage_takes_the_run_s_explorer_for_the_round_trip(tmp_path: Path, m
     base = {"run.root": str(tmp_path / "runs"), "distill.trials": str(trials), "distill.validation_fraction": 0.0}
     config = load_config(None, {**base, "pipeline.explorer": "qwen-explorer"})
     assert distill_explorer(config) == "qwen-explorer"
-    _, summary = run_distill_stage(config)
+    summary = run_distill_stage(config, DistillInputs(trials), tmp_path / "distill")
     assert made == ["qwen-explorer"] and summary["options"]["round_trip"] is True
     assert summary["total"]["round_trip"] == 4 and summary["options"]["judge_model"] is None
     assert distill_explorer(load_config(None, {**base, "pipeline.explorer": "smollm2-135m"})) is None  # the student

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_helpers import _config, _example, _lora_model, _write
+from train_helpers import _config, _example, _lora_model, _write, train_sft
 
 from toolschool.config import load_config
 from toolschool.engine.shared_prefix_sft import PrefixGroupedSampler, SharedPrefixCollator, shared_prefix_loss_sum
 from toolschool.errors import ConfigError
-from toolschool.train.sft import prepare_examples, resolve_batching, run_sft
+from toolschool.train.sft import prepare_examples, resolve_batching
 
 
 def _with_system(example: dict, text: str) -> dict:
@@ -144,10 +144,10 @@ def test_resume_continues_with_the_same_batches(tmp_path: Path, tiny_model_dir: 
     settings = {"validation_samples": 0, "lora_dropout": 0.0, "learning_rate": 1e-2, "lr_scheduler": "constant"}
 
     straight = tmp_path / "straight"
-    run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=4, **settings), straight, progress=False)
+    train_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=4, **settings), straight, progress=False)
     split = tmp_path / "split"
-    run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2, **settings), split, progress=False)
-    resumed = run_sft(
+    train_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2, **settings), split, progress=False)
+    resumed = train_sft(
         _config(tmp_path, tiny_model_dir, train, validation, num_steps=4, **settings),
         split,
         resume=True,

@@ -715,8 +715,8 @@ def _stage_with_prompts(tmp_path, demonstrations: int):
 
     loaded: list[str] = []
 
-    def backend_factory(config):
-        loaded.append(config.model.name)
+    def backend_factory(config, model):
+        loaded.append(model)
         return ScriptedBackend()
 
     overrides = {
@@ -727,7 +727,8 @@ def _stage_with_prompts(tmp_path, demonstrations: int):
         "explore.tools": ["calculator"],
     }
     config = load_config(None, overrides)
-    run = lambda: stage.run_explore_stage(config, out=tmp_path / "out", backend_factory=backend_factory)  # noqa: E731
+    inputs = stage.ExploreInputs(config.model.name)
+    run = lambda: stage.run_explore_stage(config, inputs, tmp_path / "out", backend_factory=backend_factory)  # noqa: E731
     return run, loaded
 
 
@@ -825,7 +826,7 @@ def _explore_cli(tmp_path, *extra: str):
     from toolschool.explore import stage
 
     original = stage.default_backend_factory
-    stage.default_backend_factory = lambda config: ScriptedBackend(calculator_policy)
+    stage.default_backend_factory = lambda config, model: ScriptedBackend(calculator_policy)
     try:
         args = ["explore", "--tools", "calculator", "--episodes", "1", "--stm-slots", "1", "--out", str(tmp_path / "x")]
         return CliRunner().invoke(app, [*args, *extra])

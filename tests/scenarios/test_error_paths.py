@@ -800,3 +800,55 @@ def test_a_run_naming_a_hub_model_offline_is_refused_before_the_first_stage(tmp_
         "and HF_HUB_OFFLINE=1"
     )
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------ stage inputs
+
+
+@pytest.mark.parametrize(
+    ("command", "missing", "fix"),
+    [
+        ("sft", "distill/train.jsonl", "pass --train PATH"),
+        ("rl", "distill/train.jsonl", "set [rl] train"),
+        ("distill", "explore/trials.jsonl", "run `toolschool explore` first"),
+    ],
+)
+def test_a_stage_command_without_its_input_names_the_run_s_file_it_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, missing: str, fix: str
+) -> None:
+    """`toolschool sft` without --train trains on the run's distill/train.jsonl (the same helper `toolschool run`
+    uses); when there is none, the line names that file and how to give one."""
+    monkeypatch.chdir(tmp_path)
+    line = cli_error([command, "--run", "r", "--out", str(tmp_path / "out")])
+    assert f"'{Path('runs/r') / missing}' does not exist" in line and fix in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_training_stage_handed_missing_files_names_them(tmp_path: Path) -> None:
+    """`run_sft` / `run_rl` check the files they are handed before loading anything."""
+    from toolschool.config import load_config
+    from toolschool.train.rl import RLInputs, run_rl
+    from toolschool.train.sft import SFTInputs, run_sft
+
+    config = load_config(None, {"run.root": str(tmp_path)})
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example()])
+    with pytest.raises(ConfigError, match=r"training data '\S*nope.jsonl' does not exist") as caught:
+        run_sft(config, SFTInputs("/no/model", tmp_path / "nope.jsonl"), tmp_path / "sft")
+    assert "--train" in (caught.value.hint or "")
+    with pytest.raises(ConfigError, match=r"validation data '\S*held.jsonl' does not exist") as caught:
+        run_sft(config, SFTInputs("/no/model", train, tmp_path / "held.jsonl"), tmp_path / "sft")
+    assert "--validation" in (caught.value.hint or "")
+    with pytest.raises(ConfigError, match=r"training data '\S*nope.jsonl' does not exist") as caught:
+        run_rl(config, RLInputs("/no/model", tmp_path / "nope.jsonl"), tmp_path / "rl")
+    assert "[rl] train" in (caught.value.hint or "")
+    assert not (tmp_path / "sft").exists() and not (tmp_path / "rl").exists()
+
+
+def test_a_run_whose_rl_has_no_sft_model_says_where_it_looked(tmp_path: Path) -> None:
+    train = _write_jsonl(tmp_path / "train.jsonl", [_call_example()])
+    config = tmp_path / "run.toml"
+    text = f'[run]\nroot = "{tmp_path / "runs"}"\n[pipeline]\nstages = ["rl"]\n[rl]\ntrain = "{train}"\n'
+    config.write_text(text, encoding="utf-8")
+    line = cli_error(["run", str(config), "--run", "r"])
+    assert "the rl stage starts from the SFT stage's model" in line and "sft/merged does not exist" in line
+    assert "toolschool rl --model MODEL" in line

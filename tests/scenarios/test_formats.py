@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from helpers import CALC
+from train_helpers import train_rl
 
 from toolschool.chat.formats import get_format
 from toolschool.chat.types import tool_call
@@ -175,7 +176,6 @@ def _fake_sft_run(tmp_path: Path, tiny_model_dir: Path, fmt: str) -> Path:
 
 
 def test_rl_refuses_a_model_trained_in_another_format(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from toolschool.train.rl import run_rl
 
     merged = _fake_sft_run(tmp_path, tiny_model_dir, "json")
     train = _write_lines(tmp_path / "train.jsonl")
@@ -189,7 +189,7 @@ def test_rl_refuses_a_model_trained_in_another_format(tmp_path: Path, tiny_model
         }
     )
     with pytest.raises(ToolschoolError) as caught:
-        run_rl(config, tmp_path / "rl")
+        train_rl(config, tmp_path / "rl")
     assert "trained with the json format" in str(caught.value) and "model.format = 'hermes'" in str(caught.value)
     assert "--format json" in caught.value.hint
     assert not (tmp_path / "rl").exists()
@@ -223,7 +223,6 @@ def test_rl_prompts_a_toolken_model_with_its_toolkens(tmp_path: Path, tokenizer)
 
 
 def test_rl_multi_turn_refuses_a_toolken_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from toolschool.train.rl import run_rl
 
     model = tmp_path / "toolken-model"
     shutil.copytree(tiny_model_dir, model)
@@ -254,7 +253,7 @@ def test_rl_multi_turn_refuses_a_toolken_model(tmp_path: Path, tiny_model_dir: P
         }
     )
     with pytest.raises(ToolschoolError, match=r"'multi_turn' cannot train a toolken model"):
-        run_rl(config, tmp_path / "rl")
+        train_rl(config, tmp_path / "rl")
 
 
 # ------------------------------------------------------------------------------------------ serve

@@ -192,12 +192,12 @@ def test_an_explorer_name_the_endpoint_does_not_serve_stops_before_any_episode(u
     the name (llama.cpp answers whatever name is sent), so every episode then failed on its own 404: a warning per
     episode, errors.jsonl, exit 1 and a summary titled 'exploration — None (None)', instead of one line before
     any work as for an unreachable endpoint."""
-    from toolschool.explore.stage import run_explore_stage
+    from toolschool.explore.stage import ExploreInputs, run_explore_stage
     from toolschool.models.openai_http import EndpointError
 
     config = _explore_config(tmp_path, f"openai:{url}#wrong")
     with pytest.raises(EndpointError, match=r"has no model 'wrong' .*it serves: tiny"):
-        run_explore_stage(config, out=tmp_path / "explore")
+        run_explore_stage(config, ExploreInputs(config.model.name), tmp_path / "explore")
     assert not (tmp_path / "explore" / "errors.jsonl").exists()
     assert not (tmp_path / "explore" / "trials.jsonl").exists()  # a run that wrote no trial leaves no empty log
 
@@ -273,7 +273,7 @@ def test_a_training_run_without_an_evaluation_says_so(tmp_path: Path) -> None:
 def test_an_exploration_whose_episodes_all_failed_still_names_its_model(tmp_path: Path) -> None:
     """An endpoint that refuses every request (here a 400 for every one) stops every episode: the summary took the
     model and format from the first trial, so it said `exploration — None (None)` and summary.json held nulls."""
-    from toolschool.explore.stage import run_explore_stage
+    from toolschool.explore.stage import ExploreInputs, run_explore_stage
     from toolschool.models.backend import Backend, Completion
     from toolschool.models.openai_http import EndpointError
 
@@ -284,7 +284,8 @@ def test_an_exploration_whose_episodes_all_failed_still_names_its_model(tmp_path
             raise EndpointError("endpoint http://127.0.0.1:1/v1 rejected the request (HTTP 400: no)")
 
     config = _explore_config(tmp_path, "openai:http://127.0.0.1:1/v1#teacher")
-    result = run_explore_stage(config, out=tmp_path / "explore", backend_factory=lambda _: Refusing())
+    inputs = ExploreInputs(config.model.name)
+    result = run_explore_stage(config, inputs, tmp_path / "explore", backend_factory=lambda _config, _model: Refusing())
     written = json.loads((tmp_path / "explore" / "summary.json").read_text(encoding="utf-8"))
     assert len(result.failures) == 4 and written["total"]["trials"] == 0
     assert (written["model"], written["format"]) == ("openai:http://127.0.0.1:1/v1#teacher", "hermes")

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from pipeline_helpers import _trial
 from rich.console import Console
+from train_helpers import train_rl, train_sft
 
 from toolschool.config import load_config
 from toolschool.errors import ToolschoolError
@@ -186,8 +187,6 @@ def _held_by_another_run(folder: Path):
 def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run) -> None:
     """Two `toolschool sft` (or rl, or eval) into one --out at once both trained/scored into it: the same checkpoint
     folders written by two processes, the train log and the items file holding both runs' lines."""
-    from toolschool.train.rl import run_rl
-    from toolschool.train.sft import run_sft
 
     distilled = eval_run.model_copy(deep=True)
     distilled.pipeline.stages = ["explore", "distill"]
@@ -197,7 +196,7 @@ def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run
     sft = eval_run.model_copy(deep=True)
     sft.sft.num_steps, sft.sft.batch_size, sft.lora.rank, sft.sft.validation_samples = 1, 2, 4, 0
     with _held_by_another_run(sft_dir), pytest.raises(ToolschoolError) as info:
-        run_sft(sft, sft_dir, progress=False)
+        train_sft(sft, sft_dir, progress=False)
     assert f"{sft_dir} is being trained into by another running sft" in str(info.value)
     assert "--out" in info.value.hint and not (sft_dir / "checkpoints").exists()
 
@@ -206,7 +205,7 @@ def test_sft_rl_and_eval_refuse_an_output_folder_another_run_is_writing(eval_run
     rl.rl.train = str(run_dir / "distill" / "train.jsonl")
     rl.rl.num_steps, rl.rl.batch_size, rl.rl.num_generations, rl.rl.max_tokens, rl.lora.rank = 1, 2, 2, 4, 4
     with _held_by_another_run(rl_dir), pytest.raises(ToolschoolError, match="being trained into by another running rl"):
-        run_rl(rl, rl_dir, progress=False)
+        train_rl(rl, rl_dir, progress=False)
     assert not (rl_dir / "checkpoints").exists()
 
     with _held_by_another_run(run_dir / "eval"), pytest.raises(ToolschoolError) as info:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import answer_example, calc_example, read_log, rl_config, write_jsonl
+from train_helpers import answer_example, calc_example, read_log, rl_config, train_rl, write_jsonl
 
 from toolschool.errors import ToolschoolError
 
@@ -30,12 +30,10 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
 
     from helpers import save_tiny_llama
 
-    from toolschool.train.rl import run_rl
-
     start = tmp_path / "sft-merged"
     shutil.copytree(tiny_model_dir, start)
     out = tmp_path / "rl"
-    run_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
+    train_rl(rl_config(start, train_file, num_steps=1, max_tokens=4, merge=False), out, progress=False)
     log_before = (out / "train_log.jsonl").read_text()
     changes = {
         "lora_rank": (8, "lora.rank: 32 → 8"),
@@ -46,16 +44,16 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
     for key, (value, named) in changes.items():
         config = rl_config(start, train_file, num_steps=2, max_tokens=4, **{key: value})
         with pytest.raises(ToolschoolError) as refused:
-            run_rl(config, out, resume=True, progress=False)
+            train_rl(config, out, resume=True, progress=False)
         assert named in str(refused.value), (key, str(refused.value))
         assert "config.toml" in refused.value.hint
     seeded = rl_config(start, train_file, num_steps=2, max_tokens=4)
     seeded.run.seed = 7
     with pytest.raises(ToolschoolError, match=r"run\.seed: 0 → 7"):
-        run_rl(seeded, out, resume=True, progress=False)
+        train_rl(seeded, out, resume=True, progress=False)
     assert (out / "train_log.jsonl").read_text() == log_before  # nothing was trimmed or appended by the refusals
 
-    resumed = run_rl(
+    resumed = train_rl(
         rl_config(start, train_file, num_steps=2, max_tokens=4, learning_rate=5e-4, merge=False),
         out,
         resume=True,
@@ -67,7 +65,7 @@ def test_resume_with_settings_the_checkpoint_or_data_order_depend_on_is_refused(
     shutil.rmtree(start)
     save_tiny_llama(start, tiny_model_dir, seed=5)  # the same architecture and tokenizer, other weights
     with pytest.raises(ToolschoolError) as refused:
-        run_rl(rl_config(start, train_file, num_steps=3, max_tokens=4), out, resume=True, progress=False)
+        train_rl(rl_config(start, train_file, num_steps=3, max_tokens=4), out, resume=True, progress=False)
     message = str(refused.value)
     assert f"(trained from '{start}') ran with other inputs: base model weights: " in message, message
 
@@ -186,11 +184,10 @@ def test_lines_written_in_another_format_than_rl_uses_are_refused_with_their_lin
 ) -> None:
     from toolschool.data.records import example_to_format
     from toolschool.errors import DataError
-    from toolschool.train.rl import run_rl
 
     train = write_jsonl(tmp_path / "json.jsonl", [example_to_format(calc_example(2, 3), "json")] * 2)
     with pytest.raises(DataError) as refused:
-        run_rl(rl_config(tiny_model_dir, train), tmp_path / "rl", progress=False)
+        train_rl(rl_config(tiny_model_dir, train), tmp_path / "rl", progress=False)
     assert f"{train}:1" in str(refused.value) and "'json' format" in str(refused.value)
     assert "--format json" in refused.value.hint
     assert not (tmp_path / "rl").exists()

@@ -634,10 +634,10 @@ def _fake_sft(monkeypatch: pytest.MonkeyPatch) -> None:
     import toolschool.train.sft as sft
     from toolschool.train.sft import SFTResult
 
-    def fake_sft(config, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
+    def fake_sft(config, inputs, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
         merged = out_dir / "merged"
         merged.mkdir(parents=True, exist_ok=True)
-        (merged / "model.safetensors").write_text(config.model.name)
+        (merged / "model.safetensors").write_text(inputs.start_model)
         return SFTResult(out_dir=out_dir, adapter_dir=None, merged_dir=merged, steps=1, seconds=0.0)
 
     monkeypatch.setattr(sft, "run_sft", fake_sft)
@@ -789,12 +789,12 @@ def _scripted_training(monkeypatch: pytest.MonkeyPatch, trainings: list[tuple[st
     import toolschool.train.sft as sft
     from toolschool.train.sft import SFTResult
 
-    def fake_sft(config, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
-        trainings.append((out_dir.parent.name, config.model.name))
+    def fake_sft(config, inputs, out_dir, *, resume, progress):  # noqa: ANN001, ANN202
+        trainings.append((out_dir.parent.name, inputs.start_model))
         (out_dir / "checkpoints" / "checkpoint-1").mkdir(parents=True, exist_ok=True)
         merged = out_dir / "merged"
         merged.mkdir(parents=True, exist_ok=True)
-        (merged / "chain.txt").write_text(config.model.name + "\n" + out_dir.parent.name)
+        (merged / "chain.txt").write_text(inputs.start_model + "\n" + out_dir.parent.name)
         return SFTResult(out_dir=out_dir, adapter_dir=None, merged_dir=merged, steps=1, seconds=0.0)
 
     def fake_scores(model_dir, batches, config, out_dir, *, say=None):  # noqa: ANN001, ANN202

@@ -6,7 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
-from train_helpers import answer_example, calc_example, read_log, rl_config, save_sft_like_adapter, write_jsonl
+from train_helpers import (
+    answer_example,
+    calc_example,
+    read_log,
+    rl_config,
+    save_sft_like_adapter,
+    train_rl,
+    write_jsonl,
+)
 from typer.testing import CliRunner
 
 from toolschool.cli import app
@@ -24,10 +32,10 @@ def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
     from toolschool.models.loading import load_model
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     out = tmp_path / "rl"
-    result = run_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
+    result = train_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
     assert result.steps == 2
     curve = read_reward_curve(out / "train_log.jsonl")
     assert [r["step"] for r in curve] == [1, 2]
@@ -56,7 +64,7 @@ def test_rl_single_turn_writes_logs_adapter_merged_and_resumes(
     # logged a step 3 after its last checkpoint (and died mid-line): the resumed run's step 3 replaces it.
     with (out / "train_log.jsonl").open("a") as log:
         log.write(json.dumps({"step": 3, "reward": 0.0}) + "\n" + '{"step": 4, "rew')
-    resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=3), out, resume=True, progress=False)
+    resumed = train_rl(rl_config(tiny_model_dir, train_file, num_steps=3), out, resume=True, progress=False)
     assert resumed.steps == 3
     steps = [r["step"] for r in read_reward_curve(out / "train_log.jsonl")]
     assert steps == [1, 2, 3]
@@ -77,12 +85,11 @@ def test_rl_refuses_to_overwrite_checkpoints_without_resume(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
     from toolschool.errors import ToolschoolError
-    from toolschool.train.rl import run_rl
 
     out = tmp_path / "rl"
     (out / "checkpoints" / "checkpoint-1").mkdir(parents=True)
     with pytest.raises(ToolschoolError, match="--resume"):
-        run_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
+        train_rl(rl_config(tiny_model_dir, train_file), out, progress=False)
     # the command too, and it leaves the run's config.toml (what it was trained with) alone
     from typer.testing import CliRunner
 
@@ -96,39 +103,34 @@ def test_rl_refuses_to_overwrite_checkpoints_without_resume(
 
 
 def test_unknown_reward_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:
-    from toolschool.train.rl import run_rl
 
     config = rl_config(tmp_path / "no-such-model", train_file, rewards=["format", "helpfulness"])
     with pytest.raises(ConfigError, match="unknown reward name.*'helpfulness'.*valid names: format, tool"):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
 
 
 def test_multi_turn_without_expected_answer_is_refused(tmp_path: Path) -> None:
-    from toolschool.train.rl import run_rl
 
     example = calc_example(2, 3)
     del example["meta"]["expected_answer"]
     train = write_jsonl(tmp_path / "train.jsonl", [calc_example(4, 5), example])
     config = rl_config(tmp_path / "no-such-model", train, mode="multi_turn")
     with pytest.raises(DataError, match=r"no meta.expected_answer: .*train.jsonl:2"):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
 
 
 def test_multi_turn_needs_hermes_and_batch_must_hold_whole_groups(tmp_path: Path, train_file: Path) -> None:
-    from toolschool.train.rl import run_rl
 
     with pytest.raises(ConfigError, match="needs the hermes format"):
-        run_rl(rl_config(tmp_path, train_file, mode="multi_turn", format="json"), tmp_path / "o", progress=False)
+        train_rl(rl_config(tmp_path, train_file, mode="multi_turn", format="json"), tmp_path / "o", progress=False)
     with pytest.raises(ConfigError, match="not a multiple of rl.num_generations"):
-        run_rl(rl_config(tmp_path, train_file, batch_size=5), tmp_path / "o", progress=False)
+        train_rl(rl_config(tmp_path, train_file, batch_size=5), tmp_path / "o", progress=False)
 
 
 def test_reference_model_with_another_tokenizer_is_refused(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
     from transformers import AutoTokenizer
-
-    from toolschool.train.rl import run_rl
 
     other = tmp_path / "other-ref"
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -137,7 +139,7 @@ def test_reference_model_with_another_tokenizer_is_refused(
     (other / "config.json").write_text((tiny_model_dir / "config.json").read_text())
     config = rl_config(tiny_model_dir, train_file, ref_model=str(other))
     with pytest.raises(ConfigError, match="uses another tokenizer"):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "checkpoints").exists()
 
 
@@ -197,7 +199,7 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
     from trl import GRPOTrainer
 
     from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     response_open = tokenizer("<tool_response>", add_special_tokens=False)["input_ids"]
@@ -231,7 +233,7 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
     train = write_jsonl(tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(7, 8)])
     out = tmp_path / "rl"
     config = rl_config(tiny_model_dir, train, mode="multi_turn", num_steps=1, max_tokens=96, merge=False)
-    result = run_rl(config, out, progress=False)
+    result = train_rl(config, out, progress=False)
     assert result.steps == 1 and result.merged_dir is None
     record = read_reward_curve(out / "train_log.jsonl")[0]
     assert sorted(seen_observations)[:1] and {"408", "56"} >= set(seen_observations)
@@ -244,10 +246,10 @@ def test_rl_multi_turn_executes_tools_and_rewards_the_final_answer(
 def test_fewer_examples_than_prompts_per_step_still_train(tiny_model_dir: Path, tmp_path: Path) -> None:
     """One example, two prompts per step: the examples are cycled to fill a step instead of training 0 steps; the
     run still counts one example (the report said "trained on 2 examples" beside SFT's 1 in the demo)."""
-    from toolschool.train.rl import META_FILE, run_rl
+    from toolschool.train.rl import META_FILE
 
     train = write_jsonl(tmp_path / "one.jsonl", [calc_example(12, 34)])
-    result = run_rl(rl_config(tiny_model_dir, train, num_steps=1, merge=False), tmp_path / "rl", progress=False)
+    result = train_rl(rl_config(tiny_model_dir, train, num_steps=1, merge=False), tmp_path / "rl", progress=False)
     assert result.steps == 1
     assert [r["step"] for r in read_log(tmp_path / "rl") if "reward" in r] == [1]
     assert json.loads((tmp_path / "rl" / META_FILE).read_text())["examples"] == 1
@@ -257,21 +259,19 @@ def test_a_misspelt_lora_target_is_refused_before_anything_is_written(
     tiny_model_dir: Path, tmp_path: Path, train_file: Path
 ) -> None:
     """PEFT fails only when no target matches: "vproj" beside "q_proj" would leave v_proj untrained silently."""
-    from toolschool.train.rl import run_rl
 
     config = rl_config(tiny_model_dir, train_file, target_modules=["q_proj", "vproj"])
     with pytest.raises(ConfigError, match=r"lora.target_modules: 'vproj' names no module of the model") as info:
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
     assert "v_proj" in info.value.hint and not (tmp_path / "out").exists()
 
 
 def test_unknown_loss_type_is_refused_before_loading_anything(tmp_path: Path, train_file: Path) -> None:
     """TRL accepts any loss_type string and only fails at the first loss, after loading and sampling."""
-    from toolschool.train.rl import run_rl
 
     config = rl_config(tmp_path / "no-such-model", train_file, loss_type="ppo")
     with pytest.raises(ConfigError, match=r"rl.loss_type = 'ppo' is not a TRL GRPO loss.*dapo"):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
 
 
@@ -283,7 +283,7 @@ def test_resume_with_another_method_is_refused_before_training(
     from toolschool.errors import ToolschoolError
     from toolschool.models.loading import load_model
     from toolschool.train.common import base_identity
-    from toolschool.train.rl import META_FILE, run_rl
+    from toolschool.train.rl import META_FILE
 
     out = tmp_path / "rl"
     (out / "checkpoints" / "checkpoint-1").mkdir(parents=True)
@@ -293,7 +293,7 @@ def test_resume_with_another_method_is_refused_before_training(
     log = '{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5}\n'
     (out / "train_log.jsonl").write_text(log)
     with pytest.raises(ToolschoolError, match=r"ran with other settings: rl.method: \"lora\" → \"full\""):
-        run_rl(rl_config(tiny_model_dir, train_file, method="full"), out, resume=True, progress=False)
+        train_rl(rl_config(tiny_model_dir, train_file, method="full"), out, resume=True, progress=False)
     assert json.loads((out / META_FILE).read_text())["method"] == "lora"
     assert (out / "train_log.jsonl").read_text() == log
 
@@ -308,11 +308,10 @@ def test_rl_on_top_of_an_sft_adapter_writes_an_adapter_and_checkpoints_that_load
 
     from toolschool.models.loading import load_model
     from toolschool.train.common import latest_checkpoint
-    from toolschool.train.rl import run_rl
 
     sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
     out = tmp_path / "rl"
-    result = run_rl(rl_config(sft, train_file, num_steps=1, learning_rate=1e-9), out, progress=False)
+    result = train_rl(rl_config(sft, train_file, num_steps=1, learning_rate=1e-9), out, progress=False)
     assert result.adapter_dir is not None and result.merged_dir is not None
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
 
@@ -329,20 +328,19 @@ def test_rl_on_top_of_an_sft_adapter_writes_an_adapter_and_checkpoints_that_load
 def test_reference_model_works_on_trls_own_log_prob_path(tiny_model_dir: Path, tmp_path: Path) -> None:
     """--ref-model with --no-share-prompts: TRL's log-prob pass calls the reference with its fused LM head, which
     TRL only adds to the models it builds itself; the reference we load after it must get it too."""
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     train = write_jsonl(tmp_path / "train.jsonl", [calc_example(2, 3), calc_example(4, 5)])
     config = rl_config(
         tiny_model_dir, train, num_steps=1, merge=False, ref_model=str(tiny_model_dir), share_prompts=False
     )
-    result = run_rl(config, tmp_path / "rl", progress=False)
+    result = train_rl(config, tmp_path / "rl", progress=False)
     assert result.steps == 1
     assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_data_errors_name_the_file_line_even_after_blank_lines(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The JSONL reader skips blank lines, so an example's position is not its line: messages must say the line."""
-    from toolschool.train.rl import run_rl
 
     example = calc_example(2, 3)
     del example["meta"]["expected_answer"]
@@ -350,26 +348,26 @@ def test_data_errors_name_the_file_line_even_after_blank_lines(tiny_model_dir: P
     train.write_text("\n" + json.dumps(calc_example(4, 5)) + "\n\n" + json.dumps(example) + "\n")
     config = rl_config(tmp_path / "no-such-model", train, mode="multi_turn")
     with pytest.raises(DataError, match=r"no meta.expected_answer: \S*train.jsonl:4 "):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
     short = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
     train.write_text("\n\n" + json.dumps(short) + "\n" + json.dumps(calc_example(4, 5)) + "\n")
     config = rl_config(tiny_model_dir, train, max_prompt_tokens=60)
     with pytest.raises(DataError, match=r"longer than rl.max_prompt_tokens = 60: \S*train.jsonl:4 \("):
-        run_rl(config, tmp_path / "out", progress=False)
+        train_rl(config, tmp_path / "out", progress=False)
 
 
 def test_resume_before_the_first_checkpoint_does_not_log_steps_twice(
     tiny_model_dir: Path, train_file: Path, tmp_path: Path
 ) -> None:
     """A run killed before its first checkpoint logged steps that --resume trains again from step 0."""
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     out = tmp_path / "rl"
     out.mkdir()
     (out / "train_log.jsonl").write_text(
         json.dumps({"event": "start", "step": 0}) + "\n" + json.dumps({"step": 1, "reward": -9.0}) + "\n"
     )
-    result = run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, resume=True, progress=False)
+    result = train_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, resume=True, progress=False)
     assert result.steps == 1
     curve = read_reward_curve(out / "train_log.jsonl")
     assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0
@@ -378,15 +376,17 @@ def test_resume_before_the_first_checkpoint_does_not_log_steps_twice(
 def test_resume_on_other_training_data_is_refused(tiny_model_dir: Path, train_file: Path, tmp_path: Path) -> None:
     """Resuming replays the data order and skips the batches already seen, which only holds for the same data."""
     from toolschool.errors import ToolschoolError
-    from toolschool.train.rl import META_FILE, run_rl
+    from toolschool.train.rl import META_FILE
 
     out = tmp_path / "rl"
-    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
+    train_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
     assert json.loads((out / META_FILE).read_text())["train_sha256"]
     other = write_jsonl(tmp_path / "other.jsonl", [calc_example(5, 6), answer_example()])
     with pytest.raises(ToolschoolError, match=r"ran with other inputs: training file: [0-9a-f]{10}… → [0-9a-f]{10}…"):
-        run_rl(rl_config(tiny_model_dir, other, num_steps=2, merge=False), out, resume=True, progress=False)
-    resumed = run_rl(rl_config(tiny_model_dir, train_file, num_steps=2, merge=False), out, resume=True, progress=False)
+        train_rl(rl_config(tiny_model_dir, other, num_steps=2, merge=False), out, resume=True, progress=False)
+    resumed = train_rl(
+        rl_config(tiny_model_dir, train_file, num_steps=2, merge=False), out, resume=True, progress=False
+    )
     assert resumed.steps == 2
 
 
@@ -395,11 +395,11 @@ def test_full_rl_from_an_sft_adapter_keeps_the_start_model_as_the_kl_reference(
 ) -> None:
     """Full fine-tuning: TRL reloads the reference from the policy's config path, which for a start adapter (merged
     in memory) is the bare base. The KL must be to the start model: ~0 at the first step, before any update."""
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     sft = save_sft_like_adapter(tiny_model_dir, tmp_path / "sft-adapter")
     config = rl_config(sft, train_file, num_steps=1, method="full", merge=False)
-    run_rl(config, tmp_path / "rl", progress=False)
+    train_rl(config, tmp_path / "rl", progress=False)
     assert read_reward_curve(tmp_path / "rl" / "train_log.jsonl")[0]["kl"] == pytest.approx(0.0, abs=1e-5)
 
 
@@ -408,12 +408,12 @@ def test_a_fresh_run_into_a_folder_with_an_old_log_does_not_mix_them(
 ) -> None:
     """A run that died before its first checkpoint leaves a log; running again without --resume starts at step 0
     and must not append its steps to the old ones."""
-    from toolschool.train.rl import read_reward_curve, run_rl
+    from toolschool.train.rl import read_reward_curve
 
     out = tmp_path / "rl"
     out.mkdir()
     (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "reward": -9.0}) + "\n")
-    run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
+    train_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), out, progress=False)
     curve = read_reward_curve(out / "train_log.jsonl")
     assert [r["step"] for r in curve] == [1] and curve[0]["reward"] != -9.0
 
@@ -456,9 +456,7 @@ def test_training_arguments_raise_no_deprecation_warning(
     old keyword printed a FutureWarning at the start of every RL run."""
     import warnings
 
-    from toolschool.train.rl import run_rl
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), tmp_path / "rl", progress=False)
+        train_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), tmp_path / "rl", progress=False)
     assert not [w for w in caught if "`gradient_checkpointing` is deprecated" in str(w.message)]

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from train_helpers import answer_example, calc_example, read_log, rl_config, write_jsonl
+from train_helpers import answer_example, calc_example, read_log, rl_config, train_rl, write_jsonl
 from typer.testing import CliRunner
 
 from toolschool.cli import app
@@ -31,12 +31,11 @@ def test_rl_validates_before_the_first_step_every_interval_and_at_the_end_and_re
     tiny_model_dir: Path, files: tuple[Path, Path], tmp_path: Path
 ) -> None:
     from toolschool.evaluate.report import build_report
-    from toolschool.train.rl import run_rl
 
     train, held_out = files
     out = tmp_path / "runs" / "r" / "rl"
     settings = {"validation": str(held_out), "validation_interval": 2, "validation_samples": 2, "merge": False}
-    result = run_rl(rl_config(tiny_model_dir, train, num_steps=3, **settings), out, progress=False)
+    result = train_rl(rl_config(tiny_model_dir, train, num_steps=3, **settings), out, progress=False)
     records = validations(out)
     assert [r["step"] for r in records] == [0, 2, 3]  # the start model, every 2 steps, the end
     # the keys of SFT's validation records: the evaluation module's rates over the first 2 held-out items
@@ -58,7 +57,7 @@ def test_rl_validates_before_the_first_step_every_interval_and_at_the_end_and_re
     # steps 0, 2 and 3 are kept and not validated twice.
     with (out / "train_log.jsonl").open("a") as log:
         log.write(json.dumps({"step": 4, "validation": {"n": 2, "well_formed": 9.0}}) + "\n")
-    resumed = run_rl(rl_config(tiny_model_dir, train, num_steps=4, **settings), out, resume=True, progress=False)
+    resumed = train_rl(rl_config(tiny_model_dir, train, num_steps=4, **settings), out, resume=True, progress=False)
     assert resumed.steps == 4
     records = validations(out)
     assert [r["step"] for r in records] == [0, 2, 3, 4] and records[-1]["validation"]["well_formed"] != 9.0
@@ -75,7 +74,6 @@ def test_rl_resumed_before_its_first_checkpoint_validates_the_start_model_once(
     tiny_model_dir: Path, files: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """A run killed before its first checkpoint had validated step 0; --resume starts at step 0 again."""
-    from toolschool.train.rl import run_rl
 
     train, held_out = files
     out = tmp_path / "rl"
@@ -83,7 +81,7 @@ def test_rl_resumed_before_its_first_checkpoint_validates_the_start_model_once(
     stale = {"step": 0, "validation": {"n": 1, "well_formed": 9.0}}
     (out / "train_log.jsonl").write_text(json.dumps({"event": "start", "step": 0}) + "\n" + json.dumps(stale) + "\n")
     config = rl_config(tiny_model_dir, train, num_steps=1, merge=False, validation=str(held_out), validation_samples=1)
-    run_rl(config, out, resume=True, progress=False)
+    train_rl(config, out, resume=True, progress=False)
     records = validations(out)
     assert [r["step"] for r in records] == [0, 1] and records[0]["validation"]["well_formed"] != 9.0
 
@@ -93,7 +91,6 @@ def test_rl_default_validation_is_the_runs_split_and_zero_samples_turns_it_off(
 ) -> None:
     """With the run's own distill/train.jsonl (as `toolschool run` trains), the run's distill/validation.jsonl
     is validated; --validation-samples 0 validates nothing."""
-    from toolschool.train.rl import run_rl
 
     train, held_out = files
     distill = tmp_path / "runs" / "r" / "distill"
@@ -102,11 +99,11 @@ def test_rl_default_validation_is_the_runs_split_and_zero_samples_turns_it_off(
     (distill / "validation.jsonl").write_text(held_out.read_text())
     base = {"run.root": str(tmp_path / "runs"), "run.name": "r", "rl.train": None, "rl.validation_samples": 1}
     config = load_config(None, {**_overrides(tiny_model_dir), **base})
-    run_rl(config, tmp_path / "on", progress=False)
+    train_rl(config, tmp_path / "on", progress=False)
     assert [r["step"] for r in validations(tmp_path / "on")] == [0, 1]
 
     off = load_config(None, {**_overrides(tiny_model_dir), **base, "rl.validation_samples": 0})
-    run_rl(off, tmp_path / "off", progress=False)
+    train_rl(off, tmp_path / "off", progress=False)
     assert validations(tmp_path / "off") == []
     assert not (distill.parent / "rl").exists()  # both ran into the folders given
 
@@ -128,7 +125,6 @@ def test_bad_validation_files_are_refused_before_the_model_loads(
 ) -> None:
     import toolschool.models.loading as loading
     from toolschool.data.records import example_to_format
-    from toolschool.train.rl import run_rl
 
     def no_loading(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise AssertionError("the model was loaded before the validation file was checked")
@@ -138,7 +134,7 @@ def test_bad_validation_files_are_refused_before_the_model_loads(
 
     def refused(path: Path, **rl: object) -> str:
         with pytest.raises((ConfigError, DataError)) as caught:
-            run_rl(rl_config(tiny_model_dir, train, validation=str(path), **rl), tmp_path / "out", progress=False)
+            train_rl(rl_config(tiny_model_dir, train, validation=str(path), **rl), tmp_path / "out", progress=False)
         assert not (tmp_path / "out").exists()
         return str(caught.value)
 
@@ -195,7 +191,6 @@ def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
     from toolschool.chat.formats import get_format
     from toolschool.data.records import example_to_format
     from toolschool.engine.local_backend import render_prompt
-    from toolschool.train.rl import run_rl
 
     fmt = get_format(fmt_name)
     if fmt_name == "hermes":
@@ -221,7 +216,7 @@ def test_rl_validation_prompts_and_reads_replies_in_the_runs_format_and_mode(
         validation=str(held_out),
         validation_samples=1,
     )
-    run_rl(config, tmp_path / "rl", progress=False)
+    train_rl(config, tmp_path / "rl", progress=False)
     records = validations(tmp_path / "rl")
     assert [r["step"] for r in records] == [0, 1]
     assert all(r["validation"]["correct"] == 1.0 and r["validation"]["n"] == 1 for r in records)

@@ -7,11 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from train_helpers import _config, _example, _write, save_sft_like_adapter
+from train_helpers import _config, _example, _write, save_sft_like_adapter, train_sft
 
 from toolschool.errors import DataError, ToolschoolError
 from toolschool.train.common import latest_checkpoint
-from toolschool.train.sft import build_validation_items, check_has_assistant, prepare_examples, run_sft
+from toolschool.train.sft import build_validation_items, check_has_assistant, prepare_examples
 
 
 @pytest.fixture()
@@ -72,16 +72,16 @@ def test_missing_training_file_is_clear(tmp_path: Path, tiny_model_dir: Path, da
     _, validation = data_files
     config = _config(tmp_path, tiny_model_dir, tmp_path / "missing.jsonl", validation)
     with pytest.raises(ToolschoolError, match="training data .*missing.jsonl' does not exist"):
-        run_sft(config, tmp_path / "out", progress=False)
+        train_sft(config, tmp_path / "out", progress=False)
 
 
 def test_a_missing_training_file_is_named_before_the_model_or_trainer_loads(tmp_path: Path) -> None:
     """`sft --train missing.jsonl` answered after loading the model (7-9 s); now before any slow import."""
     code = (
         "import sys\nfrom pathlib import Path\nfrom toolschool.config import load_config\n"
-        "from toolschool.errors import ToolschoolError\nfrom toolschool.train.sft import run_sft\n"
-        f"config = load_config(None, {{'sft.train': {str(tmp_path / 'missing.jsonl')!r}, 'model.name': '/no/model'}})\n"
-        f"try:\n    run_sft(config, Path({str(tmp_path / 'out')!r}), progress=False)\n"
+        "from toolschool.errors import ToolschoolError\nfrom toolschool.train.sft import SFTInputs, run_sft\n"
+        f"inputs = SFTInputs('/no/model', Path({str(tmp_path / 'missing.jsonl')!r}))\n"
+        f"try:\n    run_sft(load_config(None), inputs, Path({str(tmp_path / 'out')!r}), progress=False)\n"
         "except ToolschoolError as exc:\n    print(exc)\n"
         "print(sorted(m for m in ('trl', 'datasets', 'torch', 'transformers') if m in sys.modules))"
     )
@@ -97,10 +97,10 @@ def test_a_resumed_run_reports_the_seconds_and_loss_of_the_whole_run(
 
     train, validation = data_files
     out = tmp_path / "out"
-    first = run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
+    first = train_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
     clock_at_2 = json.loads((out / "checkpoints" / "checkpoint-2" / RUN_SECONDS_FILE).read_text())["seconds"]
     assert 0 < clock_at_2 <= first.seconds
-    second = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    second = train_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     losses = {r["step"]: r["loss"] for r in log if "loss" in r}
     assert sorted(losses) == [1, 2, 3, 4]
@@ -119,14 +119,14 @@ def first_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path):
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 14)])
     validation = _write(tmp_path / "validation.jsonl", [_example(i, 7) for i in range(20, 23)])
     out = tmp_path / "sft"
-    result = run_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
+    result = train_sft(_config(tmp_path, tiny_model_dir, train, validation, num_steps=2), out, progress=False)
     return tmp_path, train, validation, out, result
 
 
 def test_existing_checkpoints_need_resume(first_run, tiny_model_dir: Path) -> None:
     tmp_path, train, validation, out, _ = first_run
     with pytest.raises(ToolschoolError, match="already holds checkpoints"):
-        run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, progress=False)
+        train_sft(_config(tmp_path, tiny_model_dir, train, validation), out, progress=False)
 
 
 def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Path) -> None:
@@ -135,7 +135,7 @@ def test_resume_with_another_base_model_is_refused(first_run, tiny_model_dir: Pa
     tmp_path, train, validation, out, _ = first_run
     other_dir = save_tiny_llama(tmp_path / "other-model", tiny_model_dir, hidden=32, layers=1, seed=1)
     with pytest.raises(ToolschoolError, match=r"ran with other inputs: base model hidden_size: 64 → 32; "):
-        run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
+        train_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
 
 
 def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tiny_model_dir: Path) -> None:
@@ -147,7 +147,7 @@ def test_resume_with_same_shaped_but_different_weights_is_refused(first_run, tin
     with pytest.raises(
         ToolschoolError, match=r"ran with other inputs: base model weights: \"[0-9a-f]{16}\" → \"[0-9a-f]{16}\" — "
     ):
-        run_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
+        train_sft(_config(tmp_path, other_dir, train, validation), out, resume=True, progress=False)
     saved = json.loads((out / "toolschool_sft.json").read_text())["base"]
     assert saved["model"] == str(tiny_model_dir)  # the refused resume did not overwrite the run's base
 
@@ -159,7 +159,7 @@ def test_resume_on_another_training_file_is_refused(first_run, tiny_model_dir: P
     changed.write_text(train.read_text() + json.dumps(_example(7, 8)) + "\n")
     meta_before = (out / "toolschool_sft.json").read_text()
     with pytest.raises(ToolschoolError, match=r"ran with other inputs: training file: [0-9a-f]{10}… → [0-9a-f]{10}…"):
-        run_sft(_config(tmp_path, tiny_model_dir, changed, validation), out, resume=True, progress=False)
+        train_sft(_config(tmp_path, tiny_model_dir, changed, validation), out, resume=True, progress=False)
     assert (out / "toolschool_sft.json").read_text() == meta_before
 
 
@@ -169,7 +169,7 @@ def test_a_fresh_run_into_a_folder_with_a_dead_runs_log_does_not_mix_them(first_
     out = tmp_path / "after-a-dead-run"
     out.mkdir()
     (out / "train_log.jsonl").write_text(json.dumps({"step": 1, "loss": 99.0}) + "\n")
-    run_sft(
+    train_sft(
         _config(tmp_path, tiny_model_dir, train, validation, num_steps=1, validation_samples=0), out, progress=False
     )
     records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -187,7 +187,7 @@ def test_sft_from_an_adapter_folder_trains_on_top_of_it(tiny_model_dir: Path, tm
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 8)])
     validation = _write(tmp_path / "validation.jsonl", [_example(20, 7)])
     config = _config(tmp_path, start, train, validation, num_steps=1, learning_rate=1e-9, validation_samples=0)
-    result = run_sft(config, tmp_path / "sft", progress=False)
+    result = train_sft(config, tmp_path / "sft", progress=False)
     ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
 
     def logits(model: object) -> torch.Tensor:
@@ -214,7 +214,7 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     with (out / "train_log.jsonl").open("a") as handle:
         handle.write(json.dumps({"step": 3, "loss": 99.0, "tokens_represented": 1e9}) + "\n")
     # Continue the same run to step 4: starts at step 2, not from scratch.
-    result = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    result = train_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
     assert result.steps == 4
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     starts = [r for r in log if r.get("event") == "start"]
@@ -225,7 +225,7 @@ def test_lora_sft_runs_validates_saves_and_resumes(first_run, tiny_model_dir: Pa
     # Resuming a finished run (or one stopped while saving its final model) trains nothing more: the HF Trainer
     # alone would run a step past num_steps. It saves the final model again from the last checkpoint.
     (out / "merged" / "model.safetensors").unlink()
-    again = run_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
+    again = train_sft(_config(tmp_path, tiny_model_dir, train, validation), out, resume=True, progress=False)
     assert again.steps == 4 and latest_checkpoint(out).name == "checkpoint-4"
     assert (out / "merged" / "model.safetensors").is_file()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -359,5 +359,5 @@ def test_training_arguments_raise_no_deprecation_warning(tmp_path: Path, tiny_mo
     config = _config(tmp_path, tiny_model_dir, train, validation, num_steps=1, validation_samples=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        run_sft(config, tmp_path / "out", progress=False)
+        train_sft(config, tmp_path / "out", progress=False)
     assert not [w for w in caught if "`gradient_checkpointing` is deprecated" in str(w.message)]

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 from helpers import CALC
-from train_helpers import _config, _example, _lora_model, _write
+from train_helpers import _config, _example, _lora_model, _write, train_sft
 
 from toolschool.chat.formats import get_format
 from toolschool.train.sft import build_validation_items, prepare_examples, validate
@@ -249,9 +249,8 @@ def two_step_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path)
     tmp_path = tmp_path_factory.mktemp("sft-resume-settings")
     train = _write(tmp_path / "train.jsonl", [_example(i, i + 3) for i in range(2, 10)])
     out = tmp_path / "sft"
-    from toolschool.train.sft import run_sft
 
-    run_sft(_config(tmp_path, tiny_model_dir, train, train, num_steps=2, validation_samples=0), out, progress=False)
+    train_sft(_config(tmp_path, tiny_model_dir, train, train, num_steps=2, validation_samples=0), out, progress=False)
     return tmp_path, train, out
 
 
@@ -275,7 +274,6 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
     import shutil
 
     from toolschool.errors import ToolschoolError
-    from toolschool.train.sft import run_sft
 
     tmp_path, train, out = two_step_run
     copy_dir = tmp_path / ("copy-" + "-".join(change))
@@ -285,7 +283,7 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
     with pytest.raises(
         ToolschoolError, match=r"the checkpoints in .* \(trained from .*\) ran with other settings"
     ) as info:
-        run_sft(config, copy_dir, resume=True, progress=False)
+        train_sft(config, copy_dir, resume=True, progress=False)
     assert named in str(info.value)
     assert (copy_dir / "toolschool_sft.json").read_text() == meta_before
 
@@ -293,15 +291,13 @@ def test_resume_with_settings_that_change_the_checkpoint_or_data_order_is_refuse
 def test_resume_may_train_longer_with_another_rate_or_interval(two_step_run, tiny_model_dir: Path) -> None:
     import shutil
 
-    from toolschool.train.sft import run_sft
-
     tmp_path, train, out = two_step_run
     copy_dir = tmp_path / "longer"
     shutil.copytree(out, copy_dir)
     config = _config(
         tmp_path, tiny_model_dir, train, train, num_steps=3, validation_samples=0, learning_rate=1e-3, log_interval=3
     )
-    assert run_sft(config, copy_dir, resume=True, progress=False).steps == 3
+    assert train_sft(config, copy_dir, resume=True, progress=False).steps == 3
 
 
 def _scripted(model: Any, script: list[int], prompt_length: int) -> Any:
@@ -373,7 +369,7 @@ def test_a_killed_run_resumed_ends_with_the_same_losses_schedule_and_adapter(
     settings |= {"learning_rate": 1e-2, "warmup_steps": 2, "lr_scheduler": "cosine"}
 
     def run(out: Path, *, resume: bool = False) -> None:
-        sft.run_sft(_config(tmp_path, tiny_model_dir, train, train, **settings), out, resume=resume, progress=False)
+        train_sft(_config(tmp_path, tiny_model_dir, train, train, **settings), out, resume=resume, progress=False)
 
     run(tmp_path / "straight")
     make_callbacks = sft._make_callbacks

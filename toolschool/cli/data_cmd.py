@@ -226,14 +226,15 @@ def distill(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
-    from toolschool.config import load_config, stage_path
+    from toolschool.config import load_config
     from toolschool.data.distill.stage import run_distill_stage
     from toolschool.data.distill.summary import nothing_to_train
-    from toolschool.pipeline import refuse_finished_stage
+    from toolschool.pipeline import distill_inputs, refuse_finished_stage, stage_folder
 
     config = load_config(config_path, overrides)
-    refuse_finished_stage(stage_path(config, "distill", out), "distill")
-    out_dir, summary = run_distill_stage(config, out, console=err_console)
+    out_dir = stage_folder(config, "distill", out)
+    refuse_finished_stage(out_dir, "distill")
+    summary = run_distill_stage(config, distill_inputs(config), out_dir, console=err_console)
     table = Table(title=f"distill -> {out_dir}")
     table.add_column("tool")
     steps = list(summary["total"])

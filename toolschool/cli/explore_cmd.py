@@ -67,16 +67,19 @@ def explore(
     """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
     from toolschool.config import load_config
     from toolschool.errors import ConfigError
-    from toolschool.explore.stage import explore_dir, run_explore_stage
+    from toolschool.explore.stage import ExploreInputs, run_explore_stage
     from toolschool.explore.summary import summary_table
+    from toolschool.pipeline import stage_folder
 
     if config_arg is not None and config_path is not None and config_arg != config_path:
         raise ConfigError(f"two config files given: {config_arg} and --config {config_path}", hint="pass one of them")
     config = load_config(config_arg or config_path, overrides)
     err_console.print(f"[dim]explore: {config.model.name} ({config.explore.format})[/dim]", highlight=False)
+    out_dir = stage_folder(config, "explore", out)
     if resume:
-        say_if_resume_finds_no_trials(explore_dir(config, out))
-    result = run_explore_stage(config, out=out, resume=resume, console=err_console, fsync=fsync)
+        say_if_resume_finds_no_trials(out_dir)
+    inputs = ExploreInputs(config.model.name)  # `--model` is the explorer here
+    result = run_explore_stage(config, inputs, out_dir, resume=resume, console=err_console, fsync=fsync)
     console.print(summary_table(result.summary))
     run = result.summary["run"]
     console.print(

@@ -31,7 +31,8 @@ def run(
 ) -> None:
     """Explore -> distill -> sft -> rl -> eval -> report; finished stages are skipped, interrupted ones resume."""
     from toolschool.config import load_config
-    from toolschool.pipeline import TABLE_COLUMNS, run_pipeline
+    from toolschool.evaluate.stage import TABLE_COLUMNS
+    from toolschool.pipeline import run_pipeline
 
     config = load_config(config_path, overrides)
     started = time.perf_counter()

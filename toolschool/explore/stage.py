@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from toolschool.config import ToolschoolConfig, stage_dir
+from toolschool.config import ToolschoolConfig, recorded, save_config
 from toolschool.errors import ToolschoolError
 from toolschool.explore.episode import ExploreContext, ExploreSettings
 from toolschool.explore.log import TrialLog
@@ -22,13 +23,17 @@ from toolschool.explore.memory import LongTermMemory
 from toolschool.explore.runner import ExploreResult, check_resumable, run_exploration
 from toolschool.explore.templates import PromptSet
 from toolschool.models.backend import Backend
-from toolschool.run_state import run_paths
 
 STAGE = "explore"
 
 
-def explore_dir(config: ToolschoolConfig, out: str | Path | None = None) -> Path:
-    return Path(out) if out is not None else run_paths(config).stage(STAGE)
+@dataclass(frozen=True)
+class ExploreInputs:
+    """What exploration is handed: the model that explores. It is the caller's to choose, not a setting the stage
+    reads: `toolschool explore` explores with `[model] name` (`--model`), `toolschool run` with `[pipeline]
+    explorer` (the student when none is named), and the explore settings are the same either way."""
+
+    explorer: str
 
 
 def resolve_targets(available: list[str], wanted: list[str], *, where: str) -> list[str]:
@@ -55,12 +60,12 @@ def _describe_tool_sources(config: ToolschoolConfig) -> str:
     return ", ".join(parts)
 
 
-def default_backend_factory(config: ToolschoolConfig) -> Backend:
+def default_backend_factory(config: ToolschoolConfig, model: str) -> Backend:
     from toolschool.engine.backends import make_backend
 
     concurrency = config.explore.concurrency
     return make_backend(
-        config.model.name,
+        model,
         dtype=config.model.dtype,
         device=config.model.device,
         max_batch_size=concurrency,
@@ -76,17 +81,19 @@ def default_registry_factory(config: ToolschoolConfig) -> Any:
 
 def run_explore_stage(
     config: ToolschoolConfig,
+    inputs: ExploreInputs,
+    out_dir: Path,
     *,
-    out: str | Path | None = None,
     resume: bool = False,
     console: Console | None = None,
     fsync: bool = False,
-    backend_factory: Callable[[ToolschoolConfig], Backend] | None = None,
+    backend_factory: Callable[[ToolschoolConfig, str], Backend] | None = None,
     registry_factory: Callable[[ToolschoolConfig], Any] | None = None,
 ) -> ExploreResult:
-    """Validate, explore every target tool, write `trials.jsonl` + `summary.json` in the stage folder.
+    """Validate, explore every target tool with `inputs.explorer`, write `trials.jsonl` + `summary.json` in `out_dir`.
 
-    The factories default to `make_backend` / `build_registry` on the config (looked up at call time).
+    The factories default to `make_backend` (on the config and the explorer) / `build_registry` on the config
+    (looked up at call time).
     """
     from toolschool.chat.formats import get_format
 
@@ -99,12 +106,11 @@ def run_explore_stage(
     registry = (registry_factory or default_registry_factory)(config)
     try:
         targets = resolve_targets(registry.names(), section.tools, where=_describe_tool_sources(config))
-        directory = explore_dir(config, out)
-        log = TrialLog.open(directory, resume=resume, fsync=fsync)
+        log = TrialLog.open(out_dir, resume=resume, fsync=fsync)
         try:
             check_resumable(
                 log.existing,
-                model=config.model.name,
+                model=inputs.explorer,
                 fmt=fmt.name,
                 ablations=settings.ablations.to_dict(),
                 settings=settings.trial_shape(),
@@ -112,7 +118,7 @@ def run_explore_stage(
                 schemas=registry.schemas(),
                 where=f"the trial log {log.path}",
             )
-            backend = (backend_factory or default_backend_factory)(config)
+            backend = (backend_factory or default_backend_factory)(config, inputs.explorer)
             ctx = ExploreContext(
                 backend=backend,
                 fmt=fmt,
@@ -122,10 +128,12 @@ def run_explore_stage(
                 log=log,
                 settings=settings,
                 tool_schemas=registry.schemas(),
-                model_name=config.model.name,
+                model_name=inputs.explorer,
             )
-            # the config is saved only once the model loaded or the endpoint answered: a refused run keeps the old one
-            ready = lambda: stage_dir(config, STAGE, directory)  # noqa: E731
+            # the config is saved only once the model loaded or the endpoint answered: a refused run keeps the old one;
+            # it names the explorer as `toolschool explore` takes it, as [model] name
+            ran_with = recorded(config, {"model.name": inputs.explorer})
+            ready = lambda: save_config(ran_with, out_dir, STAGE)  # noqa: E731
             return asyncio.run(_run(ctx, targets, section.concurrency, console, ready))
         except BaseException:
             log.discard_if_unused()  # failed before its first trial: no empty trials.jsonl (nor folder) is left

@@ -1,14 +1,16 @@
-"""What the SFT and RL stages share: logs, LoRA settings, checkpoints, the base-model identity, final saving."""
+"""What the SFT and RL stages share: their inputs, logs, LoRA settings, checkpoints, the base-model identity, final
+saving."""
 
 from __future__ import annotations
 
 import json
 import logging
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolschool.errors import ToolschoolError
+from toolschool.errors import ConfigError, ToolschoolError
 from toolschool.run_state import (
     CONFIG_FILE,
     StageState,
@@ -19,6 +21,43 @@ from toolschool.run_state import (
     write_jsonl,
     write_text_atomic,
 )
+
+
+@dataclass(frozen=True)
+class TrainingInputs:
+    """What a training stage (`run_sft`, `run_rl`) is handed, besides its settings: the model it starts from, the
+    file it trains on and the one it validates on (None: no validation during training).
+
+    `validation_optional`: the validation file was not named but picked by default (a run's distill split), so one
+    holding no examples validates nothing instead of being refused. Who hands them over resolves them:
+    `toolschool.run_inputs.training_inputs` for `toolschool run` and the `sft` / `rl` commands."""
+
+    start_model: str
+    train: Path
+    validation: Path | None = None
+    validation_optional: bool = False
+
+    def check_files(self, train_hint: str) -> None:
+        """The training and validation files exist (before any slow import or model load)."""
+        check_training_file(self.train, train_hint)
+        if self.validation is not None and not self.validation.is_file():
+            state = "is not a file" if self.validation.exists() else "does not exist"
+            raise ConfigError(f"validation data '{self.validation}' {state}", hint="check --validation PATH")
+
+    def recorded(self, config: Any, section: str) -> Any:
+        """The config the stage saves as its config.toml: `config` with these inputs under the keys its command reads
+        them from (`[model] name`, `[SECTION] train` / `validation`)."""
+        from toolschool.config import recorded
+
+        validation = str(self.validation) if self.validation is not None else None
+        values = {"model.name": self.start_model, f"{section}.train": str(self.train)}
+        return recorded(config, {**values, f"{section}.validation": validation})
+
+
+def check_training_file(path: Path, hint: str) -> None:
+    """A training stage's training file exists (`hint`: the stage's ways to give one)."""
+    if not path.is_file():
+        raise ConfigError(f"training data '{path}' does not exist", hint=hint)
 
 
 class JsonlLogger:

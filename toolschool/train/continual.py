@@ -52,7 +52,7 @@ from toolschool.run_state import (
     read_json,
     write_json,
 )
-from toolschool.train.common import sha256_file
+from toolschool.train.common import TrainingInputs, sha256_file
 from toolschool.train.forgetting import forgetting_summary, write_matrix
 
 TEST_SPLITS = frozenset({"test", "validation", "valid", "val", "eval", "dev", "heldout", "held_out"})
@@ -610,14 +610,18 @@ def trained_anything(out_dir: Path) -> bool:
     return False
 
 
-def _round_config(config: ToolschoolConfig, start_model: str, train_path: Path) -> ToolschoolConfig:
+def _round_config(config: ToolschoolConfig) -> ToolschoolConfig:
+    """The SFT settings of every round (its start model and training file are its inputs, `_round_inputs`)."""
     round_config = config.model_copy(deep=True)
-    round_config.model.name = start_model
-    round_config.sft.train = str(train_path)
-    round_config.sft.validation = None  # evaluation after the round covers every batch; no in-training validation
     round_config.sft.num_steps = steps_per_round(config)
     round_config.sft.merge = True  # the next round starts from the merged model
     return round_config
+
+
+def _round_inputs(start_model: str, train_path: Path) -> TrainingInputs:
+    """A round trains the model the round before left (round 1: `[model] name`) on its own train.jsonl, with no
+    validation during training: the evaluation after the round covers every batch."""
+    return TrainingInputs(start_model, train_path)
 
 
 def _relative(path: Path, base: Path) -> str:
@@ -871,7 +875,8 @@ def _run_round(
                 "again from its start; a lower checkpoint_interval lets it continue mid-round"
             )
         write_json(round_dir / SFT_STARTED_FILE, {"training_fingerprint": keys.training})
-        result = run_sft(_round_config(config, start_model, train_path), sft_dir, resume=True, progress=progress)
+        round_inputs = _round_inputs(start_model, train_path)
+        result = run_sft(_round_config(config), round_inputs, sft_dir, resume=True, progress=progress)
         if result.merged_dir is None:
             raise ToolschoolError(f"round {r + 1}: SFT wrote no merged model in {sft_dir}")
         sft_done = {

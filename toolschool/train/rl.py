@@ -36,13 +36,15 @@ from toolschool.config import RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.evaluate.items import scored_turn
 from toolschool.evaluate.toolkens import model_toolkens
-from toolschool.run_state import read_jsonl, run_paths, write_text_atomic
+from toolschool.run_state import read_jsonl, write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
+    TrainingInputs,
     adapter_base_callback,
     base_identity,
     check_checkpoints,
     check_lora_targets,
+    check_training_file,
     checkpoint_state,
     latest_checkpoint,
     log_callbacks,
@@ -58,7 +60,6 @@ from toolschool.train.validation import (
     build_validation_items,
     last_validation,
     load_validation_examples,
-    resolve_validation_path,
     validation_callback,
 )
 
@@ -133,23 +134,18 @@ def check_settings(settings: RLSection, fmt: str, *, device: str | None = None, 
             ) from None
 
 
-def resolve_train_path(config: ToolschoolConfig) -> Path:
-    train = Path(config.rl.train) if config.rl.train else run_paths(config).distill_train
-    if not train.is_file():
-        raise ConfigError(
-            f"training data '{train}' does not exist",
-            hint="pass --train PATH or set [rl] train in the run's TOML (a JSONL of conversations; the [sft] train "
-            "file serves too), or run `toolschool distill` first",
-        )
-    return train
+# What RL is handed: the model it starts from (`toolschool run`: the SFT stage's), its training and validation files.
+RLInputs = TrainingInputs
+
+TRAIN_HINT = (
+    "pass --train PATH or set [rl] train in the run's TOML (a JSONL of conversations; the [sft] train file serves "
+    "too), or run `toolschool distill` first"
+)
 
 
-def check_train_data(config: ToolschoolConfig, *, distill_runs_first: bool) -> None:
-    """Before `toolschool run` starts its first stage: RL's training file exists, or the run's distill stage writes
-    it (the default `distill/train.jsonl`). Otherwise RL would stop only after SFT had trained."""
-    if config.rl.train is None and distill_runs_first:
-        return
-    resolve_train_path(config)
+def check_train_file(path: Path) -> None:
+    """RL's training file exists (`toolschool run` checks it before its first stage, the stage when it starts)."""
+    check_training_file(path, TRAIN_HINT)
 
 
 def expected_answer_of(example: dict[str, Any]) -> str | None:
@@ -533,13 +529,18 @@ def _check_resume(
 # ------------------------------------------------------------------------------------------- the stage
 
 
-def run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> RLResult:
-    """Train as configured into `out_dir`: checkpoints, train_log.jsonl, tensorboard/, adapter/ and merged/."""
+def run_rl(
+    config: ToolschoolConfig, inputs: RLInputs, out_dir: Path, *, resume: bool = False, progress: bool = True
+) -> RLResult:
+    """Train `inputs.start_model` on `inputs.train` with the config's settings into `out_dir`: checkpoints,
+    train_log.jsonl, tensorboard/, adapter/ and merged/. It reads no other file than its inputs (and `out_dir`)."""
     with ExitStack() as held:  # the folder's lock, from when the run first looks into the folder
-        return _run_rl(config, out_dir, resume=resume, progress=progress, held=held)
+        return _run_rl(config, inputs, out_dir, resume=resume, progress=progress, held=held)
 
 
-def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack) -> RLResult:
+def _run_rl(
+    config: ToolschoolConfig, inputs: RLInputs, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack
+) -> RLResult:
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -554,9 +555,11 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     device = resolve_device(config.model.device)
     check_settings(settings, config.model.format, device=device)
     fmt = get_format(config.model.format)
-    check_start_model(config.model.name, settings, fmt.name)
-    toolkens = model_toolkens(config.model.name)
-    train_path = resolve_train_path(config)
+    start_model = inputs.start_model
+    check_start_model(start_model, settings, fmt.name)
+    toolkens = model_toolkens(start_model)
+    inputs.check_files(TRAIN_HINT)
+    train_path, validation_path = inputs.train, inputs.validation
     examples, report = load_dataset_jsonl(train_path, on_error="stop")
     train_sha256 = sha256_file(train_path)
     lines = report.kept_lines
@@ -566,21 +569,18 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
     check_written_format(examples, fmt.name, str(train_path), lines=lines)
     if settings.mode == "multi_turn":
         check_expected_answers(examples, str(train_path), lines=lines)
-    validation_path = resolve_validation_path(
-        settings.validation, train_explicit=bool(settings.train), run_dir=config.run_dir(), flag="--validation"
-    )
     validation_examples, validation_lines = load_validation_examples(
-        validation_path, required=bool(settings.validation)
+        validation_path, required=not inputs.validation_optional
     )
     check_written_format(validation_examples, fmt.name, str(validation_path), lines=validation_lines)
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if not resume:
         refuse_existing_checkpoints(out_dir)  # an incomplete one too: a fresh run would mix with what it left
 
-    start_adapter = _start_adapter(config.model.name)
+    start_adapter = _start_adapter(start_model)
 
     started = time.perf_counter()
-    loaded = load_model(config.model.name, device=device, dtype=settings.dtype, merge_adapter=True)
+    loaded = load_model(start_model, device=device, dtype=settings.dtype, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
@@ -589,7 +589,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         check_lora_targets(model, config.lora.target_modules)
     if settings.ref_model:
         check_reference_tokenizer(tokenizer, settings.ref_model)
-    identity = base_identity(loaded, config.model.name)
+    identity = base_identity(loaded, start_model)
     settings_now = resume_settings(config)
     # before the first write (not earlier: a refused setting leaves no folder); a second run at once is refused here
     held.enter_context(training_lock(out_dir, "rl"))
@@ -645,7 +645,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
-    write_text_atomic(out_dir / "config.toml", dump_toml(config))
+    write_text_atomic(out_dir / "config.toml", dump_toml(inputs.recorded(config, "rl")))
     start_info = {
         "examples": examples_used,
         "mode": settings.mode,
@@ -729,7 +729,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
                     toolkens=bool(toolkens),
                     at_start=True,
                 ),
-                *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
+                *([adapter_base_callback(start_model)] if settings.method == "lora" else []),
             ],
         )
         trainer.share_prompts = settings.share_prompts
@@ -737,7 +737,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
             _install_reference(trainer, settings.ref_model, device, settings.dtype)
         elif start_adapter and settings.method == "full" and settings.beta:
             # TRL rebuilt the reference from the policy's config path: the bare base, without the start adapter
-            _install_reference(trainer, config.model.name, device, settings.dtype)
+            _install_reference(trainer, start_model, device, settings.dtype)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         if registry is not None:
@@ -749,7 +749,7 @@ def _run_rl(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: 
         out_dir,
         method=settings.method,
         merge=settings.merge,
-        model_name=config.model.name,
+        model_name=start_model,
     )
     seconds = time.perf_counter() - started
     last = last_train_log(out_dir / "train_log.jsonl")
@@ -836,13 +836,14 @@ def read_reward_curve(path: Path) -> list[dict[str, Any]]:
 
 
 __all__ = [
+    "RLInputs",
     "RLResult",
     "build_multi_turn_rows",
     "build_single_turn_rows",
     "check_expected_answers",
     "check_reference_tokenizer",
     "check_settings",
-    "check_train_data",
+    "check_train_file",
     "check_written_format",
     "flatten_log",
     "read_reward_curve",

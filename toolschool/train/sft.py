@@ -37,9 +37,10 @@ from typing import Any
 from toolschool.chat.toolkens import rename_tools_and_calls, toolken
 from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError
-from toolschool.run_state import run_paths, write_text_atomic
+from toolschool.run_state import write_text_atomic
 from toolschool.train.common import (
     JsonlLogger,
+    TrainingInputs,
     adapter_base_callback,
     base_identity,
     check_checkpoints,
@@ -62,7 +63,6 @@ from toolschool.train.validation import (  # noqa: F401  (build_validation_items
     build_validation_items,
     last_validation,
     load_validation_examples,
-    resolve_validation_path,
     split_at_first_assistant,
     validate,
     validation_callback,
@@ -228,18 +228,10 @@ class SFTResult:
     main_process: bool = True
 
 
-def _resolve_data_paths(config: ToolschoolConfig) -> tuple[Path, Path | None]:
-    settings = config.sft
-    train = Path(settings.train) if settings.train else run_paths(config).distill_train
-    if not train.is_file():
-        raise ConfigError(
-            f"training data '{train}' does not exist",
-            hint="pass --train PATH (a JSONL of conversations) or run `toolschool distill` first",
-        )
-    validation = resolve_validation_path(
-        settings.validation, train_explicit=bool(settings.train), run_dir=config.run_dir(), flag="--validation"
-    )
-    return train, validation
+# What SFT is handed: the model it starts from, its training and validation files (`common.TrainingInputs`).
+SFTInputs = TrainingInputs
+
+TRAIN_HINT = "pass --train PATH (a JSONL of conversations) or run `toolschool distill` first"
 
 
 def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
@@ -269,14 +261,20 @@ def resume_settings(config: ToolschoolConfig, batching: str) -> dict[str, Any]:
     }
 
 
-def run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool = False, progress: bool = True) -> SFTResult:
-    """Train as configured into `out_dir`; returns where the adapter and merged model were written."""
+def run_sft(
+    config: ToolschoolConfig, inputs: SFTInputs, out_dir: Path, *, resume: bool = False, progress: bool = True
+) -> SFTResult:
+    """Train `inputs.start_model` on `inputs.train` with the config's settings into `out_dir`; returns where the
+    adapter and merged model were written. It reads no other file than its inputs (and `out_dir`)."""
     with ExitStack() as held:  # the folder's lock, from when the run first looks into the folder
-        return _run_sft(config, out_dir, resume=resume, progress=progress, held=held)
+        return _run_sft(config, inputs, out_dir, resume=resume, progress=progress, held=held)
 
 
-def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack) -> SFTResult:
-    train_path, validation_path = _resolve_data_paths(config)  # a missing file: before the slow imports and model
+def _run_sft(
+    config: ToolschoolConfig, inputs: SFTInputs, out_dir: Path, *, resume: bool, progress: bool, held: ExitStack
+) -> SFTResult:
+    inputs.check_files(TRAIN_HINT)  # a missing file: before the slow imports and model
+    train_path, validation_path, start_model = inputs.train, inputs.validation, inputs.start_model
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -306,12 +304,12 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
     check_has_assistant(train_examples, str(train_path))
     if config.model.toolkens:
         _check_canonical_for_toolkens(train_examples, train_path, train_report.kept_lines)
-    validation_examples, _ = load_validation_examples(validation_path, required=bool(settings.validation))
+    validation_examples, _ = load_validation_examples(validation_path, required=not inputs.validation_optional)
 
     started = time.perf_counter()
     # A start model that is a LoRA adapter is merged in: a new LoRA trains on top (its adapter/ and checkpoints
     # name the start adapter as base, see common.adapter_base) or full training updates the merged weights.
-    loaded = load_model(config.model.name, device=config.model.device, dtype=settings.dtype, merge_adapter=True)
+    loaded = load_model(start_model, device=config.model.device, dtype=settings.dtype, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
@@ -362,7 +360,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
-    write_text_atomic(out_dir / "config.toml", dump_toml(config))
+    write_text_atomic(out_dir / "config.toml", dump_toml(inputs.recorded(config, "sft")))
     write_text_atomic(
         out_dir / META_FILE,
         json.dumps(
@@ -438,7 +436,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
             *_make_callbacks(
                 logger, tokenizer, fmt, items, settings, stats, out_dir / "tensorboard", config.model.toolkens
             ),
-            *([adapter_base_callback(config.model.name)] if settings.method == "lora" else []),
+            *([adapter_base_callback(start_model)] if settings.method == "lora" else []),
         ],
         **extra,
     )
@@ -457,7 +455,7 @@ def _run_sft(config: ToolschoolConfig, out_dir: Path, *, resume: bool, progress:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
 
     adapter_dir, merged_dir = save_final(
-        trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=config.model.name
+        trainer, tokenizer, out_dir, method=settings.method, merge=settings.merge, model_name=start_model
     )
     final_validation = last_validation(out_dir / "train_log.jsonl")
     seconds = totals.seconds()
@@ -518,6 +516,7 @@ def resolve_batching(settings: SFTSection) -> str:
 
 __all__ = [
     "PreparedData",
+    "SFTInputs",
     "SFTResult",
     "apply_toolkens",
     "build_validation_items",

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.chat.toolkens import plain_name, with_renamed_calls
-from toolschool.errors import ConfigError, DataError
+from toolschool.errors import DataError
 from toolschool.evaluate.items import split_at_first_assistant
 from toolschool.models.backend import ContextLengthError, GenerationRequest, SamplingParams
-from toolschool.run_state import RunPaths, read_jsonl
+from toolschool.run_state import read_jsonl
 from toolschool.train.common import JsonlLogger
 
 
@@ -157,20 +157,6 @@ def validate(
     return aggregate(scores)
 
 
-def resolve_validation_path(explicit: str | None, *, train_explicit: bool, run_dir: Path, flag: str) -> Path | None:
-    """The validation file of a training stage: `explicit` (which must exist), else the run's
-    distill/validation.jsonl when the stage trains on the run's distill/train.jsonl (a training file given
-    explicitly gets no validation from the run's split: it may come from elsewhere), else None."""
-    if explicit:
-        path = Path(explicit).expanduser()
-        if not path.is_file():
-            state = "is not a file" if path.exists() else "does not exist"
-            raise ConfigError(f"validation data '{path}' {state}", hint=f"check {flag} PATH")
-        return path
-    candidate = RunPaths(run_dir).distill_validation
-    return candidate if candidate.is_file() and not train_explicit else None
-
-
 def load_validation_examples(path: Path | None, *, required: bool) -> tuple[list[dict[str, Any]], list[int]]:
     """The examples of a validation file (and their file lines), each with an assistant turn to score. `required`
     (the file was named by the user): one holding no example is refused rather than validating nothing."""
@@ -266,7 +252,6 @@ __all__ = [
     "generate_replies",
     "last_validation",
     "load_validation_examples",
-    "resolve_validation_path",
     "split_at_first_assistant",
     "validate",
     "validation_callback",

@@ -30,7 +30,7 @@ def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path
     """[model] dtype/device apply to every model the run loads: the judge was loaded with the defaults."""
     import toolschool.engine.backends as backends
     from toolschool.config import load_config
-    from toolschool.data.distill.stage import run_distill_stage
+    from toolschool.data.distill.stage import DistillInputs, run_distill_stage
 
     made: list[tuple[str, dict]] = []
 
@@ -52,7 +52,7 @@ def test_the_judge_and_paraphraser_load_with_the_run_s_dtype_and_device(tmp_path
             "distill.validation_fraction": 0.0,
         },
     )
-    run_distill_stage(config)
+    run_distill_stage(config, DistillInputs(trials), tmp_path / "distill")
     assert made == [("judge-model", {"concurrency": 16, "dtype": "bf16", "device": "cpu"})]
 
 

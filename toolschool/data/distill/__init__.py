@@ -52,8 +52,8 @@ cached paraphrases and asks only for the samples it lacks.
 
 Modules: `rules` (step 1; the trial record is `toolschool.explore.trial`'s), `judge` (step 4, and the paraphrase
 judge of step 7), `dedupe` (6), `paraphrase` (7), `split` (8); `runner` runs every step over a list of trials
-(`distill`, `run_distill`), `stage` on a run config (`run_distill_stage`); `options` (`DistillOptions`), `summary`
-(what `summary.json` counts, each filter's yield, `nothing_to_train`), `card` (the dataset card); `templates`
-renders the prompts in `prompts/*.jinja`. Steps 2, 3, 5 and 9 live beside this package (`toolschool.data.filters`,
-`toolschool.data.round_trip`, `toolschool.data.irrelevance`).
+(`distill`, `run_distill`), `stage` on a run config and the trial log it is handed (`run_distill_stage`);
+`options` (`DistillOptions`), `summary` (what `summary.json` counts, each filter's yield, `nothing_to_train`), `card`
+(the dataset card); `templates` renders the prompts in `prompts/*.jinja`. Steps 2, 3, 5 and 9 live beside this
+package (`toolschool.data.filters`, `toolschool.data.round_trip`, `toolschool.data.irrelevance`).
 """

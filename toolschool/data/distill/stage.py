@@ -1,8 +1,10 @@
-"""The `distill` stage on a run config: read the run's trial log, lock and write the stage folder, show the yield."""
+"""The `distill` stage on a run config: read the trial log it is handed, lock and write the output folder it is
+handed, show the yield."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,22 +21,26 @@ def distill_explorer(config: Any) -> str | None:
     return d.explorer_model or (explorer if explorer and explorer != config.model.name else None) or d.judge_model
 
 
-def run_distill_stage(
-    config: Any, out: str | Path | None = None, *, console: Any = None
-) -> tuple[Path, dict[str, Any]]:
-    """The `distill` stage on a run config: read the run's trial log, write the stage folder, return its summary.
+@dataclass(frozen=True)
+class DistillInputs:
+    """What distill is handed: the exploration's trial log (`toolschool run`: the run's explore/trials.jsonl)."""
+
+    trials: Path
+
+
+def run_distill_stage(config: Any, inputs: DistillInputs, out_dir: Path, *, console: Any = None) -> dict[str, Any]:
+    """The `distill` stage: distill `inputs.trials` with the config's settings into `out_dir`, return its summary.
 
     The output folder is locked while it runs: two distills into one folder at once would append the same replies
     to `cache.jsonl` and replace each other's train/validation files with a mix of two runs."""
-    from toolschool.config import stage_dir, stage_path
+    from toolschool.config import recorded, save_config
     from toolschool.errors import ToolschoolError
-    from toolschool.run_state import folder_lock, run_paths
+    from toolschool.run_state import folder_lock
 
     d = config.distill
-    trials_path = Path(d.trials) if d.trials else run_paths(config).trials
+    trials_path = inputs.trials
     scan = scan_trials(trials_path)
     records, note = scan.trials, scan.note
-    out_dir = stage_path(config, "distill", out)
     opts = DistillOptions(
         trials=trials_path,
         out=out_dir,
@@ -70,11 +76,13 @@ def run_distill_stage(
         f"{out_dir} is being written by another running distill",
         hint="wait for it to finish (or stop it: a rerun resumes from its cache.jsonl), or distill into another --out",
     )
-    # the config is saved once the judge and paraphraser loaded or answered: a refused distill writes nothing
-    ready = lambda: stage_dir(config, "distill", out)  # noqa: E731
+    # the config is saved once the judge and paraphraser loaded or answered: a refused distill writes nothing; it
+    # names the trial log it distilled, as `toolschool distill` takes it
+    ran_with = recorded(config, {"distill.trials": str(trials_path)})
+    ready = lambda: save_config(ran_with, out_dir, "distill")  # noqa: E731
     with folder_lock(out_dir, refusal, name="distill output"):
         if console is None:
-            return out_dir, asyncio.run(run_distill(records, opts, ready=ready))
+            return asyncio.run(run_distill(records, opts, ready=ready))
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
         if note is not None:
             console.print(f"[yellow]{note}[/yellow]", highlight=False)
@@ -90,7 +98,7 @@ def run_distill_stage(
 
             summary = asyncio.run(run_distill(records, opts, progress=progress, ready=ready))
         print_yield(summary, console)
-    return out_dir, summary
+    return summary
 
 
 def print_yield(summary: dict[str, Any], console: Any) -> None:
