@@ -192,13 +192,14 @@ def test_a_number_of_the_request_that_no_call_uses_is_found(builtin_tools) -> No
 
 def test_a_span_of_time_written_with_a_sign_is_refused(builtin_tools) -> None:
     """ "Add -125 days" is grounded (the call's -125 is stated) but is how a schema writes it, and "-95 days ago"
-    says the direction twice: the student learnt -1 as date_add's default from such lines."""
+    says the direction twice: the student learnt -1 as date_add's default from such lines. A minus sign that belongs
+    to something else (a range, a difference, a time zone offset) is not one."""
     assert SIGNED_SPAN == "a span of time in the request is written with a sign"
     for request, span in [
         ("Add -125 days to 2026-02-15?", "-125 days"),
         ("The date will be 2023-02-12 -95 days ago.", "-95 days"),
-        ("Change +3 weeks from 2022-02-15.", "+3 weeks"),
         ("What is 2020-01-03 \u22121 day?", "\u22121 day"),
+        ("Add - 30 mins to 14:00.", "- 30 mins"),
     ]:
         problem = signed_span_problem(request)
         assert problem is not None and (problem.reason, problem.detail) == (SIGNED_SPAN, span)
@@ -206,7 +207,11 @@ def test_a_span_of_time_written_with_a_sign_is_refused(builtin_tools) -> None:
         "What is the date 125 days before 2026-02-15?",
         "Between 2020-01-03 and 2020-02-01, how many days?",  # a date's own dashes are not signs
         "Convert -5 degC to degF.",  # a negative temperature is how people write one
-        "What is 7 - 3 days?",  # an operator with spaces on both sides is not a sign
+        "What is 7 - 3 days?",  # a difference, not a sign
+        "Shipping takes 5 -10 days.",  # a range
+        "What time is 9:00 in UTC -5 hours?",  # a time zone offset: the sign is the request's
+        "Allow a window of +/-2 days.",
+        "Move it +2 hours.",  # a plus sign makes no count negative
     ]:
         assert signed_span_problem(request) is None, request
     function = {"name": "date_add", "arguments": {"date": "2026-02-15", "days": -125}}

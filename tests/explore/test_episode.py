@@ -30,6 +30,7 @@ from toolschool.explore.episode import (
     clean_query,
     parse_reflection,
     parse_values,
+    repeats_seen_texts,
     repeats_seen_values,
     request_problem,
     run_episode,
@@ -975,6 +976,8 @@ def test_values_already_tried_are_drawn_again() -> None:
     assert not repeats_seen_values({"date": "2024-04-09", "days": -1}, days)  # 0 and 1 are anyone's numbers
     assert not repeats_seen_values({"date": "2024-04-09", "days": 125}, days)
     assert not repeats_seen_values({"date": "2024-04-09", "value": 1406}, days)  # another argument
+    assert repeats_seen_values({"value": 5, "from_unit": "kg", "to_unit": "lb"}, seen)
+    assert not repeats_seen_texts({"value": 5, "from_unit": "kg", "to_unit": "lb"}, seen)  # preferred as a fallback
 
 
 async def test_values_first_draws_hotter_when_the_values_repeat(tmp_path) -> None:

@@ -531,20 +531,31 @@ def unused_number_problem(request: str, arguments: Iterable[dict[str, Any]]) -> 
     return Ungrounded(UNUSED, _format_number(unused[0])) if unused else None
 
 
-# a span of time written with its sign, as a schema writes it: "-125 days", "+3 weeks"
+# a span of time written with a minus sign, as a schema writes it: "-125 days", "\u22121 day", "- 3 weeks"
 _SIGNED_SPAN = re.compile(
-    r"(?<![\w.])[-+\u2212]\d+(?:\.\d+)?\s*(?:days?|weeks?|months?|years?|hours?|minutes?|seconds?)\b", re.IGNORECASE
+    r"(?<![\w.+/=-])[-\u2212\u2013]\s?\d+(?:\.\d+)?\s*"
+    r"(?:days?|weeks?|wks?|months?|years?|yrs?|hours?|hrs?|minutes?|mins?|seconds?|secs?)\b",
+    re.IGNORECASE,
 )
+# what a sign after it belongs to: a range or difference ("5 -10 days", "7 - 3 days"), a time zone offset ("UTC -5
+# hours", "an offset of -5 hours")
+_SIGN_OWNER = re.compile(
+    r"(?:(?:^|[^\d./:-])\d+(?:\.\d+)?|\butc|\bgmt|\boffset(?:\s+of)?|\bfrom)\s*$", re.IGNORECASE
+)  # a plain number, not the end of a date ("2023-02-12 -95 days" is a signed span)
 
 
 def signed_span_problem(request: str) -> Ungrounded | None:
-    """A span of time `request` writes with a sign ("Add -125 days to 2026-02-15", "2023-02-12 -95 days ago"), or
-    None. A person says "125 days before" or "95 days ago"; the sign is how a schema that takes negative days
+    """A span of time `request` writes with a minus sign ("Add -125 days to 2026-02-15", "2023-02-12 -95 days ago"),
+    or None. A person says "125 days before" or "95 days ago"; the sign is how a schema that takes negative days
     writes it, and a small explorer copies it from the values it drew. A student taught on such requests learns a
     negative count as the tool's default: asked for "101 days after 2023-03-18", the 135M called date_add with -1
-    (5 of the 27 date_add lines it learnt from wrote "-1 days")."""
-    match = _SIGNED_SPAN.search(request)
-    return Ungrounded(SIGNED_SPAN, match.group(0)) if match else None
+    (5 of the 27 date_add lines it learnt from wrote "-1 days"). A sign that belongs to something else is not one: a
+    range or difference ("5 -10 days"), a time zone offset ("UTC -5 hours"), a "+/-" tolerance; nor a plus sign,
+    which makes no count negative."""
+    for match in _SIGNED_SPAN.finditer(request):
+        if not _SIGN_OWNER.search(request[: match.start()]):
+            return Ungrounded(SIGNED_SPAN, match.group(0))
+    return None
 
 
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:

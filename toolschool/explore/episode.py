@@ -572,14 +572,20 @@ def seen_values(memory: list[dict[str, Any]]) -> dict[str, set[str]]:
     return seen
 
 
+def repeats_seen_texts(values: dict[str, Any], seen: dict[str, set[str]]) -> bool:
+    """Whether every short text value of `values` was already tried for its argument (and there is at least one)."""
+    texts = [(k, v) for k, v in values.items() if isinstance(v, str) and len(v) <= _SHORT_TEXT]
+    return bool(texts) and all(v.strip().casefold() in seen.get(k, set()) for k, v in texts)
+
+
 def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bool:
     """Whether `values` repeats what was already tried: every short text value was tried for its argument (and
     there is at least one), or a number other than 0 and 1 was, in either sign. A small explorer given the memory
     copies it: it picked the description's example units again and again ("km" to "mile"), and a number it sees
-    there as well (date_add: 1406 days in 5 of 25 trials, -1 in 5), so a student learns that number as the
-    tool's default rather than reading it from the request."""
-    texts = [(k, v) for k, v in values.items() if isinstance(v, str) and len(v) <= _SHORT_TEXT]
-    if texts and all(v.strip().casefold() in seen.get(k, set()) for k, v in texts):
+    there as well (date_add: 1406 days in 5 of 25 trials), so a student learns that number as the tool's default
+    rather than reading it from the request. When every draw repeats (an argument with few values, all tried), the
+    first draw with new texts is used (`_imagine_from_values`)."""
+    if repeats_seen_texts(values, seen):
         return True
     return any(
         (number := _number(v)) is not None and abs(number) > 1 and _seen_number(number) in seen.get(k, set())
@@ -716,7 +722,8 @@ async def _imagine_from_values(
         if drawn is None:
             problem = "no JSON object"
         elif repeats_seen_values(drawn, seen):
-            repeated = repeated or drawn  # used if nothing new comes (and the tool takes it)
+            if repeated is None or (repeats_seen_texts(repeated, seen) and not repeats_seen_texts(drawn, seen)):
+                repeated = drawn  # used if nothing new comes (and the tool takes it): new texts first
             problem = "repeats values already tried"
         else:
             problem = await values_problem(ctx, trial.tool, drawn)  # the tool runs only for values that may be used

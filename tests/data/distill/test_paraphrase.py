@@ -46,6 +46,17 @@ def test_paraphrase_checks_what_the_call_needs() -> None:
     assert paraphrase_plan({"a": 2, "b": 10, "c": 0}, 7, 2) == {"a": 2, "b": 0, "c": 0}
 
 
+def test_paraphrase_that_writes_a_span_of_time_with_a_sign_is_rejected() -> None:
+    """Distill's grounding filter refuses "-95 days" in a request (`signed_span_problem`); paraphrases are not
+    grounded again, so the paraphrase check refuses it too, unless the original wrote it so."""
+    original = "What was the date 95 days before 2023-02-12?"
+    calls = [{"name": "date_add", "arguments": {"date": "2023-02-12", "days": -95}}]
+    assert paraphrase_problem("What date is 2023-02-12 -95 days?", original, calls, [], 0.9) == (
+        "writes a span of time with a sign"
+    )
+    assert paraphrase_problem("Which date is 95 days before 2023-02-12?", original, calls, [], 0.9) is None
+
+
 def test_paraphrase_that_changes_the_call_is_rejected() -> None:
     """The paraphrase is paired with the original's call: a number neither the query nor the call has changes it."""
     calls = [{"name": "calculator", "arguments": {"expression": "1234*5678"}}]

@@ -18,6 +18,7 @@ from toolschool.data.distill.dedupe import near_duplicate
 from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.rules import Candidate
 from toolschool.data.distill.templates import PROMPTS_DIR, generate, render
+from toolschool.data.filters import signed_span_problem
 from toolschool.data.round_trip import RoundTrip
 from toolschool.models.backend import Backend
 
@@ -228,6 +229,8 @@ def paraphrase_problem(
     named = _months_named(paraphrase)
     if any(month not in named and date not in paraphrase for date, month in required_months(original, calls).items()):
         return "loses the month of a date the call needs"
+    if signed_span_problem(paraphrase) is not None and signed_span_problem(original) is None:
+        return "writes a span of time with a sign"
     if near_duplicate(paraphrase, others, threshold):
         return "near-duplicate of another paraphrase"
     return None
