@@ -188,7 +188,9 @@ def distill_inputs(config: ToolschoolConfig) -> DistillInputs:
     """Distill's trial log: `[distill] trials`, else the run's explore/trials.jsonl."""
     from toolschool.data.distill.stage import DistillInputs
 
-    return DistillInputs(Path(config.distill.trials) if config.distill.trials else run_paths(config).trials)
+    return DistillInputs(
+        Path(config.distill.trials).expanduser() if config.distill.trials else run_paths(config).trials
+    )
 
 
 def training_inputs(config: ToolschoolConfig, stage: str, *, start_model: str | None = None) -> TrainingInputs:
@@ -200,7 +202,7 @@ def training_inputs(config: ToolschoolConfig, stage: str, *, start_model: str | 
 
     section = getattr(config, stage)
     paths = run_paths(config)
-    train = Path(section.train) if section.train else paths.distill_train
+    train = Path(section.train).expanduser() if section.train else paths.distill_train
     if section.validation:
         validation, optional = Path(section.validation).expanduser(), False
     else:

@@ -30,7 +30,7 @@ class TrainingInputs:
 
     `validation_optional`: the validation file was not named but picked by default (a run's distill split), so one
     holding no examples validates nothing instead of being refused. Who hands them over resolves them:
-    `toolschool.run_inputs.training_inputs` for `toolschool run` and the `sft` / `rl` commands."""
+    `toolschool.pipeline.training_inputs` for `toolschool run` and the `sft` / `rl` commands."""
 
     start_model: str
     train: Path
@@ -50,8 +50,18 @@ class TrainingInputs:
         from toolschool.config import recorded
 
         validation = str(self.validation) if self.validation is not None else None
+        if self.validation_optional and self.validation is not None and not _holds_lines(self.validation):
+            validation = None  # named, an empty split would be refused: `toolschool STAGE config.toml` must redo it
         values = {"model.name": self.start_model, f"{section}.train": str(self.train)}
         return recorded(config, {**values, f"{section}.validation": validation})
+
+
+def _holds_lines(path: Path) -> bool:
+    """Whether `path` is a file with a non-blank line."""
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8", errors="replace") as handle:
+        return any(line.strip() for line in handle)
 
 
 def check_training_file(path: Path, hint: str) -> None:
