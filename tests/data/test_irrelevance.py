@@ -262,6 +262,12 @@ def test_out_of_scope_tasks_that_may_fit_a_tool_are_not_used() -> None:
     lines, skipped = build_out_of_scope(len(every), [[*BUILTIN, pharmacy]], set(), seed=0)
     assert not [line for line in lines if "pharmacy" in line["messages"][0]["content"].lower()]
     assert skipped == {"the task shares a word with an offered tool (it may fit)": 2}  # a task and a question
+    # the words a form adds count too: a tool that answers questions may serve "Quick question: ..."
+    knowledge = {"type": "function", "function": {"name": "kb", "description": "Answer a question from the wiki."}}
+    lines, skipped = build_out_of_scope(len(every), [[*BUILTIN, knowledge]], set(), seed=0)
+    requests = [line["messages"][0]["content"] for line in lines]
+    assert not [r for r in requests if any(q in r for q in OUT_OF_SCOPE_QUESTIONS)]
+    assert skipped["the task shares a word with an offered tool (it may fit)"] == len(OUT_OF_SCOPE_QUESTIONS)
 
 
 def test_out_of_scope_lines_put_each_task_one_way_before_another_and_refuse_it() -> None:

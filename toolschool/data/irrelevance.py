@@ -221,7 +221,7 @@ def build_out_of_scope(
         candidates.append([form.format(question=question) for form in QUESTION_FORMS])
     usable = []
     for requests in candidates:
-        if shared_tool_word(requests[0], every_tool) is None:
+        if shared_tool_word(" ".join(requests), every_tool) is None:  # every form's words ("Quick question")
             usable.append(requests)
         else:
             skipped["the task shares a word with an offered tool (it may fit)"] += 1
