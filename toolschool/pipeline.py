@@ -179,11 +179,6 @@ def _write_marker(config: ToolschoolConfig, stage: str, seconds: float, summary:
 # `toolschool run` and for a stage's own command (which passes `--out` and the config's files through it).
 
 
-def stage_folder(config: ToolschoolConfig, stage: str, out: str | Path | None = None) -> Path:
-    """A stage's output folder: `out`, else `runs/<name>/<stage>/` (neither created nor written)."""
-    return stage_path(config, stage, out)
-
-
 def distill_inputs(config: ToolschoolConfig) -> DistillInputs:
     """Distill's trial log: `[distill] trials`, else the run's explore/trials.jsonl."""
     from toolschool.data.distill.stage import DistillInputs
@@ -267,7 +262,7 @@ def _stage_explore(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.explore.stage import ExploreInputs, run_explore_stage
 
     explorer = config.pipeline.explorer or config.model.name
-    out_dir = stage_folder(config, "explore")
+    out_dir = stage_path(config, "explore")
     resume = run_paths(config).trials.is_file()
     result = run_explore_stage(config, ExploreInputs(explorer), out_dir, resume=resume, console=console)
     return {"explorer": explorer, "trials": result.summary.get("total", {}), "seconds_exploring": result.seconds}
@@ -277,7 +272,7 @@ def _stage_distill(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.data.distill.stage import run_distill_stage
     from toolschool.data.distill.summary import nothing_to_train
 
-    out_dir = stage_folder(config, "distill")
+    out_dir = stage_path(config, "distill")
     summary = run_distill_stage(config, distill_inputs(config), out_dir, console=console)
     empty = nothing_to_train(summary)  # which step kept nothing: the rules, or a judge that kept none
     if empty is not None:
@@ -289,7 +284,7 @@ def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.train.common import checkpoint_folders
     from toolschool.train.sft import run_sft
 
-    out_dir = stage_folder(config, "sft")  # run_sft saves the config
+    out_dir = stage_path(config, "sft")  # run_sft saves the config
     inputs = training_inputs(config, "sft")
     result = run_sft(config, inputs, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
     return {
@@ -307,7 +302,7 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     start = sft_model_dir(config)
     if not start.is_dir():
         raise _no_sft_model(start)
-    out_dir = stage_folder(config, "rl")  # run_rl saves the config
+    out_dir = stage_path(config, "rl")  # run_rl saves the config
     inputs = training_inputs(config, "rl", start_model=str(start))
     result = run_rl(config, inputs, out_dir, resume=bool(checkpoint_folders(out_dir)))  # a killed stage resumes
     return {
@@ -328,13 +323,13 @@ def _no_sft_model(start: Path) -> ToolschoolError:
 def _stage_eval(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.stage import run_eval_stage
 
-    return run_eval_stage(config, eval_inputs(config), stage_folder(config, "eval"), console=console)
+    return run_eval_stage(config, eval_inputs(config), stage_path(config, "eval"), console=console)
 
 
 def _stage_report(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
     from toolschool.evaluate.report import build_report
 
-    path = build_report(config.run_dir(), stage_folder(config, "report"))
+    path = build_report(config.run_dir(), stage_path(config, "report"))
     return {"html": str(path)}
 
 

@@ -226,13 +226,13 @@ def distill(
     out: Path = typer.Option(None, help="Output folder (default: runs/NAME/distill)."),
 ) -> None:
     """Distill exploration trials into train/validation JSONL, with summary.json and a dataset card."""
-    from toolschool.config import load_config
+    from toolschool.config import load_config, stage_path
     from toolschool.data.distill.stage import run_distill_stage
     from toolschool.data.distill.summary import nothing_to_train
-    from toolschool.pipeline import distill_inputs, refuse_finished_stage, stage_folder
+    from toolschool.pipeline import distill_inputs, refuse_finished_stage
 
     config = load_config(config_path, overrides)
-    out_dir = stage_folder(config, "distill", out)
+    out_dir = stage_path(config, "distill", out)
     refuse_finished_stage(out_dir, "distill")
     summary = run_distill_stage(config, distill_inputs(config), out_dir, console=err_console)
     table = Table(title=f"distill -> {out_dir}")

@@ -65,17 +65,16 @@ def explore(
     fsync: bool = typer.Option(False, "--fsync", help="fsync the log after every trial (slower, survives power loss)."),
 ) -> None:
     """Explore tools by simulated trial and error; writes trials.jsonl and summary.json, prints a summary."""
-    from toolschool.config import load_config
+    from toolschool.config import load_config, stage_path
     from toolschool.errors import ConfigError
     from toolschool.explore.stage import ExploreInputs, run_explore_stage
     from toolschool.explore.summary import summary_table
-    from toolschool.pipeline import stage_folder
 
     if config_arg is not None and config_path is not None and config_arg != config_path:
         raise ConfigError(f"two config files given: {config_arg} and --config {config_path}", hint="pass one of them")
     config = load_config(config_arg or config_path, overrides)
     err_console.print(f"[dim]explore: {config.model.name} ({config.explore.format})[/dim]", highlight=False)
-    out_dir = stage_folder(config, "explore", out)
+    out_dir = stage_path(config, "explore", out)
     if resume:
         say_if_resume_finds_no_trials(out_dir)
     inputs = ExploreInputs(config.model.name)  # `--model` is the explorer here

@@ -46,13 +46,13 @@ def rl(
 ) -> None:
     """Reinforce tool use with rewards; writes checkpoints, train_log.jsonl (with held-out validation), adapter/ and
     merged/."""
-    from toolschool.config import load_config
-    from toolschool.pipeline import stage_folder, training_inputs
+    from toolschool.config import load_config, stage_path
+    from toolschool.pipeline import training_inputs
     from toolschool.train.rl import check_settings, run_rl
 
     config = load_config(config_path, overrides)
     check_settings(config.rl, config.model.format)  # bad reward names etc. end here, before an output folder is made
-    out_dir = stage_folder(config, "rl", out)  # run_rl writes config.toml once its checks have passed
+    out_dir = stage_path(config, "rl", out)  # run_rl writes config.toml once its checks have passed
     err_console.print(
         f"[dim]rl: {config.model.name} -> {out_dir} ({config.rl.mode}, rewards {config.rl.rewards})[/dim]"
     )

@@ -45,12 +45,12 @@ def sft(
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
 ) -> None:
     """Fine-tune a model on tool-use conversations; writes checkpoints, logs, adapter/ and merged/."""
-    from toolschool.config import load_config
-    from toolschool.pipeline import stage_folder, training_inputs
+    from toolschool.config import load_config, stage_path
+    from toolschool.pipeline import training_inputs
     from toolschool.train.sft import run_sft
 
     config = load_config(config_path, overrides)
-    out_dir = stage_folder(config, "sft", out)  # run_sft writes config.toml once its checks have passed
+    out_dir = stage_path(config, "sft", out)  # run_sft writes config.toml once its checks have passed
     err_console.print(f"[dim]sft: {config.model.name} -> {out_dir}[/dim]")
     if resume:
         say_if_resume_starts_over(out_dir)
