@@ -427,12 +427,10 @@ def test_a_training_stage_saves_its_inputs_in_its_config_toml(tmp_path: Path) ->
         None,
     )
     assert config.model.name == "smollm2-135m" and config.rl.train is None  # the stage's own config is untouched
-    empty = tmp_path / "validation.jsonl"
-    empty.write_text("\n", encoding="utf-8")  # a run's split with no examples: optional, validates nothing
-    picked = RLInputs("m", Path("t.jsonl"), empty, validation_optional=True).recorded(config, "rl")
+    split = tmp_path / "validation.jsonl"  # a run's split with no examples: optional, validates nothing
+    picked = RLInputs("m", Path("t.jsonl"), split, validation_optional=True).recorded(config, "rl", validates=False)
     assert picked.rl.validation is None  # named, `toolschool rl config.toml` would refuse it
-    empty.write_text('{"messages": []}\n', encoding="utf-8")
-    assert RLInputs("m", Path("t.jsonl"), empty, validation_optional=True).recorded(config, "rl").rl.validation == str(
-        empty
+    assert RLInputs("m", Path("t.jsonl"), split, validation_optional=True).recorded(config, "rl").rl.validation == str(
+        split
     )
-    assert RLInputs("m", Path("t.jsonl"), empty).recorded(config, "rl").rl.validation == str(empty)
+    assert RLInputs("m", Path("t.jsonl"), split).recorded(config, "rl", validates=False).rl.validation == str(split)

@@ -44,24 +44,16 @@ class TrainingInputs:
             state = "is not a file" if self.validation.exists() else "does not exist"
             raise ConfigError(f"validation data '{self.validation}' {state}", hint="check --validation PATH")
 
-    def recorded(self, config: Any, section: str) -> Any:
+    def recorded(self, config: Any, section: str, *, validates: bool = True) -> Any:
         """The config the stage saves as its config.toml: `config` with these inputs under the keys its command reads
-        them from (`[model] name`, `[SECTION] train` / `validation`)."""
+        them from (`[model] name`, `[SECTION] train` / `validation`). `validates`: the validation file held examples
+        (as the stage loaded it); an optional one that held none is not recorded, since named it would be refused
+        and `toolschool STAGE config.toml` must redo the stage."""
         from toolschool.config import recorded
 
-        validation = str(self.validation) if self.validation is not None else None
-        if self.validation_optional and self.validation is not None and not _holds_lines(self.validation):
-            validation = None  # named, an empty split would be refused: `toolschool STAGE config.toml` must redo it
+        keep = self.validation is not None and (validates or not self.validation_optional)
         values = {"model.name": self.start_model, f"{section}.train": str(self.train)}
-        return recorded(config, {**values, f"{section}.validation": validation})
-
-
-def _holds_lines(path: Path) -> bool:
-    """Whether `path` is a file with a non-blank line."""
-    if not path.is_file():
-        return False
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        return any(line.strip() for line in handle)
+        return recorded(config, {**values, f"{section}.validation": str(self.validation) if keep else None})
 
 
 def check_training_file(path: Path, hint: str) -> None:

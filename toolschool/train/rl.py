@@ -645,7 +645,9 @@ def _run_rl(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
-    write_text_atomic(out_dir / "config.toml", dump_toml(inputs.recorded(config, "rl")))
+    write_text_atomic(
+        out_dir / "config.toml", dump_toml(inputs.recorded(config, "rl", validates=bool(validation_examples)))
+    )
     start_info = {
         "examples": examples_used,
         "mode": settings.mode,

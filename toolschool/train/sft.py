@@ -360,7 +360,9 @@ def _run_sft(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     # the settings this run trains with; every process of an `accelerate launch` writes them, so atomically
-    write_text_atomic(out_dir / "config.toml", dump_toml(inputs.recorded(config, "sft")))
+    write_text_atomic(
+        out_dir / "config.toml", dump_toml(inputs.recorded(config, "sft", validates=bool(validation_examples)))
+    )
     write_text_atomic(
         out_dir / META_FILE,
         json.dumps(
