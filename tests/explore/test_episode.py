@@ -26,10 +26,13 @@ from toolschool.chat.formats import get_format
 from toolschool.chat.types import tool_call
 from toolschool.errors import ResumeRefused, ToolschoolError
 from toolschool.explore.episode import (
+    PROGRAM_FENCE,
+    PROGRAM_FENCE_CLOSE,
     Ablations,
     clean_query,
     parse_reflection,
     parse_values,
+    program_values,
     repeats_seen_texts,
     repeats_seen_values,
     request_problem,
@@ -42,7 +45,7 @@ from toolschool.explore.runner import check_resumable, plan_episodes, run_explor
 from toolschool.explore.summary import is_verified, summarize
 from toolschool.explore.templates import PromptSet
 from toolschool.explore.trial import Call, Trial
-from toolschool.models.backend import ContextLengthError, GenerationRequest
+from toolschool.models.backend import Completion, ContextLengthError, GenerationRequest
 from toolschool.tools.base import Observation
 from toolschool.tools.builtin import builtin_schema
 
@@ -1129,12 +1132,84 @@ def test_the_values_first_prompts_ask_a_tool_that_takes_code_for_a_program() -> 
     assert not takes_code("python", {"properties": {"code": {"type": "integer"}}}) and not takes_code("x", None)
     prompts = PromptSet("hermes")
     common = {"persona": "a baker", "tool": "t", "description": "d", "parameters": "{}", "tool_names": ["t"]}
-    values = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, **common)
+    values = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, fenced=False, **common)
     assert "program" in values and "prints what it works out" in values and values.endswith("as a JSON object.")
-    plain = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=False, **common)
+    fenced = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=True, fenced=True, **common)
+    assert "prints what it works out" in fenced and fenced.endswith("in one ```python code block.")
+    plain = prompts.render("imagine_values", memory=[], situation="s", max_turns=1, code=False, fenced=False, **common)
     assert "program" not in plain
-    request = prompts.render("imagine_request", persona="a baker", description="d", values="{}", code=True)
+    request = prompts.render("imagine_request", persona="a baker", description="d", values="{}", code=True, program="")
     assert "Do not show the code." in request and "what this program prints" in request
+    shown = prompts.render(
+        "imagine_request", persona="a baker", description="d", values="{}", code=True, program="print(2)"
+    )
+    assert "```python\nprint(2)\n```" in shown and "{}" not in shown
+
+
+def test_a_tool_whose_only_argument_is_a_program_is_asked_for_it_in_a_fence() -> None:
+    """`program_argument`: the python tool's one argument (its values are then a fenced program); a tool that takes
+    a program and something else, or no program, keeps the JSON object."""
+    from toolschool.explore.templates import program_argument
+
+    assert program_argument("python", builtin_schema("python")["function"]["parameters"]) == "code"
+    both = {"properties": {"code": {"type": "string"}, "timeout": {"type": "number"}}}
+    assert program_argument("python", both) is None
+    assert program_argument("calculator", builtin_schema("calculator")["function"]["parameters"]) is None
+
+
+def test_program_values_read_the_fenced_program_without_its_comments() -> None:
+    """The reply after the opening fence, up to the closing one: comment lines dropped, indentation kept; a reply
+    cut off at max_tokens, or one with no code, is no program (with why)."""
+    text = "# prices\nprices = [3, 4]\nfor p in prices:\n    # each\n    print(p * 2)\n```\nThis prints..."
+    assert program_values("code", Completion(text=text)) == (
+        {"code": "prices = [3, 4]\nfor p in prices:\n    print(p * 2)"},
+        None,
+    )
+    assert program_values("code", Completion(text="print(1)\n")) == ({"code": "print(1)"}, None)
+    cut = Completion(text="for i in range(3):\n    print(", finish_reason="length")
+    assert program_values("code", cut) == (None, "the program was cut off (max_tokens)")
+    assert program_values("code", Completion(text="# nothing\n```")) == (None, "no program")
+
+
+async def test_values_first_asks_a_program_tool_for_a_fenced_program(tmp_path) -> None:
+    """values_first on a tool that takes a program: the values are a program written after an opening fence (no
+    JSON constraint), the request prompt shows it fenced, and the trial is checked against that program."""
+    program_schema = {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run a Python program and return what it prints.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+    seen: list[str] = []
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if "in one ```python code block" in content:
+            assert request.prefill == PROGRAM_FENCE and request.params.stop == [PROGRAM_FENCE_CLOSE]
+            assert request.constraint is None
+            return "# the boxes\nboxes = 3\nprint(boxes * 4)\n"
+        if "Write the short message" in content:
+            seen.append(content)
+            return '"I have 3 boxes of 4 eggs: print how many eggs."'
+        if after_result(request.messages[-1]):
+            return "There are 12 eggs."
+        return 'CALL python {"code": "boxes = 3\\nprint(boxes * 4)"}'
+
+    class Runner(FakeRegistry):
+        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+            self.calls.append((name, args))
+            return Observation("12", {"stdout": "12\n", "stderr": "", "returncode": 0})
+
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=Runner(), stm_slots=1, max_turns=1, imagine="values_first")
+    ctx.tool_schemas = [*SCHEMAS, program_schema]
+    await run_episode(ctx, "python", 0, {})
+    ctx.log.close()
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
+    assert record["imagined_values"] == {"code": "boxes = 3\nprint(boxes * 4)"}
+    assert "```python\nboxes = 3\nprint(boxes * 4)\n```" in seen[0]
+    assert record["intent_matched"] is True and record["final_answer"] == "There are 12 eggs."
 
 
 async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tmp_path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import time
 import zlib
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from toolschool.chat.types import ParsedReply, tool_call
 from toolschool.config import ExploreSection
 from toolschool.explore.log import TrialLog
 from toolschool.explore.memory import LongTermMemory, MemoryEntry
-from toolschool.explore.templates import PromptSet, takes_code
+from toolschool.explore.templates import PromptSet, program_argument, takes_code
 from toolschool.explore.trial import Call, Step, Trial
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, SamplingParams
 from toolschool.tools.base import Observation, valid_unicode
@@ -530,6 +531,26 @@ def parse_values(text: str) -> dict[str, Any] | None:
     return None
 
 
+# Values first, a tool whose only argument is a program (`program_argument`) is asked for it in a fenced block: the
+# prefill opens the fence and the closing fence stops the reply.
+PROGRAM_FENCE = "```python\n"
+PROGRAM_FENCE_CLOSE = "```"
+_COMMENT_LINE = re.compile(r"^[ \t]*#.*(?:\n|$)", re.M)
+
+
+def program_values(argument: str, completion: Completion) -> tuple[dict[str, Any] | None, str | None]:
+    """The values of a program written in a fenced block (`PROGRAM_FENCE`): {argument: the program}, its comment
+    lines dropped (a student learns to write them, and they spend its tokens), or (None, why). A reply cut off at
+    `max_tokens` is no program: its last line, at least, is unfinished."""
+    text = completion.text.split(PROGRAM_FENCE_CLOSE, 1)[0]
+    if completion.finish_reason == "length" and PROGRAM_FENCE_CLOSE not in completion.text:
+        return None, "the program was cut off (max_tokens)"
+    program = textwrap.dedent(_COMMENT_LINE.sub("", text)).strip("\n").rstrip()
+    if not program.strip():
+        return None, "no program"
+    return {argument: program}, None
+
+
 def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> bool:
     """imagine = "values_first": whether the first call to the explored tool, read from the request alone, has
     the values the request was written from (equal by the metrics' semantic rules). A request that leads back to
@@ -600,12 +621,14 @@ def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
     sentence to copy."""
     messages: list[dict[str, Any]] = []
     for example in ctx.prompts.demonstrations():
+        program = program_argument(example["tool"], example["parameters"])
         prompt = ctx.prompts.render(
             "imagine_request",
             persona="a user",
             description=example["description"],
             values=json.dumps(example["arguments"], ensure_ascii=False),
             code=takes_code(example["tool"], example["parameters"]),
+            program=str(example["arguments"][program]) if program else "",
         )
         messages += [{"role": "user", "content": prompt}, _verbatim(json.dumps(example["query"], ensure_ascii=False))]
     return messages
@@ -704,23 +727,26 @@ async def _imagine_from_values(
     system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
     parameters = ctx.schema_of(trial.tool).get("parameters")
     situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
-    prompt = ctx.prompts.render("imagine_values", memory=memory, persona=persona, situation=situation, **variables)
+    program = program_argument(trial.tool, parameters)
+    prompt = ctx.prompts.render(
+        "imagine_values", memory=memory, persona=persona, situation=situation, fenced=program is not None, **variables
+    )
     seen = seen_values(memory)
     set_aside: dict[str, list[dict[str, Any]]] = {"values": [], "requests": []}
     values = repeated = None
     for attempt in range(VALUES_ATTEMPTS):
         completion = await trial.generate(
             [system, {"role": "user", "content": prompt}],
-            stop=[],
-            prefill="",
+            stop=[PROGRAM_FENCE_CLOSE] if program else [],
+            prefill=PROGRAM_FENCE if program else "",
             max_tokens=ctx.settings.max_tokens,
-            constraint=ctx.values_constraint(trial.tool),
+            constraint=None if program else ctx.values_constraint(trial.tool),
             with_tools=False,
             temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
         )
-        drawn = parse_values(completion.text)
+        drawn, problem = program_values(program, completion) if program else (parse_values(completion.text), None)
         if drawn is None:
-            problem = "no JSON object"
+            problem = problem or "no JSON object"
         elif repeats_seen_values(drawn, seen):
             if repeated is None or (repeats_seen_texts(repeated, seen) and not repeats_seen_texts(drawn, seen)):
                 repeated = drawn  # used if nothing new comes (and the tool takes it): new texts first
@@ -741,6 +767,7 @@ async def _imagine_from_values(
         description=variables["description"],
         values=json.dumps(values, ensure_ascii=False),
         code=variables["code"],
+        program=str(values[program]) if program else "",
     )
     text = ""
     for attempt in range(REQUEST_ATTEMPTS):

@@ -47,8 +47,8 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "system": ("tool",),
     "imagine": (*_TOOL_VARIABLES, "memory", "persona"),
     "imagine_followup": (*_TOOL_VARIABLES, "memory", "persona"),
-    "imagine_values": (*_TOOL_VARIABLES, "memory", "persona", "situation"),
-    "imagine_request": ("description", "persona", "values", "code"),
+    "imagine_values": (*_TOOL_VARIABLES, "memory", "persona", "situation", "fenced"),
+    "imagine_request": ("description", "persona", "values", "code", "program"),
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
@@ -78,6 +78,8 @@ _SAMPLE_VALUES: dict[str, Any] = {
     "error": "the reply could not be parsed",
     "persona": "a baker scaling a recipe",
     "values": '{"x": "a value"}',
+    "program": "print(7 * 250)",
+    "fenced": False,
     "result": "42",
     "situation": "today is 2024-05-01; numbers at hand: 7, 250, 1200",
 }
@@ -331,6 +333,17 @@ def takes_expression(tool: str, parameters: dict[str, Any] | None) -> bool:
     if not isinstance(properties, dict):
         return False
     return any(is_expression_argument(tool, str(name), spec) for name, spec in properties.items())
+
+
+def program_argument(tool: str, parameters: dict[str, Any] | None) -> str | None:
+    """The argument of a tool whose only argument is a program (`takes_code`), else None. Values first, such a tool's
+    values are asked for as a fenced program rather than a JSON object: a small coder model writes real,
+    multi-line programs in a ```python block, but squeezes them onto one line inside a JSON string (the 0.5B's
+    `def is_prime(n): if n <= 1: return False ...}`, or a program that only prints a string of numbers)."""
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict) or len(properties) != 1 or not takes_code(tool, parameters):
+        return None
+    return str(next(iter(properties)))
 
 
 def takes_code(tool: str, parameters: dict[str, Any] | None) -> bool:
