@@ -1202,7 +1202,8 @@ async def test_values_first_asks_a_program_tool_for_a_fenced_program(tmp_path) -
             self.calls.append((name, args))
             return Observation("12", {"stdout": "12\n", "stderr": "", "returncode": 0})
 
-    ctx = make_ctx(tmp_path, ScriptedBackend(policy), registry=Runner(), stm_slots=1, max_turns=1, imagine="values_first")
+    backend = ScriptedBackend(policy)
+    ctx = make_ctx(tmp_path, backend, registry=Runner(), stm_slots=1, max_turns=1, imagine="values_first")
     ctx.tool_schemas = [*SCHEMAS, program_schema]
     await run_episode(ctx, "python", 0, {})
     ctx.log.close()
