@@ -22,7 +22,7 @@ from toolschool.errors import ConfigError
 # Values of the keys that name one of a fixed set: checked when the config is read, so a misspelt one is refused
 # by `toolschool config show` and before `toolschool run` explores, not when its stage starts hours later.
 TRAIN_METHODS: tuple[str, ...] = ("lora", "full")
-TRAIN_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+TRAIN_DTYPES: tuple[str, ...] = ("fp32", "bf16", "auto")
 MODEL_DTYPES: tuple[str, ...] = ("auto", "bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 ARGUMENT_MODES: tuple[str, ...] = ("exact", "semantic")
 
@@ -159,7 +159,11 @@ class SFTSection(Section):
     validation_samples: int = Field(50, ge=0, description="validation items generated each time; 0: no validation")
     validation_max_tokens: int = Field(128, ge=1, description="tokens generated per validation item")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the base model")
-    dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16 (bf16 only where the hardware has it)")
+    dtype: TrainDtype = Field(
+        "fp32",
+        description="training precision: fp32 | bf16 (mixed: fp32 weights, bf16 products) | auto (bf16 where the "
+        "hardware computes it natively)",
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
 
     @model_validator(mode="after")
@@ -276,7 +280,9 @@ class RLSection(Section):
     checkpoint_interval: int = Field(100, ge=1, description="steps between checkpoints")
     log_completions: bool = Field(False, description="print sampled completions at each log step")
     merge: bool = Field(True, description="also save the LoRA adapter merged into the model")
-    dtype: TrainDtype = Field("fp32", description="training dtype: fp32 | bf16")
+    dtype: TrainDtype = Field(
+        "fp32", description="training precision: fp32 | bf16 (mixed) | auto (bf16 where the hardware computes it)"
+    )
     gradient_checkpointing: bool = Field(False, description="recompute activations (saves GPU memory, costs time)")
     share_prompts: bool = Field(
         True, description="run each distinct prompt once per log-prob pass, not once per sample (same numbers)"

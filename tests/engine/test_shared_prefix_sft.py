@@ -162,3 +162,26 @@ def test_resume_continues_with_the_same_batches(tmp_path: Path, tiny_model_dir: 
     tokens = [r for r in log if "tokens_run" in r]
     assert tokens and all(r["tokens_run"] < r["tokens_represented"] for r in tokens)
     assert all(r["tokens_run"] <= r["tokens_computed"] for r in tokens)  # computed counts the padding too
+
+
+def test_bf16_is_mixed_precision_fp32_weights_bf16_products(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`[sft] dtype = "bf16"`: the shared-prefix step runs in the accelerator's autocast (its own forward replaces
+    the one Accelerate wraps), and a full run keeps fp32 weights (a bf16 weight drops small updates)."""
+    from safetensors import safe_open
+
+    examples = [_example(i, i + 3) for i in range(2, 8)]
+    train = _write(tmp_path / "train.jsonl", examples)
+    validation = _write(tmp_path / "validation.jsonl", [_example(20, 7)])
+    settings = {"validation_samples": 0, "method": "full", "num_steps": 2, "learning_rate": 1e-3}
+    losses = {}
+    for dtype in ("fp32", "bf16"):
+        out = tmp_path / dtype
+        config = _config(tmp_path, tiny_model_dir, train, validation, dtype=dtype, **settings)
+        result = train_sft(config, out, progress=False)
+        losses[dtype] = _losses(out)
+        with safe_open(str(result.merged_dir / "model.safetensors"), "pt") as weights:
+            assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.float32}
+    for step in (1, 2):
+        want, got = losses["fp32"][step], losses["bf16"][step]
+        assert got != want  # autocast ran: bf16 products round differently
+        assert got == pytest.approx(want, rel=0.05)

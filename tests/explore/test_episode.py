@@ -976,7 +976,9 @@ def test_values_already_tried_are_drawn_again() -> None:
         ]
     )
     assert repeats_seen_values({"date": "2024-04-09", "days": -1406}, days)
-    assert not repeats_seen_values({"date": "2024-04-09", "days": -1}, days)  # 0 and 1 are anyone's numbers
+    assert repeats_seen_values({"date": "2024-04-09", "days": -1}, days)  # -1 day was 9 of 24 trials when let repeat
+    zero = seen_values([{"query": "q", "values": '{"days": 0}'}])
+    assert not repeats_seen_values({"date": "2024-04-09", "days": 0}, zero)  # 0 is anyone's number
     assert not repeats_seen_values({"date": "2024-04-09", "days": 125}, days)
     assert not repeats_seen_values({"date": "2024-04-09", "value": 1406}, days)  # another argument
     assert repeats_seen_values({"value": 5, "from_unit": "kg", "to_unit": "lb"}, seen)

@@ -285,7 +285,10 @@ def shared_prefix_trainer(keys: Sequence[Any], lengths: Sequence[int] | None = N
             target = self.accelerator.unwrap_model(model)
             represented = int(inputs.pop("tokens_represented"))
             inputs.pop("shift_labels", None)
-            with _forward_replaced(target, lambda **batch: shared_prefix_loss_sum(target, batch)):
+            # Accelerate's mixed precision (bf16=True) wraps the model's own forward in autocast; ours replaces
+            # that forward for the step, so it runs in the accelerator's autocast itself.
+            step = lambda **batch: shared_prefix_loss_sum(target, batch)  # noqa: E731
+            with self.accelerator.autocast(), _forward_replaced(target, step):
                 loss_sum, count = model(**inputs)
             if num_items_in_batch is None:
                 loss = loss_sum / count.clamp(min=1)

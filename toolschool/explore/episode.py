@@ -601,15 +601,15 @@ def repeats_seen_texts(values: dict[str, Any], seen: dict[str, set[str]]) -> boo
 
 def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bool:
     """Whether `values` repeats what was already tried: every short text value was tried for its argument (and
-    there is at least one), or a number other than 0 and 1 was, in either sign. A small explorer given the memory
+    there is at least one), or a number other than 0 was, in either sign. A small explorer given the memory
     copies it: it picked the description's example units again and again ("km" to "mile"), and a number it sees
-    there as well (date_add: 1406 days in 5 of 25 trials), so a student learns that number as the tool's default
-    rather than reading it from the request. When every draw repeats (an argument with few values, all tried), the
-    first draw with new texts is used (`_imagine_from_values`)."""
+    there as well (date_add: 1406 days in 5 of 25 trials; once 1 was let repeat, -1 day in 9 of 24), so a student
+    learns that number as the tool's default rather than reading it from the request. When every draw repeats (an
+    argument with few values, all tried), the first draw with new texts is used (`_imagine_from_values`)."""
     if repeats_seen_texts(values, seen):
         return True
     return any(
-        (number := _number(v)) is not None and abs(number) > 1 and _seen_number(number) in seen.get(k, set())
+        (number := _number(v)) is not None and number != 0 and _seen_number(number) in seen.get(k, set())
         for k, v in values.items()
     )
 

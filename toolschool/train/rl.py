@@ -96,8 +96,8 @@ def check_settings(settings: RLSection, fmt: str, *, device: str | None = None, 
     check_reward_names(settings.rewards, mode=settings.mode, weights=settings.reward_weights)
     if settings.method not in ("lora", "full"):
         raise ConfigError(f"rl.method = '{settings.method}' is not supported", hint="use lora or full")
-    if settings.dtype not in ("fp32", "bf16"):
-        raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    if settings.dtype not in ("fp32", "bf16", "auto"):
+        raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint="use fp32, bf16 or auto")
     if settings.loss_type not in LOSS_TYPES:
         raise ConfigError(
             f"rl.loss_type = '{settings.loss_type}' is not a TRL GRPO loss", hint=f"use one of: {', '.join(LOSS_TYPES)}"
@@ -547,7 +547,7 @@ def _run_rl(
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
-    from toolschool.models.device import resolve_device
+    from toolschool.models.device import resolve_device, train_precision, weights_dtype
     from toolschool.models.loading import load_model
     from toolschool.train.sft import check_has_assistant
 
@@ -580,7 +580,9 @@ def _run_rl(
     start_adapter = _start_adapter(start_model)
 
     started = time.perf_counter()
-    loaded = load_model(start_model, device=device, dtype=settings.dtype, merge_adapter=True)
+    precision = train_precision(settings.dtype, device)
+    weights = weights_dtype(precision, settings.method)  # bf16 is mixed precision: `bf16=` below autocasts
+    loaded = load_model(start_model, device=device, dtype=weights, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
@@ -698,7 +700,7 @@ def _run_rl(
         data_seed=config.run.seed,
         report_to="none",
         use_cpu=use_cpu,
-        bf16=settings.dtype == "bf16",
+        bf16=precision == "bf16",
         activation_checkpointing=settings.gradient_checkpointing,  # transformers 5 name; the old one warns
         use_vllm=settings.use_vllm,
         vllm_mode="colocate",
@@ -736,10 +738,10 @@ def _run_rl(
         )
         trainer.share_prompts = settings.share_prompts
         if settings.ref_model:
-            _install_reference(trainer, settings.ref_model, device, settings.dtype)
+            _install_reference(trainer, settings.ref_model, device, weights)
         elif start_adapter and settings.method == "full" and settings.beta:
             # TRL rebuilt the reference from the policy's config path: the bare base, without the start adapter
-            _install_reference(trainer, start_model, device, settings.dtype)
+            _install_reference(trainer, start_model, device, weights)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         if registry is not None:

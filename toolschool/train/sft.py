@@ -286,14 +286,16 @@ def _run_sft(
         shared_prefix_trainer,
         with_resumable_token_counts,
     )
+    from toolschool.models.device import resolve_device, train_precision, weights_dtype
     from toolschool.models.loading import load_model
     from toolschool.train.whole_run import WholeRunTotals, checkpoint_seconds
 
     settings = config.sft
     if settings.method not in ("lora", "full"):
         raise ConfigError(f"sft.method = '{settings.method}' is not supported", hint="use lora or full")
-    if settings.dtype not in ("fp32", "bf16"):
-        raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32 or bf16")
+    if settings.dtype not in ("fp32", "bf16", "auto"):
+        raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32, bf16 or auto")
+    precision = train_precision(settings.dtype, resolve_device(config.model.device))
     check_scheduler(settings.lr_scheduler, "sft")
     batching = resolve_batching(settings)
     fmt = get_format(config.model.format)
@@ -309,7 +311,8 @@ def _run_sft(
     started = time.perf_counter()
     # A start model that is a LoRA adapter is merged in: a new LoRA trains on top (its adapter/ and checkpoints
     # name the start adapter as base, see common.adapter_base) or full training updates the merged weights.
-    loaded = load_model(start_model, device=config.model.device, dtype=settings.dtype, merge_adapter=True)
+    weights = weights_dtype(precision, settings.method)  # bf16 is mixed precision: `bf16=` below autocasts
+    loaded = load_model(start_model, device=config.model.device, dtype=weights, merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
@@ -408,7 +411,7 @@ def _run_sft(
         remove_unused_columns=batching != "shared_prefix",
         report_to="none",
         use_cpu=use_cpu,
-        bf16=settings.dtype == "bf16",
+        bf16=precision == "bf16",
         dataloader_num_workers=0,
         # TRL turns activation checkpointing on by default; on a 135M model it only costs ~1/3 more compute.
         activation_checkpointing=settings.gradient_checkpointing,  # transformers 5 name; the old one warns
