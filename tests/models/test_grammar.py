@@ -183,3 +183,43 @@ def test_auto_takes_a_bare_call_object_only_to_an_offered_tool_and_schema(backen
     ]
     for text in refused:
         assert not compiler.matcher(auto).accept_string(text), text
+
+
+def test_a_call_near_max_tokens_closes_instead_of_being_cut_off(backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A random model writes a string argument on and on: held to a named tool with little room, each reply still
+    ends as a complete call (closing quote, brackets, end tag) within max_tokens; without the closing rule most are
+    cut off inside the string."""
+    import toolschool.engine.local_backend as local
+
+    fmt = get_format("hermes")
+    constraint = Constraint.for_tools("hermes", [CALC], "calculator")
+
+    def replies():
+        async def run():
+            requests = (_request("hermes", constraint, seed=s, max_tokens=64) for s in range(8))
+            return await asyncio.gather(*(backend.generate(r) for r in requests))
+
+        return [completion for (completion,) in asyncio.run(run())]
+
+    closed_before = backend._masks.closed_steps if backend._masks is not None else 0
+    for completion in replies():
+        assert completion.finish_reason == "stop", completion.text
+        assert len(completion.token_ids) <= 64
+        parsed = fmt.parse(fmt.prefill + completion.text)
+        assert parsed.error is None and [c["function"]["name"] for c in parsed.calls] == ["calculator"], completion.text
+        assert isinstance(parsed.calls[0]["function"]["arguments"]["expression"], str)
+    assert backend._masks.closed_steps > closed_before
+
+    monkeypatch.setattr(local, "CLOSING_TOKENS", 0)
+    assert sum(c.finish_reason == "length" for c in replies()) >= 4  # what the rule prevents
+
+
+def test_free_text_is_not_closed_near_max_tokens(backend, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the grammar lets the reply end (a final answer's free text), the closing rule leaves the choice to the
+    grammar alone."""
+    import toolschool.engine.local_backend as local
+
+    request = _request("hermes", Constraint.answer(), temperature=0.0, max_tokens=20)
+    near = asyncio.run(backend.generate(request))[0]
+    monkeypatch.setattr(local, "CLOSING_TOKENS", 0)
+    assert asyncio.run(backend.generate(request))[0].token_ids == near.token_ids
