@@ -48,7 +48,7 @@ from toolschool.engine.packed_weights import packed_view, packing_available
 from toolschool.engine.sampling import sample_next
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, StreamEvent
-from toolschool.models.grammar import CLOSING_TOKENS, GrammarCompiler, RowMasks, closing_token_ids
+from toolschool.models.grammar import GrammarCompiler, RowMasks
 
 
 class BackendClosedError(ToolschoolError):
@@ -372,8 +372,7 @@ class LocalBackend(Backend):
             if self._grammar is None:
                 vocab_size = int(self.model.get_output_embeddings().weight.shape[0])
                 self._grammar = GrammarCompiler(self.tokenizer, vocab_size, sorted(self.stop_token_ids))
-                stops = sorted(self.stop_token_ids)
-                self._masks = RowMasks(vocab_size, closing_token_ids(self._grammar.info), stops)
+                self._masks = RowMasks(vocab_size)
             return self._grammar
 
     async def aclose(self) -> None:
@@ -590,8 +589,7 @@ class LocalBackend(Backend):
         masked_BV = None
         if constrained:
             started = time.perf_counter()
-            closing = [r.max_tokens - len(r.token_ids) <= CLOSING_TOKENS for r in rows]
-            masked_BV = self._masks.masked(self._logits_BV, matchers, closing)  # type: ignore[union-attr]
+            masked_BV = self._masks.masked(self._logits_BV, matchers)  # type: ignore[union-attr]
             self.stats.mask_seconds += time.perf_counter() - started
         tokens, logprobs = sample_next(
             self._logits_BV,

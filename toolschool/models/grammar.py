@@ -234,56 +234,19 @@ def _failing_path(schema: Any, compile_one: Any, path: str = "") -> str:
     return path.rstrip(".")
 
 
-# A constrained reply this close to its max_tokens closes what it has open (`RowMasks.masked`): enough for the
-# closing quote, brackets and end tag of a call (SmolLM2 spells `\n</tool_call>` in 5 tokens) with room to spare.
-CLOSING_TOKENS = 16
-
-
-def closing_token_ids(info: Any) -> list[list[int]]:
-    """The closing tokens of a tokenizer (its xgrammar `TokenizerInfo`), in the order a closing row tries them:
-    those that end a JSON string (a `"`, then only quotes and brackets: `"`, `"}`, `"}}`, `")`...), then those made
-    of closing brackets only (`}`, `]`, `)`, `))`...: an object, an array, a program's open call). Quotes of a
-    program's own literals are left out: one opens a literal as readily as it closes one, and inside a JSON string
-    every bracket is text, so only the tokens starting with `"` end it."""
-    strings, brackets = [], []
-    for i, text in enumerate(info.decoded_vocab):
-        raw = bytes(text)
-        if raw[:1] == b'"' and set(raw) <= set(b"\"')]}"):
-            strings.append(i)
-        elif raw and set(raw) <= set(b")]}"):
-            brackets.append(i)
-    return [strings, brackets]
-
-
 class RowMasks:
-    """The next-token masks of the constrained rows of a batch: a bitmask buffer reused from step to step.
+    """The next-token masks of the constrained rows of a batch: a bitmask buffer reused from step to step."""
 
-    `closing_ids` (`closing_token_ids`, tiers of tokens): a row marked closing (its max_tokens near), while its
-    grammar does not allow the reply to end, is held to the first tier of which its grammar allows a token (to those
-    tokens of it); with none, to its grammar alone. Why: the grammar bounds a reply's form, not its length; SmolLM2
-    sampled at temperature 1 wrote one string argument until max_tokens in one forced call in twenty, and a call cut
-    off there is no call. A closing quote and brackets end the string and the call instead (a shorter value, still
-    schema-valid; what follows a closed value, an end tag, is the grammar's only path). Where the reply may end (free
-    text, a final answer) nothing changes."""
-
-    def __init__(
-        self, vocab_size: int, closing_ids: list[list[int]] | None = None, stop_ids: list[int] | None = None
-    ) -> None:
+    def __init__(self, vocab_size: int) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
         self.vocab_size = vocab_size
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
-        self._closing = [_bits(tier, vocab_size) for tier in closing_ids or []]
-        self._stops = _bits(stop_ids or [], vocab_size)
-        self.closed_steps = 0  # steps a row was held to closing tokens, for tests and benchmarks
 
-    def masked(
-        self, logits_BV: torch.Tensor, matchers_B: list[Any], closing_B: list[bool] | None = None
-    ) -> torch.Tensor | None:
+    def masked(self, logits_BV: torch.Tensor, matchers_B: list[Any]) -> torch.Tensor | None:
         """A copy of the logits with each constrained row's disallowed tokens at -inf (None if no row is
-        constrained: the caller chooses from the logits as they are); rows marked in `closing_B` close (see the
-        class)."""
+        constrained: the caller chooses from the logits as they are)."""
         rows = [i for i, m in enumerate(matchers_B) if m is not None]
         if not rows:
             return None
@@ -293,13 +256,6 @@ class RowMasks:
         bitmask = self._bitmask[:batch]
         for i in rows:
             matchers_B[i].fill_next_token_bitmask(bitmask, i)
-            if closing_B is not None and closing_B[i] and not bool((bitmask[i] & self._stops).any()):
-                for tier in self._closing:
-                    closing = bitmask[i] & tier
-                    if bool(closing.any()):
-                        bitmask[i] = closing
-                        self.closed_steps += 1
-                        break
         masked_BV = logits_BV.float().clone() if logits_BV.dtype != torch.float32 else logits_BV.clone()
         if masked_BV.device.type != "cpu":
             bitmask = bitmask.to(masked_BV.device)
@@ -312,12 +268,3 @@ class RowMasks:
         for matcher, token in zip(matchers_B, tokens_B, strict=True):
             if matcher is not None and not matcher.is_terminated():
                 matcher.accept_token(token)
-
-
-def _bits(ids: list[int], vocab_size: int) -> torch.Tensor:
-    """An xgrammar-layout bitmask row (int32 words, bit i % 32 of word i // 32) with the bits of `ids` set."""
-    words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int64)
-    for i in ids:
-        if 0 <= i < vocab_size:
-            words[i // 32] |= 1 << (i % 32)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
