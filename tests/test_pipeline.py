@@ -392,7 +392,7 @@ def test_the_run_hands_rl_the_sft_model_and_explore_its_explorer_as_inputs(tmp_p
     seen: dict[str, tuple] = {}
 
     class Result:
-        steps, merged_dir, final_validation, groups_with_reward_spread = 1, None, None, None
+        steps, merged_dir, final_validation, groups_with_reward_spread, precision = 1, None, None, None, "fp32"
         summary, seconds = {}, 0.0
 
     def fake(stage: str):  # noqa: ANN202

@@ -292,6 +292,7 @@ def _stage_sft(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         "model": str(result.merged_dir) if result.merged_dir else None,
         "data": result.stats,
         "final_validation": result.final_validation,
+        "precision": result.precision,
     }
 
 
@@ -310,6 +311,7 @@ def _stage_rl(config: ToolschoolConfig, console: Any) -> dict[str, Any]:
         "model": str(result.merged_dir) if result.merged_dir else None,
         "final_validation": result.final_validation,
         "groups_with_reward_spread": result.groups_with_reward_spread,
+        "precision": result.precision,
     }
 
 

@@ -164,20 +164,23 @@ def test_resume_continues_with_the_same_batches(tmp_path: Path, tiny_model_dir: 
     assert all(r["tokens_run"] <= r["tokens_computed"] for r in tokens)  # computed counts the padding too
 
 
-def test_bf16_is_mixed_precision_fp32_weights_bf16_products(tmp_path: Path, tiny_model_dir: Path) -> None:
+@pytest.mark.parametrize("method", ["full", "lora"])
+def test_bf16_is_mixed_precision_fp32_weights_bf16_products(tmp_path: Path, tiny_model_dir: Path, method: str) -> None:
     """`[sft] dtype = "bf16"`: the shared-prefix step runs in the accelerator's autocast (its own forward replaces
-    the one Accelerate wraps), and a full run keeps fp32 weights (a bf16 weight drops small updates)."""
+    the one Accelerate wraps), and the weights stay fp32 (a bf16 weight drops small updates; merged/ of a LoRA run
+    is the fp32 sum)."""
     from safetensors import safe_open
 
     examples = [_example(i, i + 3) for i in range(2, 8)]
     train = _write(tmp_path / "train.jsonl", examples)
     validation = _write(tmp_path / "validation.jsonl", [_example(20, 7)])
-    settings = {"validation_samples": 0, "method": "full", "num_steps": 2, "learning_rate": 1e-3}
+    settings = {"validation_samples": 0, "method": method, "num_steps": 2, "learning_rate": 1e-3}
     losses = {}
     for dtype in ("fp32", "bf16"):
         out = tmp_path / dtype
         config = _config(tmp_path, tiny_model_dir, train, validation, dtype=dtype, **settings)
         result = train_sft(config, out, progress=False)
+        assert result.precision == dtype
         losses[dtype] = _losses(out)
         with safe_open(str(result.merged_dir / "model.safetensors"), "pt") as weights:
             assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.float32}

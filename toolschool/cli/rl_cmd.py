@@ -75,6 +75,7 @@ def rl(
         | {k: result.last_log[k] for k in ("valid_format_rate", "tool_accuracy") if k in result.last_log},
         "final_validation": result.final_validation,
         "groups_with_reward_spread": result.groups_with_reward_spread,
+        "precision": result.precision,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print_json(json.dumps(summary))

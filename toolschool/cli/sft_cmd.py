@@ -65,6 +65,7 @@ def sft(
         "seconds": round(result.seconds, 1),
         "data": result.stats,
         "final_validation": result.final_validation,
+        "precision": result.precision,
     }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print_json(json.dumps(summary))

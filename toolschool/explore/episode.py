@@ -605,7 +605,8 @@ def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bo
     copies it: it picked the description's example units again and again ("km" to "mile"), and a number it sees
     there as well (date_add: 1406 days in 5 of 25 trials; once 1 was let repeat, -1 day in 9 of 24), so a student
     learns that number as the tool's default rather than reading it from the request. When every draw repeats (an
-    argument with few values, all tried), the first draw with new texts is used (`_imagine_from_values`)."""
+    argument with few values, all tried), the first draw with new texts is used (`_imagine_from_values`): an argument
+    whose values are mostly small counts pays those draws."""
     if repeats_seen_texts(values, seen):
         return True
     return any(

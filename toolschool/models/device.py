@@ -64,15 +64,7 @@ def train_precision(name: str, device: str) -> str:
         return name
     if device.startswith("cuda"):
         return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device == "cpu" and cpu_has_bf16() else "fp32"
-
-
-def weights_dtype(precision: str, method: str) -> str:
-    """The dtype a training run loads its weights in, for its precision (`train_precision`) and method: bf16
-    precision is mixed, the products autocast to bf16 (the trainer's `bf16=True`) while the weights a full run
-    updates stay fp32 (a bf16 weight drops an update under ~1/256 of its size, most of them at fine-tuning learning
-    rates); a LoRA run's frozen base may be bf16, PEFT keeps its adapter in fp32."""
-    return "bf16" if precision == "bf16" and method == "lora" else "fp32"
+    return "bf16" if device == "cpu" and default_dtype(device) == torch.bfloat16 else "fp32"
 
 
 def parse_dtype(name: str | None, device: str) -> torch.dtype:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.chat.formats.base import offered_names
-from toolschool.config import RLSection, ToolschoolConfig, dump_toml
+from toolschool.config import TRAIN_DTYPES, RLSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError, ToolschoolError
 from toolschool.evaluate.items import scored_turn
 from toolschool.evaluate.toolkens import model_toolkens
@@ -81,6 +81,7 @@ class RLResult:
     final_validation: dict[str, float] | None = None  # the last held-out validation's rates (None: no validation)
     # share of prompt groups whose completions' rewards differed (the only groups GRPO learns from); None: not logged
     groups_with_reward_spread: float | None = None
+    precision: str = "fp32"  # what `[rl] dtype` resolved to here (`models.device.train_precision`): fp32 | bf16
     main_process: bool = True  # False in the other processes of an `accelerate launch` run (they save nothing)
 
 
@@ -96,8 +97,8 @@ def check_settings(settings: RLSection, fmt: str, *, device: str | None = None, 
     check_reward_names(settings.rewards, mode=settings.mode, weights=settings.reward_weights)
     if settings.method not in ("lora", "full"):
         raise ConfigError(f"rl.method = '{settings.method}' is not supported", hint="use lora or full")
-    if settings.dtype not in ("fp32", "bf16", "auto"):
-        raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint="use fp32, bf16 or auto")
+    if settings.dtype not in TRAIN_DTYPES:
+        raise ConfigError(f"rl.dtype = '{settings.dtype}' is not supported", hint=f"use {', '.join(TRAIN_DTYPES)}")
     if settings.loss_type not in LOSS_TYPES:
         raise ConfigError(
             f"rl.loss_type = '{settings.loss_type}' is not a TRL GRPO loss", hint=f"use one of: {', '.join(LOSS_TYPES)}"
@@ -547,7 +548,7 @@ def _run_rl(
     from toolschool.chat.formats import get_format
     from toolschool.data.dataset import load_dataset_jsonl
     from toolschool.engine.shared_prompt_grpo import SharedPromptGRPOTrainer
-    from toolschool.models.device import resolve_device, train_precision, weights_dtype
+    from toolschool.models.device import resolve_device, train_precision
     from toolschool.models.loading import load_model
     from toolschool.train.sft import check_has_assistant
 
@@ -581,8 +582,10 @@ def _run_rl(
 
     started = time.perf_counter()
     precision = train_precision(settings.dtype, device)
-    weights = weights_dtype(precision, settings.method)  # bf16 is mixed precision: `bf16=` below autocasts
-    loaded = load_model(start_model, device=device, dtype=weights, merge_adapter=True)
+    # bf16 is mixed precision (`bf16=` below autocasts the products): the weights stay fp32, a LoRA run's base too,
+    # since the sampler folds the adapter into its base (`engine.packed_weights`) and a bf16 base drops most of an
+    # RL step's small deltas there, so the samples would come from the start model
+    loaded = load_model(start_model, device=device, dtype="fp32", merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         # a start adapter merged in leaves every weight frozen as PEFT loaded it: full training must unfreeze them
@@ -738,10 +741,10 @@ def _run_rl(
         )
         trainer.share_prompts = settings.share_prompts
         if settings.ref_model:
-            _install_reference(trainer, settings.ref_model, device, weights)
+            _install_reference(trainer, settings.ref_model, device)
         elif start_adapter and settings.method == "full" and settings.beta:
             # TRL rebuilt the reference from the policy's config path: the bare base, without the start adapter
-            _install_reference(trainer, start_model, device, weights)
+            _install_reference(trainer, start_model, device)
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     finally:
         if registry is not None:
@@ -769,6 +772,7 @@ def _run_rl(
         last,
         final_validation=last_validation(out_dir / "train_log.jsonl"),
         groups_with_reward_spread=reward_spread(out_dir / "train_log.jsonl"),
+        precision=precision,
         main_process=main,
     )
 
@@ -793,7 +797,7 @@ def _distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def _install_reference(trainer: Any, ref_name: str, device: str, dtype: str) -> None:
+def _install_reference(trainer: Any, ref_name: str, device: str) -> None:
     """A reference other than the starting model: TRL builds its own only from the policy, so we set it after.
 
     It gets what TRL gives the references it builds: no dropout, and the fused LM head through which TRL's own
@@ -803,7 +807,7 @@ def _install_reference(trainer: Any, ref_name: str, device: str, dtype: str) -> 
 
     from toolschool.models.loading import load_model
 
-    ref = load_model(ref_name, device=device, dtype=dtype, merge_adapter=True).model
+    ref = load_model(ref_name, device=device, dtype="fp32", merge_adapter=True).model  # as the policy's weights
     ref.requires_grad_(False)
     disable_dropout_in_model(ref)
     add_fused_lm_head(ref, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from toolschool.chat.toolkens import rename_tools_and_calls, toolken
-from toolschool.config import SFTSection, ToolschoolConfig, dump_toml
+from toolschool.config import TRAIN_DTYPES, SFTSection, ToolschoolConfig, dump_toml
 from toolschool.errors import ConfigError, DataError
 from toolschool.run_state import write_text_atomic
 from toolschool.train.common import (
@@ -224,6 +224,7 @@ class SFTResult:
     seconds: float
     stats: dict[str, int] = field(default_factory=dict)
     final_validation: dict[str, float] | None = None
+    precision: str = "fp32"  # what `[sft] dtype` resolved to here (`models.device.train_precision`): fp32 | bf16
     # False on the other processes of an `accelerate launch` run: they save nothing and report nothing
     main_process: bool = True
 
@@ -286,15 +287,15 @@ def _run_sft(
         shared_prefix_trainer,
         with_resumable_token_counts,
     )
-    from toolschool.models.device import resolve_device, train_precision, weights_dtype
+    from toolschool.models.device import resolve_device, train_precision
     from toolschool.models.loading import load_model
     from toolschool.train.whole_run import WholeRunTotals, checkpoint_seconds
 
     settings = config.sft
     if settings.method not in ("lora", "full"):
         raise ConfigError(f"sft.method = '{settings.method}' is not supported", hint="use lora or full")
-    if settings.dtype not in ("fp32", "bf16", "auto"):
-        raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint="use fp32, bf16 or auto")
+    if settings.dtype not in TRAIN_DTYPES:
+        raise ConfigError(f"sft.dtype = '{settings.dtype}' is not supported", hint=f"use {', '.join(TRAIN_DTYPES)}")
     precision = train_precision(settings.dtype, resolve_device(config.model.device))
     check_scheduler(settings.lr_scheduler, "sft")
     batching = resolve_batching(settings)
@@ -311,8 +312,10 @@ def _run_sft(
     started = time.perf_counter()
     # A start model that is a LoRA adapter is merged in: a new LoRA trains on top (its adapter/ and checkpoints
     # name the start adapter as base, see common.adapter_base) or full training updates the merged weights.
-    weights = weights_dtype(precision, settings.method)  # bf16 is mixed precision: `bf16=` below autocasts
-    loaded = load_model(start_model, device=config.model.device, dtype=weights, merge_adapter=True)
+    # bf16 is mixed precision (`bf16=` below autocasts the products): the weights stay fp32, since a bf16 weight drops
+    # an update under ~1/256 of its size (most of them at fine-tuning rates), and so do a LoRA run's base (merged/
+    # is then the fp32 sum) and its toolken embeddings (PEFT's modules_to_save keep the base's dtype)
+    loaded = load_model(start_model, device=config.model.device, dtype="fp32", merge_adapter=True)
     model, tokenizer = loaded.model, loaded.tokenizer
     if settings.method == "full":
         model.requires_grad_(True)  # PEFT left the merged weights frozen as it loaded them
@@ -474,6 +477,7 @@ def _run_sft(
         seconds=seconds,
         stats=stats,
         final_validation=final_validation,
+        precision=precision,
         main_process=trainer.is_world_process_zero(),
     )
 
