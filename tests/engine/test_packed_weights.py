@@ -32,6 +32,21 @@ def test_packed_view_matches_the_model_and_leaves_it_untouched(tiny_model_dir: P
         assert torch.allclose(view(input_ids=ids).logits, model(input_ids=ids).logits, atol=atol)
 
 
+def test_packed_fp32_view_runs_under_bf16_autocast(tiny_model_dir: Path) -> None:
+    """Mixed precision (RL's reference pass under the accelerator's autocast): bf16 activations reach the packed fp32
+    weights, which oneDNN's op cannot mix; the product runs in fp32 and comes back in the activations' dtype."""
+    from toolschool.models.loading import load_model
+
+    model = load_model(str(tiny_model_dir), device="cpu", dtype="fp32").model
+    if not packing_available(model):
+        pytest.skip("this torch build or CPU has no oneDNN fp32 linear")
+    view = packed_view(model)
+    ids = torch.tensor([[5, 17, 300, 42, 9]])
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = view(input_ids=ids).logits, model(input_ids=ids).logits
+    assert torch.allclose(got.float(), want.float(), atol=5e-2)
+
+
 def test_packed_view_runs_its_own_layers_under_an_instance_forward_patch(tiny_model_dir: Path) -> None:
     """TRL's GRPOTrainer sets `model.forward` to a closure over the original forward (its fused LM head)."""
     from trl.trainer.utils import add_fused_lm_head

@@ -460,3 +460,17 @@ def test_training_arguments_raise_no_deprecation_warning(
         warnings.simplefilter("always")
         train_rl(rl_config(tiny_model_dir, train_file, num_steps=1, merge=False), tmp_path / "rl", progress=False)
     assert not [w for w in caught if "`gradient_checkpointing` is deprecated" in str(w.message)]
+
+
+def test_bf16_rl_trains_on_fp32_weights_through_the_packed_sampler(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`[rl] dtype = "bf16"` (mixed precision): the LoRA base stays fp32, and the packed sampler and KL reference
+    passes run under the accelerator's autocast (bf16 activations meeting fp32 oneDNN weights stopped the demo's
+    first step); the merged model is fp32."""
+    import torch
+    from safetensors import safe_open
+
+    train = write_jsonl(tmp_path / "train.jsonl", [calc_example(12, 34), calc_example(5, 6)])
+    result = train_rl(rl_config(tiny_model_dir, train, num_steps=1, dtype="bf16"), tmp_path / "rl", progress=False)
+    assert result.steps == 1 and result.precision == "bf16"
+    with safe_open(str(result.merged_dir / "model.safetensors"), "pt") as weights:
+        assert {weights.get_tensor(name).dtype for name in weights.keys()} == {torch.float32}

@@ -132,10 +132,15 @@ class PackedLinear(nn.Module):
         if not self.pack:
             return torch.nn.functional.linear(x, weight, bias)
         rows = x.reshape(-1, x.shape[-1])
+        # oneDNN's op takes one dtype and autocast does not reach it: under mixed precision (RL's reference and
+        # sampling passes, `[rl] dtype = "bf16"`) bf16 activations meet the fp32 weights, which stay fp32 so that
+        # a folded adapter's small deltas survive; the product runs in the weights' dtype, returned in the input's
+        if rows.dtype != base.weight.dtype:
+            rows = rows.to(base.weight.dtype)
         if not rows.is_contiguous():
             rows = rows.contiguous()
         out = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
-        return out.reshape(*x.shape[:-1], out.shape[-1])
+        return out.reshape(*x.shape[:-1], out.shape[-1]).to(x.dtype)
 
 
 def packed_view(model: nn.Module, *, pack: bool = True) -> nn.Module:
