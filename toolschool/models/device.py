@@ -62,9 +62,8 @@ def train_precision(name: str, device: str) -> str:
     path."""
     if name != "auto":
         return name
-    if device.startswith("cuda"):
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp32"
-    return "bf16" if device == "cpu" and default_dtype(device) == torch.bfloat16 else "fp32"
+    native = device.startswith("cuda") or device == "cpu"  # default_dtype's own test of the hardware
+    return "bf16" if native and default_dtype(device) == torch.bfloat16 else "fp32"
 
 
 def parse_dtype(name: str | None, device: str) -> torch.dtype:
