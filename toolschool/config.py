@@ -386,6 +386,12 @@ class DistillSection(Section):
         description="requests for a service no offered tool gives (a fixed list of tasks), answered that no tool "
         "can, per tool-call line",
     )
+    variants: int = Field(
+        0,
+        ge=0,
+        description="value variants per kept tool-call line: its request's numbers and dates drawn again, the tool "
+        "run on them, the answer restated with the new result (0: none)",
+    )
     chitchat_max_tokens: int = Field(
         96, ge=1, description="tokens per chit-chat request or answer (an answer cut off there is dropped)"
     )

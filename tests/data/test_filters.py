@@ -25,6 +25,7 @@ from toolschool.data.filters import (
     EchoSource,
     Sources,
     call_grounding,
+    date_spans,
     dates_in,
     echo_problem,
     exploration_echo_sources,
@@ -312,3 +313,32 @@ def test_calculation_program_reads_what_the_calculator_would_evaluate() -> None:
         assert calculation_program("python", {"code": code}, tools) is None, code
     assert calculation_program("python", {"code": "print(1 + 2)"}, [builtin_schema("python")]) is None
     assert calculation_program("calculator", {"expression": "1 + 2"}, tools) is None  # not a program
+
+
+@pytest.mark.parametrize(
+    ("text", "written"),
+    [
+        ("Add 5 days to 2024-03-04 please", "2023-09-21"),
+        ("on 2021/3/4", "2023/9/21"),
+        ("What day was March 4th, 2021?", "September 21st, 2023"),
+        ("from 4 March 2021 on", "21 September 2023"),
+        ("JAN 2, 2020", "SEP 21, 2023"),
+        ("the 2nd of may 2020", "21st of september 2023"),
+    ],
+)
+def test_a_date_is_found_where_it_is_written_and_another_is_written_the_same_way(text: str, written: str) -> None:
+    from toolschool.data.filters import write_date
+
+    (span,) = date_spans(text)
+    assert span.date is not None and span.date in dates_in(text)
+    assert write_date(span, dt.date(2023, 9, 21)) == written
+    assert date_spans(text.replace(text[span.start : span.end], written))[0].date == dt.date(2023, 9, 21)
+
+
+def test_a_date_spelling_that_leaves_the_date_open_is_found_but_not_dated() -> None:
+    from toolschool.data.filters import write_date
+
+    numeric, no_year = date_spans("between 3/4/2021 and March 9")
+    assert (numeric.date, no_year.date) == (None, None) and (numeric.start, numeric.end) == (8, 16)
+    with pytest.raises(ValueError, match="does not say which number is the month"):
+        write_date(numeric, dt.date(2023, 9, 21))

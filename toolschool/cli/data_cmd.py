@@ -210,6 +210,7 @@ def stats_cmd(
     "distill.irrelevance_fraction",
     "distill.chitchat_fraction",
     "distill.out_of_scope_fraction",
+    "distill.variants",
     "distill.target_per_tool",
     "distill.max_paraphrases",
     "distill.dedupe_threshold",

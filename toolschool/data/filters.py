@@ -21,6 +21,7 @@ result of the same conversation (a two-step trial's second call may use the firs
 from __future__ import annotations
 
 import ast
+import calendar
 import datetime as dt
 import math
 import re
@@ -239,6 +240,76 @@ def dates_in(text: str) -> set[dt.date]:
             for year in [int(match.group(3))] if match.group(3) else years:
                 found.add(_date(year, month, day))
     return {d for d in found if d is not None}
+
+
+@dataclass(frozen=True)
+class DateSpan:
+    """Where `text` writes a date: `text[start:end]`, the date (None when the spelling leaves it open: "3/4/2021" is
+    March 4 or April 3, "March 4" has no year), and the match, to write another date the same way (`write_date`)."""
+
+    start: int
+    end: int
+    date: dt.date | None
+    match: re.Match[str]
+
+
+_ORDINAL = re.compile(r"st|nd|rd|th", re.IGNORECASE)
+
+
+def date_spans(text: str) -> list[DateSpan]:
+    """Every date `text` writes with digits, in order, with where it is (the spellings `dates_in` reads)."""
+    spans: list[DateSpan] = []
+    for match in _ISO_DATE.finditer(text):
+        spans.append(DateSpan(match.start(), match.end(), _date(*map(int, match.groups())), match))
+    for match in _NUMERIC_DATE.finditer(text):  # 3/4/2021 is March 4 or April 3: not dated
+        spans.append(DateSpan(match.start(), match.end(), None, match))
+    for pattern, month_group, day_group in ((_MONTH_DAY, 1, 2), (_DAY_MONTH, 2, 1)):
+        for match in pattern.finditer(text):
+            if any(s.start < match.end() and match.start() < s.end for s in spans):
+                continue
+            month = _MONTHS.index(match.group(month_group)[:3].lower()) + 1
+            year = int(match.group(3)) if match.group(3) else None
+            date = _date(year, month, int(match.group(day_group))) if year else None
+            spans.append(DateSpan(match.start(), match.end(), date, match))
+    return sorted(spans, key=lambda s: s.start)
+
+
+def _ordinal(day: int) -> str:
+    return "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+
+
+def write_date(span: DateSpan, date: dt.date) -> str:
+    """`date` written as `span` writes its own: the same separators, order, zero padding, month spelling (full or
+    short, its case) and ordinal suffix ("4th" becomes "21st")."""
+    match = span.match
+    text, base = match.group(0), match.start()
+    day_group = None
+    if match.re is _ISO_DATE:
+        parts = {
+            1: f"{date.year:04d}",
+            2: f"{date.month:0{len(match.group(2))}d}",
+            3: f"{date.day:0{len(match.group(3))}d}",
+        }
+    elif match.re is _NUMERIC_DATE:
+        raise ValueError(f"{text!r} does not say which number is the month")
+    else:
+        month_group, day_group = (1, 2) if match.re is _MONTH_DAY else (2, 1)
+        old = match.group(month_group)
+        name = calendar.month_name[date.month]
+        if old.rstrip(".").lower() not in (full.lower() for full in calendar.month_name[1:]):  # "Sept", "Jan."
+            name = name[:3]
+        name = name.upper() if old.isupper() and len(old) > 1 else name if old[0].isupper() else name.lower()
+        parts = {month_group: name, day_group: str(date.day), 3: str(date.year)}
+    out, cursor = [], 0
+    for group in sorted(parts, key=lambda g: match.start(g)):
+        if match.start(group) < 0:  # no year written
+            continue
+        out += [text[cursor : match.start(group) - base], parts[group]]
+        cursor = match.end(group) - base
+        if group == day_group and (suffix := _ORDINAL.match(text, cursor)):
+            out.append(_ordinal(date.day))
+            cursor = suffix.end()
+    return "".join(out) + text[cursor:]
 
 
 # ---------------------------------------------------------------------------------------------- grounding

@@ -19,6 +19,7 @@ from toolschool.errors import DataError
         ("paraphrase_max_tokens", 0, "paraphrase_max_tokens=0 must be a whole number of tokens >= 1"),
         ("paraphrase_max_tokens", 2.5, "paraphrase_max_tokens=2.5 must be a whole number of tokens >= 1"),
         ("max_tokens", -1, "max_tokens=-1 must be a whole number of tokens >= 1"),
+        ("variants", -1, "variants=-1 must be a whole number >= 0"),
     ],
 )
 def test_token_budgets_that_cannot_work_are_refused_before_anything_is_written(
@@ -42,3 +43,10 @@ def test_paraphrase_max_tokens_in_the_toml_is_checked_with_the_key_and_the_bound
     path.write_text("[distill]\nparaphrase_max_tokens = 48\nmax_tokens = 200\n")
     config = load_config(path)
     assert (config.distill.paraphrase_max_tokens, config.distill.max_tokens) == (48, 200)
+
+
+def test_variants_without_the_tools_to_run_them_on_are_refused(tmp_path: Path) -> None:
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", variants=2)
+    with pytest.raises(DataError, match=re.escape("variants=2 needs the tools to run the variants' calls on")):
+        distill(good_trials(), opts)
+    assert not opts.out.exists()

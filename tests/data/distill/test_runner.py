@@ -56,9 +56,9 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     judgments = [json.loads(line) for line in (opts.out / "judgments.jsonl").read_text().splitlines()]
     assert len(judgments) == 4 and any(j["faithful"]["reason"] == "invented a number" for j in judgments)
     card = (opts.out / "README.md").read_text()
-    # trials, rules, grounded, no_echo, judge, round_trip, dedupe, paraphrases, irrelevance, chitchat, out_of_scope,
-    # final
-    assert "| calculator | 7 | 3 | 3 | 3 | 2 | 2 | 1 | 1 | 0 | 0 | 0 | 2 |" in card
+    # trials, rules, grounded, no_echo, judge, round_trip, dedupe, paraphrases, variants, irrelevance, chitchat,
+    # out_of_scope, final
+    assert "| calculator | 7 | 3 | 3 | 3 | 2 | 2 | 1 | 1 | 0 | 0 | 0 | 0 | 2 |" in card
     assert "judged No on faithful: 1" in card
     assert "| judge | 4 | 1 | 3 | judged No on faithful: 1 |" in card  # the yield: 4 trials reached the judge
     assert summary["no_tool"]["chitchat"] == 1 and summary["per_tool"]["(no tool)"]["chitchat"] == 1
@@ -69,6 +69,33 @@ def test_distill_end_to_end_with_judge_and_paraphraser(tmp_path: Path) -> None:
     again = distill(good_trials(), opts, judge=backend, paraphraser=backend)
     assert len(backend.requests) == asked and again["per_tool"] == summary["per_tool"]
     assert (opts.out / "train.jsonl").read_text() == first_train
+
+
+def test_value_variants_join_their_originals_split_and_are_counted(tmp_path: Path) -> None:
+    from toolschool.tools.registry import build_registry
+
+    opts = DistillOptions(trials=tmp_path / "t.jsonl", out=tmp_path / "o", validation_fraction=0.5, variants=2)
+    with build_registry(("builtin",)) as registry:
+        summary = distill(good_trials(), opts, call_tool=registry.call)
+    calc, units = summary["per_tool"]["calculator"], summary["per_tool"]["unit_convert"]
+    assert calc["variants"] == 4 and calc["final"] == 2 + 4
+    # the trial's unit_convert call passes its value as a string, which the real tool refuses
+    assert units["variants"] == 0 and summary["dropped"]["variants"]["unit_convert"] == {
+        "the tool refused the values drawn": 8
+    }
+    lines = {
+        split: load_dataset_jsonl(opts.out / f"{split}.jsonl", on_error="stop")[0] for split in ("train", "validation")
+    }
+    split_of = {line["meta"]["id"]: split for split, examples in lines.items() for line in examples}
+    made = [line for examples in lines.values() for line in examples if line["meta"].get("variant")]
+    assert len(made) == 4
+    for line in made:
+        assert split_of[line["meta"]["id"]] == split_of[line["meta"]["variant_of"]]
+        assert line["messages"][-1]["content"].endswith(line["messages"][2]["content"])  # the answer states it
+    assert (
+        summary["options"]["variants"] == 2
+        and "value variants per kept line: 2" in (opts.out / "README.md").read_text()
+    )
 
 
 def test_rules_only_and_errors(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ def distill_card(summary: dict[str, Any]) -> str:
         f"{'on (' + str(o.get('explorer_model')) + ')' if o.get('paraphrase_round_trip') else 'off'}; no-tool lines: "
         f"irrelevance fraction "
         f"{o.get('irrelevance_fraction', 0)}, chit-chat fraction {o.get('chitchat_fraction', 0)}, out-of-scope "
-        f"fraction {o.get('out_of_scope_fraction', 0)} (of the tool-call lines)",
+        f"fraction {o.get('out_of_scope_fraction', 0)} (of the tool-call lines); value variants per kept line: "
+        f"{o.get('variants', 0)}",
         "",
         "## Counts per tool at each step",
         "",
@@ -89,8 +90,10 @@ def distill_card(summary: dict[str, Any]) -> str:
         "when it is empty or the original again, repeats the paraphrasing "
         "instructions, states the answer, drops or changes a number, date, unit, name or quoted value the call "
         "takes from the query, or is cut off at paraphrase_max_tokens; with a judge, also when the judge does not "
-        "call it the same request: verdicts in `paraphrase_judgments.jsonl`) → split by original query → no-tool "
-        "lines. What grounding, echo and the round trip removed is in `filtered.jsonl`, with the value or reply.",
+        "call it the same request: verdicts in `paraphrase_judgments.jsonl`) → split by original query → value "
+        "variants (a line again with the numbers and dates its request writes drawn anew, the tool run on them, the "
+        "answer restated with the new result; grounded like its original; in its original's split) → no-tool lines. "
+        "What grounding, echo and the round trip removed is in `filtered.jsonl`, with the value or reply.",
         "",
     ]
     return "\n".join(lines)

@@ -35,6 +35,7 @@ class DistillOptions:
     irrelevance_fraction: float = 0.2  # no-tool lines built from kept requests, per tool-call line
     chitchat_fraction: float = 0.1  # chit-chat lines the judge model imagines and answers, per tool-call line
     out_of_scope_fraction: float = 0.1  # refused requests for a service no offered tool gives, per tool-call line
+    variants: int = 0  # value variants per kept tool-call line (its values drawn again, the tool run on them)
     chitchat_max_tokens: int = 96  # per imagined chit-chat request and per answer (an answer cut there is dropped)
     explore_format: str = "hermes"  # the exploration prompts a request must not echo: the run's [explore] format
     explore_prompts: str | None = None  # and its [explore] prompts override folder
@@ -60,6 +61,10 @@ def check_options(opts: DistillOptions, *, paraphrasing: bool) -> None:
             raise DataError(
                 f"{key}={value!r} must be a number in [0, 1]", hint="a share of the tool-call lines, e.g. 0.2"
             )
+    if isinstance(opts.variants, bool) or not isinstance(opts.variants, int) or opts.variants < 0:
+        raise DataError(
+            f"variants={opts.variants!r} must be a whole number >= 0", hint="variants per kept line, e.g. 2"
+        )
     for key, hint in (
         ("max_tokens", "tokens per judge reply, e.g. 160"),
         ("paraphrase_max_tokens", "e.g. 128"),

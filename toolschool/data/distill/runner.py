@@ -25,6 +25,7 @@ from toolschool.data.distill.paraphrase import (
 from toolschool.data.distill.rules import Candidate, trial_to_candidate
 from toolschool.data.distill.split import split_by_original
 from toolschool.data.distill.summary import FILTERS, NO_TOOL, STEPS, filter_yield
+from toolschool.data.distill.variants import ToolCaller, value_variants
 from toolschool.data.filters import (
     EchoSource,
     echo_problem,
@@ -54,15 +55,29 @@ def distill(
     paraphraser: Backend | None = None,
     explorer: Backend | None = None,
     progress: Any = None,
+    call_tool: ToolCaller | None = None,
 ) -> dict[str, Any]:
     """Synchronous entry point: `adistill` in a fresh event loop."""
     return asyncio.run(
-        adistill(trials, opts, judge=judge, paraphraser=paraphraser, explorer=explorer, progress=progress)
+        adistill(
+            trials,
+            opts,
+            judge=judge,
+            paraphraser=paraphraser,
+            explorer=explorer,
+            progress=progress,
+            call_tool=call_tool,
+        )
     )
 
 
 async def run_distill(
-    trials: Sequence[Trial | dict[str, Any]], opts: DistillOptions, *, progress: Any = None, ready: Any = None
+    trials: Sequence[Trial | dict[str, Any]],
+    opts: DistillOptions,
+    *,
+    progress: Any = None,
+    ready: Any = None,
+    call_tool: ToolCaller | None = None,
 ) -> dict[str, Any]:
     """Make the judge/paraphraser backends named in `opts` (one backend when both name the same model), run,
     and close them, all in one event loop (a local backend's batching worker lives on that loop).
@@ -88,6 +103,7 @@ async def run_distill(
             paraphraser=backends.get(opts.paraphrase_model or ""),
             explorer=backends.get(opts.explorer_model or ""),
             progress=progress,
+            call_tool=call_tool,
         )
     finally:
         for backend in backends.values():
@@ -136,21 +152,32 @@ async def adistill(
     paraphraser: Backend | None = None,
     explorer: Backend | None = None,
     progress: Any = None,
+    call_tool: ToolCaller | None = None,
 ) -> dict[str, Any]:
     """Run every step over `trials`, write train/validation/summary/card into `opts.out`; return the summary.
 
     `explorer` writes the round-trip calls and the chit-chat lines (None: the judge does, when there is one).
+    `call_tool(name, arguments)` runs a tool for the value variants (`opts.variants`; needed when that is above 0).
 
     `progress(label, total)`, when given, is called as the judge and the paraphraser start and returns what to call
     as each of `total` candidates is done (as `toolschool eval` reports its items)."""
     check_options(opts, paraphrasing=paraphraser is not None)
+    if opts.variants and call_tool is None:
+        raise DataError(f"variants={opts.variants} needs the tools to run the variants' calls on")
     explorer = explorer if explorer is not None else judge
     opts.out.mkdir(parents=True, exist_ok=True)
     cache = ReplyCache(opts.out / "cache.jsonl")
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     drops: dict[str, dict[str, Counter[str]]] = {
         stage: defaultdict(Counter)
-        for stage in (*(name for name, _step in FILTERS), "paraphrase", "irrelevance", "chitchat", "out_of_scope")
+        for stage in (
+            *(name for name, _step in FILTERS),
+            "paraphrase",
+            "variants",
+            "irrelevance",
+            "chitchat",
+            "out_of_scope",
+        )
     }
     filtered: list[dict[str, Any]] = []  # what grounding, echo and the round trip removed, with the detail
 
@@ -317,13 +344,27 @@ async def adistill(
                 text, id=f"{candidate.id}/p{index}", paraphrase=True, original_query=candidate.query, split=split
             )
         )
+    originals_and_paraphrases = len(splits["train"]) + len(splits["validation"])
+    if opts.variants:
+        assert call_tool is not None
+        known = {same_request_key(line["messages"][0]["content"]) for lines in splits.values() for line in lines}
+        rng = random.Random(f"{opts.seed}:variants")
+        for split in ("train", "validation"):
+            made: list[dict[str, Any]] = []
+            for line in sorted(splits[split], key=lambda line: line["meta"]["id"]):
+                variants, why = value_variants(line, opts.variants, call_tool, rng, known)
+                made += variants
+                counts[line["meta"]["tool"]]["variants"] += len(variants)
+                drops["variants"][line["meta"]["tool"]].update(why)
+            splits[split] += made
     tool_lines = splits["train"] + splits["validation"]
     irrelevant, skipped, irrelevance_per_tool = build_irrelevance(tool_lines, opts.irrelevance_fraction, opts.seed)
     if skipped:
         drops["irrelevance"][NO_TOOL].update(skipped)
     for line in irrelevant:
         splits[line["meta"]["split"]].append(line)
-    chitchat_wanted = lines_wanted(opts.chitchat_fraction, len(tool_lines)) if explorer is not None else 0
+    # chit-chat is the explorer's to write (a generation a line): counted on the lines before their variants
+    chitchat_wanted = lines_wanted(opts.chitchat_fraction, originals_and_paraphrases) if explorer is not None else 0
     known_requests = {same_request_key(line["messages"][0]["content"]) for line in tool_lines}
     chitchat, chitchat_dropped = await build_chitchat(
         explorer,  # type: ignore[arg-type]  # None only when nothing is wanted
@@ -380,6 +421,7 @@ async def adistill(
             "chitchat_fraction": opts.chitchat_fraction,
             "out_of_scope_fraction": opts.out_of_scope_fraction,
             "chitchat_max_tokens": opts.chitchat_max_tokens,
+            "variants": opts.variants,
         },
         "per_tool": {tool: {step: counts[tool][step] for step in STEPS} for tool in sorted(counts, key=_row_order)},
         "total": {step: sum(counts[t][step] for t in counts) for step in STEPS},

@@ -4,6 +4,8 @@ handed, show the yield."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ def run_distill_stage(config: Any, inputs: DistillInputs, out_dir: Path, *, cons
         chitchat_fraction=d.chitchat_fraction,
         out_of_scope_fraction=d.out_of_scope_fraction,
         chitchat_max_tokens=d.chitchat_max_tokens,
+        variants=d.variants,
         explore_format=config.explore.format,
         explore_prompts=config.explore.prompts,
     )
@@ -80,9 +83,9 @@ def run_distill_stage(config: Any, inputs: DistillInputs, out_dir: Path, *, cons
     # names the trial log it distilled, as `toolschool distill` takes it
     ran_with = recorded(config, {"distill.trials": str(trials_path)})
     ready = lambda: save_config(ran_with, out_dir, "distill")  # noqa: E731
-    with folder_lock(out_dir, refusal, name="distill output"):
+    with folder_lock(out_dir, refusal, name="distill output"), _tool_runner(config, opts.variants) as call_tool:
         if console is None:
-            return asyncio.run(run_distill(records, opts, ready=ready))
+            return asyncio.run(run_distill(records, opts, ready=ready, call_tool=call_tool))
         console.print(f"[dim]distill: {len(records)} trials from {trials_path} -> {out_dir}[/dim]")
         if note is not None:
             console.print(f"[yellow]{note}[/yellow]", highlight=False)
@@ -96,9 +99,21 @@ def run_distill_stage(config: Any, inputs: DistillInputs, out_dir: Path, *, cons
                 task = bar.add_task(label, total=total)
                 return lambda: bar.advance(task)
 
-            summary = asyncio.run(run_distill(records, opts, progress=progress, ready=ready))
+            summary = asyncio.run(run_distill(records, opts, progress=progress, ready=ready, call_tool=call_tool))
         print_yield(summary, console)
     return summary
+
+
+@contextmanager
+def _tool_runner(config: Any, variants: int) -> Iterator[Any]:
+    """The run's tools, to run value variants' calls on (None when no variant is asked for)."""
+    if not variants:
+        yield None
+        return
+    from toolschool.tools.registry import registry_for
+
+    with registry_for(config.tools) as registry:
+        yield registry.call
 
 
 def print_yield(summary: dict[str, Any], console: Any) -> None:

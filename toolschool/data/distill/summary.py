@@ -15,6 +15,7 @@ STEPS = (
     "round_trip",
     "dedupe",
     "paraphrases",
+    "variants",
     "irrelevance",
     "chitchat",
     "out_of_scope",
