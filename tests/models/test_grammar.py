@@ -183,3 +183,82 @@ def test_auto_takes_a_bare_call_object_only_to_an_offered_tool_and_schema(backen
     ]
     for text in refused:
         assert not compiler.matcher(auto).accept_string(text), text
+
+
+PROGRAM = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run a Python program.",
+        "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("reply", "closing"),
+    [
+        # a string's brackets are read as code's (the grammar then says whether that closing is right)
+        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * (3', ')"}}'),
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(sum([i for i in range(3', ')]))"}}'),
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(\'a (b', "')\"}}"),
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "x = {1: [\\"a', '\\"]}"}}'),
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "x = 1  # a (', '\\n"}}'),
+        ('Some {text "first"\n<tool_call>\n{"name": "pick", "arguments": {"colour": "red"', "}}"),
+    ],
+)
+def test_what_a_reply_leaves_open_is_read_innermost_first(reply: str, closing: str) -> None:
+    from toolschool.models.grammar import open_structure_closing
+
+    assert open_structure_closing(reply) == closing
+
+
+def test_closing_text_completes_the_grammar_or_says_it_cannot(backend) -> None:
+    from toolschool.models.grammar import closing_text
+
+    compiler = backend.grammar_compiler()
+    constraint = Constraint.for_tools("hermes", [PICK, CALC, PROGRAM], "required")
+    cases = [
+        # the code's literal and brackets, then the string, the object, the tag (forced by the grammar): read from
+        # the reply (a search of the closers alone spends its tries on text inside the literal)
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(len([\'a', "']))\"}}\n</tool_call>", False),
+        # required keys not yet written: what the reply leaves open does not complete it, the search fills them in
+        (
+            '<tool_call>\n{"name": "pick", "arguments": {"colour": "red"',
+            ', "bright": false, "size": 1}}\n</tool_call>',
+            True,
+        ),
+        ('<tool_call>\n{"name": "calculator", "arguments": {"expression": "1 + 2"}}\n</tool_call>', "", True),
+    ]
+    for reply, expected, searched in cases:
+        matcher = compiler.matcher(compiler.compile(constraint))
+        assert matcher.accept_string(reply)
+        assert closing_text(matcher, reply) == expected
+        assert closing_text(matcher) == (expected if searched else None)
+        assert matcher.accept_string(expected) and matcher.is_completed()  # the matcher itself was not moved
+    deep = compiler.matcher(compiler.compile(constraint))
+    assert deep.accept_string('<tool_call>\n{"name": "python", "arguments": {"code": "' + "(" * 12)
+    assert closing_text(deep, max_depth=4) is None  # twelve brackets: beyond the search alone
+    assert closing_text(deep, '{"code": "' + "(" * 12) == ")" * 12 + '"}}\n</tool_call>'
+
+
+def test_a_call_about_to_be_cut_off_is_ended_in_its_last_tokens(backend) -> None:
+    """A random model held to a named tool with a free string argument writes it until max_tokens; the backend
+    writes the string's and the call's ending in the last tokens instead, so every reply is a whole call."""
+    fmt = get_format("hermes")
+    constraint = Constraint.for_tools("hermes", [CALC, PROGRAM], "python")
+    before = backend.stats.wrap_ups
+
+    async def run():
+        requests = [_request("hermes", constraint, seed=s, max_tokens=40) for s in range(8)]
+        return await asyncio.gather(*(backend.generate(r) for r in requests))
+
+    completions = [c for (c,) in asyncio.run(run())]
+    wrapped = [c for c in completions if c.closed_at_limit]
+    assert len(wrapped) >= 4 and backend.stats.wrap_ups - before == len(wrapped)
+    for completion in completions:
+        assert len(completion.token_ids) <= 40
+        parsed = fmt.parse(completion.text)
+        assert parsed.error is None and [c["function"]["name"] for c in parsed.calls] == ["python"], completion.text
+        assert isinstance(parsed.calls[0]["function"]["arguments"]["code"], str)
+    assert all(c.finish_reason == "stop" for c in wrapped)  # a token was left for the end of the turn

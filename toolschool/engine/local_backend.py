@@ -48,7 +48,7 @@ from toolschool.engine.packed_weights import packed_view, packing_available
 from toolschool.engine.sampling import sample_next
 from toolschool.errors import ModelLoadError, ToolschoolError
 from toolschool.models.backend import Backend, Completion, ContextLengthError, GenerationRequest, StreamEvent
-from toolschool.models.grammar import GrammarCompiler, RowMasks
+from toolschool.models.grammar import GrammarCompiler, RowMasks, closing_text
 
 
 class BackendClosedError(ToolschoolError):
@@ -84,6 +84,8 @@ class _Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     matcher: Any = None  # the row's grammar state when its request is constrained
+    closing: list[int] = field(default_factory=list)  # the tokens still to write of the wrap-up of its open call
+    closed_at_limit: bool = False  # its open call was ended by a wrap-up in its last tokens
 
 
 @dataclass
@@ -99,6 +101,7 @@ class GenerationStats:
     prefill_passes: int = 0  # forward passes spent on prefill (several prompts can share one)
     shared_prefix_steps: int = 0  # decode steps whose attention read shared prompt prefixes once (`cascade_attention`)
     mask_seconds: float = 0.0  # constrained rows' grammar work: filling and applying token masks, advancing matchers
+    wrap_ups: int = 0  # constrained rows whose open call was ended in their last tokens (`WRAP_UP_WINDOW`)
 
 
 KV = tuple[torch.Tensor, torch.Tensor]  # one layer's (keys, values), [1, H, positions, D] each
@@ -248,6 +251,12 @@ def _common_prefix(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+# A constrained row's last tokens in which an open call is ended rather than cut off (`LocalBackend._wrap_up`): a
+# call's ending is its string's quote, a program's few brackets, the object's braces and the tag (~2-12 tokens), or,
+# early in a call, also the required keys not yet written (~25 tokens for three). Searched for at each of them.
+WRAP_UP_WINDOW = 48
 
 
 class LocalBackend(Backend):
@@ -600,6 +609,10 @@ class LocalBackend(Backend):
         )
         if constrained:
             started = time.perf_counter()
+            self._wrap_up(rows, tokens, logprobs)
+            self.stats.mask_seconds += time.perf_counter() - started
+        if constrained:
+            started = time.perf_counter()
             RowMasks.advance(matchers, tokens)
             self.stats.mask_seconds += time.perf_counter() - started
         keep: list[int] = []
@@ -678,6 +691,43 @@ class LocalBackend(Backend):
 
         self.prefix_cache.store(tokens, copy)
 
+    def _wrap_up(self, rows: list[_Row], tokens: list[int], logprobs: list[float]) -> None:
+        """End the open call of each constrained row about to run out of tokens: in its last `WRAP_UP_WINDOW`
+        tokens, once the text that completes its grammar (`closing_text`: the string's quote, the brackets, the
+        tag) takes all but one to three of the tokens left (one for the end of the turn; a token can open two
+        things at once), that text is written instead of sampled. So a
+        model that would write one argument until max_tokens still ends with a whole call (`closed_at_limit` on
+        its completion: the limit shaped the reply). A row whose grammar may end already, or that has no ending that
+        fits, is left alone."""
+        assert self._logits_BV is not None
+        for i, row in enumerate(rows):
+            if row.matcher is None or row.matcher.is_terminated():
+                continue
+            left = row.max_tokens - len(row.token_ids)  # counting the token being chosen now
+            if not row.closing and left <= WRAP_UP_WINDOW:
+                row.closing = self._closing_tokens(row.matcher, left, self._decode(row.token_ids))
+                if row.closing:
+                    row.closed_at_limit = True
+                    self.stats.wrap_ups += 1
+            if row.closing:
+                tokens[i] = row.closing.pop(0)
+                logprobs[i] = float(torch.log_softmax(self._logits_BV[i].float(), dim=-1)[tokens[i]])
+
+    def _closing_tokens(self, matcher: Any, left: int, reply: str) -> list[int]:
+        """The tokens of the text that completes `matcher`'s grammar after `reply`, when they take `left` - 3 tokens
+        or more but leave one for the end of the turn (the time to write them); [] otherwise, or when the grammar
+        may end now."""
+        text = closing_text(matcher, reply)
+        if not text:
+            return []
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if not left - 3 <= len(ids) <= left - 1 or self._decode(ids) != text:
+            return []
+        fork = matcher.fork()  # the tokens are the text the search accepted, but check them as tokens
+        if not all(fork.accept_token(token) for token in ids) or not fork.is_completed():
+            return []
+        return ids
+
     def _finish_if_done(self, i: int, row: _Row) -> bool:
         """Complete the row if its last token ends it; return whether it finished."""
         params = row.pending.request.params
@@ -706,6 +756,7 @@ class LocalBackend(Backend):
             logprobs=list(row.logprobs),
             finish_reason=reason,  # type: ignore[arg-type]
             prompt_tokens=pending.prompt_tokens,
+            closed_at_limit=row.closed_at_limit,
         )
         pending.completions[row.index] = completion
         if pending.listener is not None:

@@ -410,6 +410,7 @@ def _step(completion: Completion, raw: str, parsed: ParsedReply, *, executed: bo
         executed=executed,
         finish_reason=completion.finish_reason,
         completion_tokens=completion.num_tokens,
+        closed_at_limit=completion.closed_at_limit,
     )
 
 

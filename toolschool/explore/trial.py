@@ -17,9 +17,10 @@ Fields of one line (version 1), in the order a line holds them:
   `arguments`, `observation` {text, value, is_error, error_kind} and `shown`, the text the model saw: the
   observation text, cut at `max_observation_chars`), `final`, `parse_error`, `error` (a parse error or any failed
   call), `executed` (false for a reply written after the budget ran out), `finish_reason`, `completion_tokens`;
-  then `feedback` (only after a parse error: what the model was told) or `skipped_calls` (only when a reply held
-  more calls than the budget of `max_turns` calls had left: each a `Call` without `observation`, `shown` being the
-  "not run" notice the model got);
+  `closed_at_limit` (only when true: the backend ended the reply's open call in its last tokens, so its last value
+  is cut short: `toolschool.engine.local_backend.WRAP_UP_WINDOW`); then `feedback` (only after a parse error: what
+  the model was told) or `skipped_calls` (only when a reply held more calls than the budget of `max_turns` calls
+  had left: each a `Call` without `observation`, `shown` being the "not run" notice the model got);
 - `final_answer`: the final answer or null; `reflection` (the model's text or null) and `solved`
   (true / false / null when reflection was off or unclear);
 - `messages`: the canonical conversation this trial added (imagination prompt without long-term memory, the
@@ -143,6 +144,7 @@ _STEP = {
     "executed": "bool",
     "finish_reason": "str?",
     "completion_tokens": "int",
+    "closed_at_limit": "bool",
     "feedback": "str?",
     "skipped_calls": "list",
 }
@@ -160,6 +162,7 @@ class Step:
     executed: bool = True  # False: written after the call budget ran out, so not run
     finish_reason: str | None = None
     completion_tokens: int = 0
+    closed_at_limit: bool = False  # the backend ended the reply's open call in its last tokens (a value cut short)
     feedback: str | None = None  # after a parse error: what the model was told
     skipped_calls: list[Call] = field(default_factory=list)  # calls past the budget, answered "not run"
     extra: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +178,8 @@ class Step:
             "finish_reason": self.finish_reason,
             "completion_tokens": self.completion_tokens,
         }
+        if self.closed_at_limit:
+            line["closed_at_limit"] = True
         if self.feedback is not None:
             line["feedback"] = self.feedback
         if self.skipped_calls:

@@ -234,6 +234,152 @@ def _failing_path(schema: Any, compile_one: Any, path: str = "") -> str:
     return path.rstrip(".")
 
 
+# What closes what a constrained reply left open when its tokens run out (`closing_text`), tried in this order: a
+# JSON string's quote, an object's and an array's bracket, a program's brackets and its literals' quotes (a '...'
+# literal, and a "..." one, which is JSON's \"), the separator before a required key not yet written (the grammar
+# then forces the key: `find_jump_forward_string`), the shortest value of a required number, boolean, array or
+# object (1 for a number whose minimum is 1), a line end (a comment in a program, a react thought).
+CLOSERS = ('"', "}", "]", ")", "'", '\\"', ", ", "0", "1", "false", "[", "{", "\n")
+
+
+def _as_plain_strings(text: str) -> str:
+    """`text` with its JSON strings' code read as plain text: brackets and quotes inside a string open nothing."""
+    out, in_string, i = [], False, 0
+    while i < len(text):
+        char = text[i]
+        if in_string and char == "\\":
+            out.append("\\" + text[i + 1 : i + 2])
+            i += 2
+            continue
+        if char == '"':
+            in_string = not in_string
+        out.append(char if not in_string or char in '"' else "x")
+        i += 1
+    return "".join(out)
+
+
+# Where a call starts in a reply (hermes' tag, a react action's arguments, a fenced call): what is open is read from
+# the last of them on (text before it is free, its quotes and braces open nothing).
+_CALL_STARTS = ("<tool_call>", "Action Input:", "```json")
+_PAIRS = {"(": ")", "[": "]", "{": "}"}
+
+
+def open_structure_closing(text: str) -> str:
+    """What closes the JSON (and, inside its string, the Python code) that `text` leaves open, read from its last
+    call start (`_CALL_STARTS`) on: a comment's line end, a code literal's quote, the code's brackets, the string's
+    quote, the objects' and arrays' brackets — innermost first. A guess to check against the grammar (a string that
+    is not code reads its brackets as code too; `closing_text` checks it first), never used unchecked."""
+    start = max((text.rfind(mark) + len(mark) for mark in _CALL_STARTS if mark in text), default=0)
+    containers: list[str] = []  # JSON objects and arrays
+    in_string = False
+    code: list[str] = []  # inside a string: the code's open brackets
+    literal: str | None = None  # inside a string: the open code literal, "'" or '\\"'
+    comment = False
+    i = start
+    while i < len(text):
+        char = text[i]
+        if not in_string:
+            if char == '"':
+                in_string, code, literal, comment = True, [], None, False
+            elif char in "{[":
+                containers.append(char)
+            elif char in "}]" and containers and _PAIRS[containers[-1]] == char:
+                containers.pop()
+            i += 1
+            continue
+        if char == "\\":  # a JSON escape: \" is a double quote of the code, \n a line end, \\ a backslash
+            escaped = text[i + 1 : i + 2]
+            if comment and escaped == "n":
+                comment = False
+            elif not comment and escaped == '"' and literal in (None, '\\"'):
+                literal = None if literal else '\\"'
+            i += 2
+            continue
+        if char == '"':
+            in_string = False
+        elif comment:
+            pass
+        elif literal == "'":
+            literal = None if char == "'" else literal
+        elif literal is None:
+            if char == "#":
+                comment = True
+            elif char == "'":
+                literal = "'"
+            elif char in _PAIRS:
+                code.append(char)
+            elif char in ")]}" and code and _PAIRS[code[-1]] == char:
+                code.pop()
+        i += 1
+    closing = ""
+    if in_string:
+        closing = ("\\n" if comment else "") + (literal or "") + "".join(_PAIRS[c] for c in reversed(code)) + '"'
+    return closing + "".join(_PAIRS[c] for c in reversed(containers))
+
+
+def _completes(matcher: Any, text: str) -> str | None:
+    """`text` and then the grammar's forced text, when accepting them lets the grammar end; else None."""
+    fork = matcher.fork()
+    if not fork.accept_string(text):
+        return None
+    while not fork.is_completed():
+        forced = fork.find_jump_forward_string()
+        if not forced or not fork.accept_string(forced):
+            return None
+        text += forced
+    return text
+
+
+def closing_text(matcher: Any, reply: str | None = None, *, max_depth: int = 8, max_nodes: int = 4000) -> str | None:
+    """A short text that completes what `matcher`'s grammar has open (so the reply may end); "" when it may end now;
+    None when none is found. The matcher itself is not changed (all of it runs on forks).
+
+    With the `reply` written so far, what its open structure needs (`open_structure_closing`: a program's
+    brackets and quotes, then the JSON's) is tried first, checked against the grammar; otherwise the shortest
+    text made of the grammar's forced text and `CLOSERS` (iterative deepening, within `max_depth` closers and
+    `max_nodes` tries): how required keys not yet written are filled in, and what no reading of the text covers.
+
+    Why: a small model sampled at temperature 1 can write one string argument until max_tokens, and the reply is
+    then no call at all; the local backend ends such a call with this text in the reply's last tokens instead
+    (`LocalBackend`, a wrap-up of the call), so a constrained reply is complete whenever this finds an ending."""
+    if reply is not None and not matcher.is_completed():
+        for guess in (open_structure_closing(reply), open_structure_closing(_as_plain_strings(reply))):
+            if guess and (checked := _completes(matcher, guess)) is not None:
+                return checked
+    fork = matcher.fork()
+    nodes = 0
+
+    def search(depth: int) -> str | None:
+        nonlocal nodes
+        forced = fork.find_jump_forward_string()
+        jumped = bool(forced) and fork.accept_string(forced)
+        prefix = forced if jumped else ""
+        try:
+            if fork.is_completed():
+                return prefix
+            if depth == 0:
+                return None
+            for closer in CLOSERS:
+                nodes += 1
+                if nodes > max_nodes:
+                    return None
+                if fork.accept_string(closer):
+                    rest = search(depth - 1)
+                    fork.rollback(1)
+                    if rest is not None:
+                        return prefix + closer + rest
+            return None
+        finally:
+            if jumped:
+                fork.rollback(1)
+
+    for depth in range(max_depth + 1):  # iterative deepening: the first ending found is a shortest one
+        found = search(depth)
+        if found is not None or nodes > max_nodes:
+            return found
+    return None
+
+
 class RowMasks:
     """The next-token masks of the constrained rows of a batch: a bitmask buffer reused from step to step."""
 

@@ -23,6 +23,15 @@ def candidate_of(line: dict, **rules: bool) -> tuple[Candidate | None, str | Non
     return trial_to_candidate(Trial.from_json(line), **rules)
 
 
+def test_a_call_the_backend_ended_at_max_tokens_is_not_taught() -> None:
+    line = good_trials()[0]
+    closed = dict(line, steps=[dict(line["steps"][0], closed_at_limit=True), *line["steps"][1:]])
+    assert candidate_of(closed) == (None, "a call was ended at max_tokens")
+    assert Trial.from_json(closed).to_json()["steps"][0]["closed_at_limit"] is True
+    assert "closed_at_limit" not in Trial.from_json(line).to_json()["steps"][0]  # written only when true
+    assert candidate_of(line)[1] is None
+
+
 def test_rules_build_the_clean_conversation() -> None:
     trials = good_trials()
     candidate, reason = candidate_of(trials[1])

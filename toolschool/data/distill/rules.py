@@ -61,6 +61,8 @@ def trial_to_candidate(
         return None, "the explorer's reflection said it was not solved"
     if any(s.skipped_calls for s in trial.steps):  # answered "not run": the clean path cannot show that
         return None, "calls past the call budget were not run"
+    if any(s.closed_at_limit for s in trial.steps if s.calls):  # its last value was cut short to end the call
+        return None, "a call was ended at max_tokens"
     call_steps = [s for s in trial.steps if s.calls]
     if not call_steps:
         return None, "no tool call"
