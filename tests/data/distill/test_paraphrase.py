@@ -299,3 +299,24 @@ def test_a_paraphrase_is_kept_only_when_the_explorer_reads_it_back_to_the_origin
     off = distill(trials, opts, paraphraser=again, explorer=again)
     assert off["dropped"]["paraphrase"] == {} and off["options"]["paraphrase_round_trip"] is False
     assert off["per_tool"]["calculator"]["paraphrases"] == 2
+
+
+def test_a_paraphrase_whose_call_is_not_grounded_in_it_is_rejected(tmp_path: Path) -> None:
+    """A round trip may still write the original's call from a paraphrase that left a unit out (the explorer guesses
+    "mile" for "Convert 5 km."): grounded like its original, the paraphrase is checked for what its call takes."""
+    from distill_helpers import good_trials
+
+    trials = [good_trials()[3]]  # "How many miles is 5 km?" -> unit_convert(5, km, mile)
+    script = {"How many miles is 5 km?": ["Convert 5 km.", "How many miles are 5 kilometres?"]}
+    backend = ScriptedBackend(script)
+    opts = DistillOptions(
+        trials=tmp_path / "t.jsonl", out=tmp_path / "o", target_per_tool=3, max_paraphrases=2,
+        validation_fraction=0.0, paraphrase_model="scripted", chitchat_fraction=0.0,
+    )  # fmt: skip
+    summary = distill(trials, opts, paraphraser=backend, explorer=backend)
+    dropped = summary["dropped"]["paraphrase"]["unit_convert"]
+    assert dropped["not grounded: a unit in the call is not in the request"] == 1  # the others: samples left empty
+    train, _ = load_dataset_jsonl(opts.out / "train.jsonl", on_error="stop")
+    assert [e["messages"][0]["content"] for e in train if e["meta"].get("paraphrase")] == [
+        "How many miles are 5 kilometres?"
+    ]

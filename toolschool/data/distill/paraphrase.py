@@ -18,7 +18,7 @@ from toolschool.data.distill.dedupe import near_duplicate
 from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.rules import Candidate
 from toolschool.data.distill.templates import PROMPTS_DIR, generate, render
-from toolschool.data.filters import signed_span_problem
+from toolschool.data.filters import grounding_problem, signed_span_problem
 from toolschool.data.round_trip import RoundTrip
 from toolschool.models.backend import Backend
 
@@ -404,6 +404,9 @@ def select_paraphrases(
                     text, candidate.query, candidate.calls, others, opts.dedupe_threshold,
                     answers=candidate_answers(candidate), read_back=trips is not None,
                 )  # fmt: skip
+            if problem is None and opts.require_grounded:  # as its original was: "How fast is 230 km/h?" for m/s
+                ungrounded = grounding_problem(candidate.example(text)["messages"], candidate.tools)
+                problem = None if ungrounded is None else f"not grounded: {ungrounded.reason}"
             if problem is None and trips is not None:
                 trip = trips.get((candidate.id, text))
                 if trip is None:
