@@ -12,6 +12,7 @@ import pytest
 from toolschool.chat.types import tool_call
 from toolschool.data.distill.variants import (
     DERIVED,
+    FIXED_DATE,
     LONG_RESULT,
     NO_SLOT,
     NOT_ONE_CALL,
@@ -19,6 +20,7 @@ from toolschool.data.distill.variants import (
     ORDER,
     REFUSED,
     REPEATED,
+    STALE,
     find_slots,
     value_variants,
 )
@@ -152,16 +154,53 @@ def test_a_unit_result_states_its_number_with_the_precision_it_needs(registry: T
 def test_a_program_varies_what_the_request_states_and_only_that(registry: ToolRegistry) -> None:
     example = line(
         registry,
-        "Print the sum of the squares from 1 to 20.",
+        "Print the sum of the squares from 5 to 20.",
         "python",
-        {"code": "print(sum(i * i for i in range(1, 21)))"},
+        {"code": "print(sum(i * i for i in range(5, 21)))"},
         "The sum is {}.",
     )
     for variant in variants(registry, example):
         query, arguments, result, _answer = parts(variant)
         start = int(query.split("from ")[1].split(" ")[0])
-        assert arguments["code"] == f"print(sum(i * i for i in range({start}, 21)))"
+        assert arguments["code"] == f"print(sum(i * i for i in range({start}, 21)))"  # 20 (not in the code) stays
         assert int(result) == sum(i * i for i in range(start, 21))
+
+
+def test_a_result_quoted_as_the_tool_writes_it_is_restated_so_and_a_code_number_as_the_request_reads(
+    registry: ToolRegistry,
+) -> None:
+    example = line(registry, "What is 10,000 / 7?", "calculator", {"expression": "10000 / 7"}, "10,000 / 7 = {}")
+    for variant in variants(registry, example):
+        _query, _arguments, result, answer = parts(variant)
+        assert answer.endswith(f" = {result}")  # the tool's own text, not the old answer's 11 decimals
+    priced = line(
+        registry, "Seven items at $2.50 each: what is the total?", "python", {"code": "print(7 * 2.5)"}, "It is {}."
+    )
+    for variant in variants(registry, priced):
+        query, arguments, result, _answer = parts(variant)
+        price = query.split("$")[1].split(" ")[0]
+        assert len(price.split(".")[1]) == 2 and float(price) < 10  # "$2.50": two decimals, one digit
+        assert arguments["code"] == f"print(7 * {float(price):g})" and float(result) == pytest.approx(7 * float(price))
+        assert grounding_problem(variant["messages"], variant["tools"]) is None
+    small = line(registry, "What is 0.75 times 8?", "calculator", {"expression": "0.75 * 8"}, "It is {}.")
+    assert all(parts(v)[0].startswith("What is 0.") for v in variants(registry, small))
+
+
+@pytest.mark.parametrize(
+    ("query", "name", "arguments", "answer"),
+    [
+        ("What is 12 times 7?", "calculator", {"expression": "12 * 7"}, "12 times 7 is {}. So the answer is {}."),
+        ("What is max of 12 and 45?", "calculator", {"expression": "max(12, 45)"}, "max(12,45) = {}"),
+        ("What is 30 days after 2024-01-01?", "date_add", {"date": "2024-01-01", "days": 30}, "A Monday: {}."),
+    ],
+)
+def test_a_variant_whose_answer_would_keep_an_old_value_is_not_made(
+    registry: ToolRegistry, query: str, name: str, arguments: dict[str, Any], answer: str
+) -> None:
+    result = registry.call(name, arguments).text
+    example = line(registry, query, name, arguments, answer.replace("{}", result, answer.count("{}") - 1))
+    made, why = value_variants(example, 2, registry.call, random.Random(0), set())
+    assert made == [] and why[STALE] >= 1, why
 
 
 @pytest.mark.parametrize(
@@ -172,6 +211,13 @@ def test_a_program_varies_what_the_request_states_and_only_that(registry: ToolRe
         ("What is the weekday today?", "weekday", {"date": "2024-01-01"}, NO_SLOT),
         # written twice: which one the call holds is not known
         ("What is 5 + 5?", "calculator", {"expression": "5 + 5"}, NO_SLOT),
+        # the year of "January 1" is the other date's: changing one would change both
+        (
+            "How many days from January 1 to March 1, 2024?",
+            "date_diff",
+            {"start_date": "2024-01-01", "end_date": "2024-03-01"},
+            FIXED_DATE,
+        ),
     ],
 )
 def test_lines_a_rule_cannot_vary_safely_are_left_with_the_reason(
@@ -212,3 +258,8 @@ def test_slots_are_the_values_written_once_that_the_call_holds() -> None:
     assert problem is None and [(s.kind, s.request.text) for s in slots] == [("date", "2024-01-01")]
     slots, _ = find_slots("Convert 1,200 m to km", {"value": 1200, "from_unit": "m", "to_unit": "km"})
     assert [(s.kind, s.value) for s in slots] == [("number", 1200.0)]
+
+
+def test_an_ordinal_and_a_time_are_not_values_to_vary() -> None:
+    slots, _ = find_slots("The 3rd box holds 40 kg; at 14:30 add 3", {"expression": "40 + 3"})
+    assert [(s.request.text, s.request.start) for s in slots] == [("40", 18), ("3", 38)]

@@ -4,9 +4,10 @@ tool run on them, the final answer restated with the new result.
 Why: a small student shown each request with one set of values learns the values with the request (the 135M
 answered "add 17 days" with the 30 of its training line); shown the same request with other values, each call
 read from its request, it learns to copy a value from where the request states it. No model writes a variant:
-the values are drawn, the result is the real tool's, and every variant passes the checks its original passed (its
-call is grounded in its request; its answer states the tool's result), so a variant is as verified as the line it
-comes from — what STE's verified trials are for, at the cost of a tool call.
+the values are drawn, the result is the real tool's, and two checks run again (its call is grounded in its request;
+its answer states the tool's result and no value the variant did not write), while the wording is the original's,
+whose echo, judge and round-trip verdicts carry over: a variant is as verified as the line it comes from — what
+STE's verified trials are for, at the cost of a tool call.
 
 A value is varied (a "slot") when the request writes it once, with digits, and the call holds it: a number (in a
 number argument, or in a string argument such as a calculator expression or a program) or a date with its year
@@ -31,12 +32,17 @@ from typing import Any
 from toolschool.chat.types import tool_call
 from toolschool.data.dataset import same_request_key
 from toolschool.data.filters import DateSpan, date_spans, grounding_problem, write_date
-from toolschool.evaluate.metrics import EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
+from toolschool.evaluate.metrics import ANSWER_REL_TOL, EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
 from toolschool.tools.base import Observation
 
 # A number written in a request or an answer (thousands may be grouped: "1,200") and in an argument string (a
 # program's "f(1,200)" is two numbers): unsigned, a sign stays in the text around it.
-_TEXT_NUMBER = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w.]*\d)")
+_TEXT_NUMBER = re.compile(r"(?<![\w.,:])(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w.]*\d)")
+# Numbers a variant does not vary: an ordinal ("3rd", "21st": its suffix would be wrong), a time ("14:30")
+_NOT_A_QUANTITY = re.compile(r"(?:st|nd|rd|th)\b|:\d", re.IGNORECASE)
+# Every number an answer states, as eval's answer accuracy reads it (after a comma too: "max(12,45) = 45")
+_ANSWER_NUMBER = re.compile(r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+")
+_WEEKDAYS = re.compile(r"\b(?:mon|tues|wednes|thurs|fri|satur|sun)day\b", re.IGNORECASE)
 _CODE_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.]*\d)")
 # Between a slot and a number the call derives from it: one more or less, the negation, or one of these factors.
 _FACTORS = (2, 3, 4, 5, 7, 10, 12, 24, 30, 52, 60, 100, 365, 1000, 1440, 3600, 86400)
@@ -49,6 +55,8 @@ ToolCaller = Callable[[str, dict[str, Any]], Observation]  # a registry's `call`
 NOT_ONE_CALL = "not one call and its answer"
 NO_SLOT = "no value of the call is written once in the request"
 DERIVED = "the call holds a number derived from a request value"
+FIXED_DATE = "the request writes a date the rule leaves as it is (no year, no day order, or twice)"
+STALE = "the answer states a value the variant does not restate"
 LONG_RESULT = "the tool's result is too long to restate"
 NOT_RESTATED = "the answer cannot be restated with the new result"
 REFUSED = "the tool refused the values drawn"
@@ -88,7 +96,11 @@ def _outside(ranges: list[tuple[int, int]], start: int, end: int) -> bool:
 
 def _text_numbers(text: str, dates: list[DateSpan]) -> list[_Span]:
     ranges = _date_span_ranges(dates)
-    return [_Span(m.start(), m.end(), m.group(0)) for m in _TEXT_NUMBER.finditer(text) if _outside(ranges, *m.span())]
+    return [
+        _Span(m.start(), m.end(), m.group(0))
+        for m in _TEXT_NUMBER.finditer(text)
+        if _outside(ranges, *m.span()) and not _NOT_A_QUANTITY.match(text, m.end())
+    ]
 
 
 def _argument_numbers(arguments: dict[str, Any]) -> list[float]:
@@ -140,10 +152,14 @@ def find_slots(query: str, arguments: dict[str, Any]) -> tuple[list[_Slot], str 
     held = _argument_numbers(arguments)
     for span in numbers:
         value = _number(span.text)
-        if value and written[value] == 1 and value in held:
+        # 0 and 1 stay: "1 day" is singular, and a program's 0 or 1 is a start or a step as often as a value
+        if value not in (0, 1) and written[value] == 1 and value in held:
             slots.append(_Slot("number", value, span))
     if not slots:
         return [], NO_SLOT
+    varied_dates = [s for s in slots if s.kind == "date"]
+    if varied_dates and len(dates) != len(varied_dates):  # "from January 1 to March 1, 2024": both years change
+        return [], FIXED_DATE
     varied = [s.value for s in slots if s.kind == "number"]
     if any(_related(n, v) for n in held if n not in varied for v in varied):  # type: ignore[arg-type]
         return [], DERIVED
@@ -161,8 +177,10 @@ def _draw_number(slot: _Slot, rng: random.Random) -> float:
     text = slot.request.text.replace(",", "")
     whole = text.split(".")[0]
     digits = len(whole.lstrip("0")) or 0
-    if digits <= 1:
-        integer = rng.randint(0 if "." in text and whole == "0" else 2, 9)
+    if not digits:  # 0.75: another 0.x
+        integer = 0
+    elif digits == 1:
+        integer = rng.randint(2, 9)
     else:
         integer = rng.randint(10 ** (digits - 1), 10**digits - 1)
     places = _decimals(text)
@@ -259,11 +277,31 @@ def _rewrite_argument(value: Any, numbers: dict[float, float], dates: dict[dt.da
         ranges = _date_span_ranges(spans)
         for m in _CODE_NUMBER.finditer(value):
             if _outside(ranges, *m.span()) and (new := numbers.get(float(m.group(0)))) is not None:
-                edits.append((m.start(), m.end(), _write_number(new, m.group(0), grouped=False)))
+                edits.append((m.start(), m.end(), _plain(new)))  # as the request reads it: 2.5 for "$2.50"
         for start, end, new_text in sorted(edits, reverse=True):
             value = value[:start] + new_text + value[end:]
         return value
     return value
+
+
+def _plain(value: float) -> str:
+    """A number as code writes it: 3.47, 12 (no grouping, no trailing zeros)."""
+    return str(int(value)) if value == int(value) else f"{value:.12g}"
+
+
+def _stale(text: str, numbers: set[float], dates: set[dt.date], old: set[Any]) -> bool:
+    """Whether an answer's text around its result states a number, date or weekday the variant did not write:
+    each number must be a new value or one the request states unchanged, each date a new one, none of them one of
+    the `old` values (the old result and values: a new value equal to one cannot tell them apart), and no weekday
+    (a weekday beside a date is derived from it). Numbers are read as eval reads them, after a comma too."""
+    if _WEEKDAYS.search(text):
+        return True
+    spans = date_spans(text)
+    if any(span.date not in dates or span.date in old for span in spans):
+        return True
+    ranges = _date_span_ranges(spans)
+    stated = [_number(m.group(0)) for m in _ANSWER_NUMBER.finditer(text) if _outside(ranges, *m.span())]
+    return any(n not in numbers or n in old for n in stated)
 
 
 def _numeric(expected: Any) -> float | None:
@@ -296,15 +334,24 @@ def _result_span(answer: str, old: Any) -> _Span | None:
     return _Span(found.start(), found.end(), found.group(0)) if found else None
 
 
-def _state(old_span: _Span, new_result: Any, new_text: str) -> str:
-    """The new result written where the answer stated the old one, as it was written there (a number with as many
-    decimals, more when the new one needs them; a date in the same spelling)."""
+def _state(old_span: _Span, old_text: str, new_result: Any, new_text: str) -> str:
+    """The new result written where the answer stated the old one, as it was written there: as the tool writes it
+    when the answer quoted the tool's text; else a number with as many decimals (more when the new one needs them to
+    read as it within a tenth of eval's tolerance, no trailing zeros past the old ones); a date in the same spelling."""
     number = _numeric(new_result)
     if number is not None:
+        quoted = _QUANTITY.fullmatch(old_text.strip()) or re.fullmatch(r"[-+]?([\d,.]+)", old_text.strip())
+        fresh = _QUANTITY.fullmatch(new_text.strip()) or re.fullmatch(r"[-+]?([\d,.]+)", new_text.strip())
+        if quoted and fresh and quoted.group(1) == old_span.text:  # "is 1428.57142857143": the tool's own text
+            return fresh.group(1)
         value, places = abs(number), _decimals(old_span.text)
-        while places < 10 and not math.isclose(round(value, places), value, rel_tol=1e-6, abs_tol=1e-9):
+        while places < 10 and not math.isclose(round(value, places), value, rel_tol=ANSWER_REL_TOL / 10, abs_tol=1e-9):
             places += 1
-        return f"{value:,.{places}f}" if "," in old_span.text else f"{value:.{places}f}"
+        text = f"{value:,.{places}f}" if "," in old_span.text else f"{value:.{places}f}"
+        keep = _decimals(old_span.text)
+        while "." in text and _decimals(text) > keep and text.endswith("0"):
+            text = text[:-1]
+        return text.removesuffix(".")
     spans = date_spans(old_span.text)
     if spans and spans[0].date is not None and (date := _iso(new_text)) is not None:
         return write_date(spans[0], date)
@@ -357,6 +404,15 @@ def value_variants(
     result_span = _result_span(answer, old_expected)
     if result_span is None:
         return [], Counter({NOT_RESTATED: 1})
+    # the request's numbers that are not varied: an answer may state them as they are ("2 weeks", "15 %")
+    fixed = {_number(s.text) for s in _text_numbers(query, date_spans(query))} - {
+        s.value for s in slots if s.kind == "number"
+    }
+    old_result = _numeric(old_expected)
+    if old_result is None and (quantity := _QUANTITY.fullmatch(str(old_expected).strip())):
+        old_result = _number(quantity.group(1))
+    # what the answer stated before: the old values and the old result (a number, or a date)
+    stated_before = {s.value for s in slots} | {abs(old_result) if old_result is not None else _iso(str(old_expected))}
     out: list[dict[str, Any]] = []
     for _attempt in range(count * ATTEMPTS_PER_VARIANT):
         if len(out) >= count:
@@ -382,14 +438,15 @@ def value_variants(
         if expected is None:
             why[LONG_RESULT] += 1
             continue
-        stated = _state(result_span, expected, text)
-        new_answer = (
-            _rewrite_text(answer[: result_span.start], numbers, dates, None)  # type: ignore[arg-type]
-            + stated
-            + _rewrite_text(answer[result_span.end :], numbers, dates, None)  # type: ignore[arg-type]
-        )
+        stated = _state(result_span, str(result_message.get("content") or ""), expected, text)
+        before = _rewrite_text(answer[: result_span.start], numbers, dates, None)  # type: ignore[arg-type]
+        after = _rewrite_text(answer[result_span.end :], numbers, dates, None)  # type: ignore[arg-type]
+        new_answer = before + stated + after
         if not answer_matches(new_answer, expected):
             why[NOT_RESTATED] += 1
+            continue
+        if _stale(before + " " + after, set(numbers.values()) | fixed, set(dates.values()), stated_before):  # type: ignore[arg-type]
+            why[STALE] += 1
             continue
         call_id = call.get("id") or "call_0"
         messages = [
