@@ -86,6 +86,7 @@ class _Row:
     matcher: Any = None  # the row's grammar state when its request is constrained
     closing: list[int] = field(default_factory=list)  # the tokens still to write of the wrap-up of its open call
     closed_at_limit: bool = False  # its open call was ended by a wrap-up in its last tokens
+    searched_at: int = -(10**9)  # its token count when a grammar search for an ending last found none
 
 
 @dataclass
@@ -257,6 +258,7 @@ def _common_prefix(a: tuple[int, ...], b: list[int] | tuple[int, ...]) -> int:
 # call's ending is its string's quote, a program's few brackets, the object's braces and the tag (~2-12 tokens), or,
 # early in a call, also the required keys not yet written (~25 tokens for three). Searched for at each of them.
 WRAP_UP_WINDOW = 48
+WRAP_UP_RETRY = 4  # tokens between two grammar searches of one row that found no ending
 
 
 class LocalBackend(Backend):
@@ -695,17 +697,22 @@ class LocalBackend(Backend):
         """End the open call of each constrained row about to run out of tokens: in its last `WRAP_UP_WINDOW`
         tokens, once the text that completes its grammar (`closing_text`: the string's quote, the brackets, the
         tag) takes all but one to three of the tokens left (one for the end of the turn; a token can open two
-        things at once), that text is written instead of sampled. So a
-        model that would write one argument until max_tokens still ends with a whole call (`closed_at_limit` on
-        its completion: the limit shaped the reply). A row whose grammar may end already, or that has no ending that
-        fits, is left alone."""
+        things at once), that text is written instead of sampled. So a model that would write one argument until
+        max_tokens still ends with a whole call; its completion says `closed_at_limit` and its finish reason is
+        "length" (the limit shaped the reply). A row whose grammar may end already, or that has no ending that
+        fits, is left alone; where the grammar search found no ending, it is tried again only every
+        `WRAP_UP_RETRY` tokens (each step still reads what the reply leaves open, which costs ~0.1 ms)."""
         assert self._logits_BV is not None
         for i, row in enumerate(rows):
             if row.matcher is None or row.matcher.is_terminated():
                 continue
             left = row.max_tokens - len(row.token_ids)  # counting the token being chosen now
             if not row.closing and left <= WRAP_UP_WINDOW:
-                row.closing = self._closing_tokens(row.matcher, left, self._decode(row.token_ids))
+                search = len(row.token_ids) - row.searched_at >= WRAP_UP_RETRY
+                text = closing_text(row.matcher, self._decode(row.token_ids), max_nodes=4000 if search else 0)
+                if text is None and search:
+                    row.searched_at = len(row.token_ids)
+                row.closing = self._closing_tokens(row.matcher, left, text)
                 if row.closing:
                     row.closed_at_limit = True
                     self.stats.wrap_ups += 1
@@ -713,11 +720,9 @@ class LocalBackend(Backend):
                 tokens[i] = row.closing.pop(0)
                 logprobs[i] = float(torch.log_softmax(self._logits_BV[i].float(), dim=-1)[tokens[i]])
 
-    def _closing_tokens(self, matcher: Any, left: int, reply: str) -> list[int]:
-        """The tokens of the text that completes `matcher`'s grammar after `reply`, when they take `left` - 3 tokens
-        or more but leave one for the end of the turn (the time to write them); [] otherwise, or when the grammar
-        may end now."""
-        text = closing_text(matcher, reply)
+    def _closing_tokens(self, matcher: Any, left: int, text: str | None) -> list[int]:
+        """The tokens of `text` (what completes `matcher`'s grammar), when they take `left` - 3 tokens or more but
+        leave one for the end of the turn (the time to write them); [] otherwise, or when there is nothing to end."""
         if not text:
             return []
         ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -754,7 +759,8 @@ class LocalBackend(Backend):
             text=text,
             token_ids=list(row.token_ids),
             logprobs=list(row.logprobs),
-            finish_reason=reason,  # type: ignore[arg-type]
+            # a reply whose call was ended at the limit ends there even when its last token is the end of turn
+            finish_reason="length" if row.closed_at_limit else reason,  # type: ignore[arg-type]
             prompt_tokens=pending.prompt_tokens,
             closed_at_limit=row.closed_at_limit,
         )

@@ -90,8 +90,8 @@ class Completion:
     # An HTTP server returns no token ids, only its count (usage.completion_tokens, split over the choices).
     reported_tokens: int | None = None
     # A constrained reply whose open call the backend ended in its last tokens (its arguments' last value is cut
-    # short: `engine.local_backend.WRAP_UP_WINDOW`); its finish_reason is "length", or "stop" when the model ended
-    # the reply itself in a token left after the ending
+    # short, required keys it had not written filled in: `engine.local_backend.WRAP_UP_WINDOW`); finish_reason
+    # "length"
     closed_at_limit: bool = False
 
     @property

@@ -337,7 +337,8 @@ def closing_text(matcher: Any, reply: str | None = None, *, max_depth: int = 8, 
     With the `reply` written so far, what its open structure needs (`open_structure_closing`: a program's
     brackets and quotes, then the JSON's) is tried first, checked against the grammar; otherwise the shortest
     text made of the grammar's forced text and `CLOSERS` (iterative deepening, within `max_depth` closers and
-    `max_nodes` tries): how required keys not yet written are filled in, and what no reading of the text covers.
+    `max_nodes` tries; none when `max_nodes` is 0): how required keys not yet written are filled in, and what no
+    reading of the text covers.
 
     Why: a small model sampled at temperature 1 can write one string argument until max_tokens, and the reply is
     then no call at all; the local backend ends such a call with this text in the reply's last tokens instead
@@ -373,6 +374,8 @@ def closing_text(matcher: Any, reply: str | None = None, *, max_depth: int = 8, 
             if jumped:
                 fork.rollback(1)
 
+    if max_nodes <= 0:  # the reading of the reply only
+        return "" if matcher.is_completed() else None
     for depth in range(max_depth + 1):  # iterative deepening: the first ending found is a shortest one
         found = search(depth)
         if found is not None or nodes > max_nodes:
