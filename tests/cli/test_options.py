@@ -58,7 +58,7 @@ FLAG_KEYS = {
         "--no-require-solved,--require-solved=distill.require_solved --no-round-trip,--round-trip=distill.round_trip "
         "--out-of-scope-fraction=distill.out_of_scope_fraction --paraphrase-model=distill.paraphrase_model "
         "--run=run.name --seed=run.seed --target-per-tool=distill.target_per_tool --trials=distill.trials "
-        "--validation-fraction=distill.validation_fraction"
+        "--validation-fraction=distill.validation_fraction --variants=distill.variants"
     ),
     "dataset build-calc-python": (
         "--cruxeval=dataset.cruxeval --formats=dataset.formats --gsm8k=dataset.gsm8k "
