@@ -451,6 +451,11 @@ def _python_problem(code: str, sources: Sources) -> Ungrounded | None:
     return None
 
 
+def argument_values(value: Any) -> list[Any]:
+    """Every scalar inside a call's arguments (nested objects and lists read through), in order."""
+    return [leaf for _key, leaf in _flatten(value)]
+
+
 def _flatten(value: Any, key: str = "") -> Iterable[tuple[str, Any]]:
     if isinstance(value, dict):
         for k, v in value.items():

@@ -18,7 +18,7 @@ from toolschool.data.distill.dedupe import near_duplicate
 from toolschool.data.distill.options import DistillOptions
 from toolschool.data.distill.rules import Candidate
 from toolschool.data.distill.templates import PROMPTS_DIR, generate, render
-from toolschool.data.filters import grounding_problem, signed_span_problem
+from toolschool.data.filters import argument_values, grounding_problem, signed_span_problem
 from toolschool.data.round_trip import RoundTrip
 from toolschool.models.backend import Backend
 
@@ -54,14 +54,6 @@ def _numbers(text: str) -> set[str]:
     return out
 
 
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    if isinstance(value, list):
-        return [x for v in value for x in _flatten(v)]
-    return [value]
-
-
 def required_atoms(query: str, calls: list[dict[str, Any]]) -> tuple[set[str], set[str]]:
     """What a paraphrase must keep: (numbers, phrases) that the calls' arguments take from the query.
 
@@ -73,7 +65,7 @@ def required_atoms(query: str, calls: list[dict[str, Any]]) -> tuple[set[str], s
     numbers: set[str] = set()
     phrases: set[str] = set()
     for call in calls:
-        for value in _flatten(call.get("arguments") or {}):
+        for value in argument_values(call.get("arguments") or {}):
             if isinstance(value, bool) or value is None:
                 continue
             if isinstance(value, int | float):
@@ -100,7 +92,7 @@ def _call_numbers(calls: list[dict[str, Any]]) -> set[str]:
     """Every number in the calls' arguments, compared by value like `_numbers`."""
     out: set[str] = set()
     for call in calls:
-        for value in _flatten(call.get("arguments") or {}):
+        for value in argument_values(call.get("arguments") or {}):
             if isinstance(value, bool) or value is None:
                 continue
             if isinstance(value, int | float):
@@ -128,7 +120,7 @@ _QUOTED = re.compile(r'"([^"\n]+)"|“([^”\n]+)”|‘([^’\n]+)’|`([^`\n]+
 def quoted_values(query: str, calls: list[dict[str, Any]]) -> set[str]:
     """Quoted spans of the query that a call's string argument holds (a text to count, a word to look up, a file
     name): kept verbatim, whatever their length (`required_atoms` takes names of up to four words only)."""
-    strings = [v for call in calls for v in _flatten(call.get("arguments") or {}) if isinstance(v, str)]
+    strings = [v for call in calls for v in argument_values(call.get("arguments") or {}) if isinstance(v, str)]
     values = set()
     for match in _QUOTED.finditer(query):
         value = next(g for g in match.groups() if g is not None).strip()
@@ -153,7 +145,7 @@ def required_months(query: str, calls: list[dict[str, Any]]) -> dict[str, int]:
     """{ISO date: month} for each date argument the query writes with its month's name ("May 1st 2024" for
     2024-05-01): the numbers 1 and 2024 are kept by the number check, the month only by its name."""
     named = _months_named(query)
-    dates = {d for call in calls for v in _flatten(call.get("arguments") or {}) for d in _DATE.findall(str(v))}
+    dates = {d for call in calls for v in argument_values(call.get("arguments") or {}) for d in _DATE.findall(str(v))}
     return {d: int(d[5:7]) for d in dates if d not in query and int(d[5:7]) in named}
 
 

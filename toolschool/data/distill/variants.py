@@ -31,7 +31,7 @@ from typing import Any
 
 from toolschool.chat.types import tool_call
 from toolschool.data.dataset import same_request_key
-from toolschool.data.filters import DateSpan, date_spans, grounding_problem, write_date
+from toolschool.data.filters import DateSpan, argument_values, date_spans, grounding_problem, write_date
 from toolschool.evaluate.metrics import ANSWER_REL_TOL, EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
 from toolschool.tools.base import Observation
 
@@ -79,7 +79,6 @@ class _Slot:
     kind: str  # "number" | "date"
     value: float | dt.date
     request: _Span
-    request_date: DateSpan | None = None
 
 
 def _number(text: str) -> float:
@@ -106,7 +105,7 @@ def _text_numbers(text: str, dates: list[DateSpan]) -> list[_Span]:
 def _argument_numbers(arguments: dict[str, Any]) -> list[float]:
     """Every number of the arguments by magnitude: number values, and numbers in strings outside their dates."""
     out: list[float] = []
-    for value in _leaves(arguments):
+    for value in argument_values(arguments):
         if isinstance(value, bool):
             continue
         if isinstance(value, int | float):
@@ -118,15 +117,9 @@ def _argument_numbers(arguments: dict[str, Any]) -> list[float]:
 
 
 def _argument_dates(arguments: dict[str, Any]) -> list[dt.date]:
-    return [s.date for v in _leaves(arguments) if isinstance(v, str) for s in date_spans(v) if s.date is not None]
-
-
-def _leaves(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [leaf for v in value.values() for leaf in _leaves(v)]
-    if isinstance(value, list):
-        return [leaf for v in value for leaf in _leaves(v)]
-    return [value]
+    return [
+        s.date for v in argument_values(arguments) if isinstance(v, str) for s in date_spans(v) if s.date is not None
+    ]
 
 
 def _related(number: float, slot: float) -> bool:
@@ -146,7 +139,7 @@ def find_slots(query: str, arguments: dict[str, Any]) -> tuple[list[_Slot], str 
     dated = Counter(s.date for s in dates if s.date is not None)
     for span in dates:
         if span.date is not None and dated[span.date] == 1 and span.date in call_dates:
-            slots.append(_Slot("date", span.date, _Span(span.start, span.end, query[span.start : span.end]), span))
+            slots.append(_Slot("date", span.date, _Span(span.start, span.end, query[span.start : span.end])))
     numbers = _text_numbers(query, dates)
     written = Counter(_number(s.text) for s in numbers)
     held = _argument_numbers(arguments)
@@ -233,10 +226,10 @@ def _draw(slots: list[_Slot], rng: random.Random) -> dict[int, float | dt.date] 
     return new
 
 
-def _write_number(value: float, like: str, *, grouped: bool) -> str:
+def _write_number(value: float, like: str) -> str:
+    """`value` written as `like` is: as many decimals, thousands grouped when it groups them."""
     places = _decimals(like)
-    text = f"{value:,.{places}f}" if grouped and "," in like else f"{value:.{places}f}"
-    return text
+    return f"{value:,.{places}f}" if "," in like else f"{value:.{places}f}"
 
 
 # ---------------------------------------------------------------------------------------------- rewriting
@@ -252,7 +245,7 @@ def _rewrite_text(text: str, numbers: dict[float, float], dates: dict[dt.date, d
     for token in _text_numbers(text, spans):
         value = _number(token.text)
         if value in numbers and (keep is None or _outside([(keep.start, keep.end)], token.start, token.end)):
-            edits.append((token.start, token.end, _write_number(numbers[value], token.text, grouped=True)))
+            edits.append((token.start, token.end, _write_number(numbers[value], token.text)))
     for start, end, new in sorted(edits, reverse=True):
         text = text[:start] + new + text[end:]
     return text
