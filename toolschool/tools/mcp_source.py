@@ -26,6 +26,9 @@ from toolschool.errors import ToolschoolError
 from toolschool.tools.base import Observation, Tool
 from toolschool.tools.validation import validation_error
 
+# How long a server may take to answer `initialize`: a cold start (a fresh virtual environment, `npx` or `uvx`
+# fetching its package, a loaded machine) takes tens of seconds; 30 s cut off a Python server on a busy CI machine.
+START_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 10.0  # how long a session asked to stop may take before it is cancelled
 _SDK_STDIO_LOGGER = "mcp.client.stdio"
 
@@ -87,7 +90,7 @@ class MCPTool(Tool):
 class MCPToolSource:
     """A stdio MCP server started from a command line such as `mcp-server-time --local-timezone UTC`."""
 
-    def __init__(self, command: str, *, start_timeout: float = 30.0, call_timeout: float = 30.0) -> None:
+    def __init__(self, command: str, *, start_timeout: float = START_TIMEOUT_S, call_timeout: float = 30.0) -> None:
         argv = shlex.split(command)
         if not argv:
             raise ToolschoolError("empty MCP server command", hint='pass --mcp "COMMAND ARGS"')
