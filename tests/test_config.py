@@ -42,6 +42,14 @@ def test_unknown_section(tmp_path: Path) -> None:
         load_config(write(tmp_path, "[bogus]\nx = 1\n"))
 
 
+def test_give_up_after_without_a_target_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="give_up_after needs target_per_tool") as info:
+        load_config(write(tmp_path, "[explore]\ngive_up_after = 8\n"))
+    assert "explore" in str(info.value)
+    config = load_config(write(tmp_path, "[explore]\ngive_up_after = 8\ntarget_per_tool = 4\n"))
+    assert config.explore.give_up_after == 8
+
+
 @pytest.mark.parametrize("old", sorted(MOVED_KEYS))
 def test_a_key_that_moved_names_its_new_place(tmp_path: Path, old: str) -> None:
     """Each setting is declared once: the student's format and toolkens in [model], the LoRA shape in [lora]. A

@@ -190,6 +190,20 @@ class ExploreSection(Section):
         description="explore each tool until it has this many verified trials (calls ran without error, a final "
         "answer, judged solved), within `episodes`; 0: run every episode",
     )
+    give_up_after: int = Field(
+        0,
+        ge=0,
+        description="with target_per_tool: stop exploring a tool once this many of its trials were tried and none "
+        "was verified (its episodes go to the other tools; the summary lists it under given_up); 0: never",
+    )
+
+    @model_validator(mode="after")
+    def _give_up_needs_a_target(self) -> ExploreSection:
+        """Without a target every episode runs: a limit on trials with none verified would be ignored."""
+        if self.give_up_after and not self.target_per_tool:
+            raise ValueError("give_up_after needs target_per_tool (without a target every episode runs)")
+        return self
+
     stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
     max_turns: int = Field(4, ge=1, description="tool calls per trial before the final answer")
     concurrency: int = Field(16, ge=1, description="episodes running at once (their generations are batched)")

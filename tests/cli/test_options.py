@@ -41,7 +41,8 @@ FLAG_KEYS = {
     "run": ("--explorer=pipeline.explorer --model,-m=model.name --run=run.name"),
     "explore": (
         "--concurrency=explore.concurrency --constrained,--no-constrained=explore.constrained "
-        "--episodes=explore.episodes --format=explore.format --max-tokens=explore.max_tokens "
+        "--episodes=explore.episodes --format=explore.format --give-up-after=explore.give_up_after "
+        "--max-tokens=explore.max_tokens "
         "--max-turns=explore.max_turns --mcp=tools.mcp --model,-m=model.name --module=tools.modules "
         "--no-exec-feedback=explore.no_exec_feedback --no-ltm=explore.no_ltm --no-reflection=explore.no_reflection "
         "--no-stm=explore.no_stm --run=run.name --seed=run.seed --stm-slots=explore.stm_slots "

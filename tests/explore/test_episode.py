@@ -263,6 +263,41 @@ async def test_target_per_tool_explores_until_enough_verified_trials_within_the_
     assert result.summary["tools"]["weekday"]["trials"] == 10  # its budget was spent: nothing more
 
 
+async def test_give_up_after_stops_a_tool_with_no_verified_trial(tmp_path) -> None:
+    """weekday is never verified: with give_up_after = 4 it stops after the first round's 4 trials instead of
+    spending its 5 episodes; the console says so, the summary and its table list it."""
+    import io
+
+    from rich.console import Console
+
+    from toolschool.explore.summary import summary_table
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        if "Tool: weekday" in str(request.messages) and request.messages[-1]["content"].endswith("User request:"):
+            return "User request: Which day of the week is 2024-01-01?"
+        if "Which day of the week" in request.messages[-1]["content"]:
+            return "I am not sure."
+        return scripted_policy(request, counter)
+
+    console = Console(file=io.StringIO(), width=200)
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), episodes=5, target_per_tool=3, give_up_after=4)
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4, console=console)
+    ctx.log.close()
+    records = trial_lines(tmp_path / TRIALS_FILE)
+    assert sorted({r["episode"] for r in records if r["tool"] == "weekday"}) == [0, 1]
+    assert result.summary["tools"]["weekday"]["trials"] == 4
+    assert result.summary["given_up"] == ["weekday"] and result.summary["settings"]["give_up_after"] == 4
+    assert "explore: weekday: given up, none of its 4 trials verified (give_up_after = 4)" in console.file.getvalue()
+    table = Console(file=io.StringIO(), width=200)
+    table.print(summary_table(result.summary))
+    assert "given up (give_up_after trials, none verified): weekday" in table.file.getvalue()
+    # a resume with a larger limit explores it again, where the log stops (the limit is not part of a trial's shape)
+    ctx = make_ctx(tmp_path, ScriptedBackend(policy), resume=True, episodes=5, target_per_tool=3, give_up_after=6)
+    result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    ctx.log.close()
+    assert result.summary["tools"]["weekday"]["trials"] == 6 and result.summary["given_up"] == ["weekday"]
+
+
 def test_resume_with_other_settings_is_a_clear_error() -> None:
     records = [Trial("a", 0, 0, model="m", format="react", ablations={})]
     with pytest.raises(ResumeRefused, match='the trial log ran with other settings: format: "react" → "hermes".*--out'):

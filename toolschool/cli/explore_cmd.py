@@ -36,6 +36,7 @@ def _split_names(text: str | None) -> list[str] | None:
     flag("model.name", "--model", "-m", lead="Explorer"),
     "explore.episodes",
     "explore.target_per_tool",
+    "explore.give_up_after",
     "explore.stm_slots",
     "explore.max_turns",
     "explore.concurrency",

@@ -88,6 +88,7 @@ class Ablations:
 class ExploreSettings:
     episodes: int = 15
     target_per_tool: int = 0  # explore a tool until this many verified trials (0: every episode)
+    give_up_after: int = 0  # with target_per_tool: trials a tool may take with none verified (0: no limit)
     stm_slots: int = 3
     max_turns: int = 4
     temperature: float = 0.7
@@ -107,11 +108,12 @@ class ExploreSettings:
     def trial_shape(self) -> dict[str, Any]:
         """The settings that shape every trial, logged with it: a resumed run must not change them.
 
-        `episodes` and `target_per_tool` are left out on purpose: raising them on resume explores further in the
-        same experiment.
+        `episodes`, `target_per_tool` and `give_up_after` are left out on purpose: raising them on resume explores
+        further in the same experiment.
         """
         shape = asdict(self)
-        del shape["episodes"], shape["target_per_tool"], shape["ablations"]  # ablations are checked on their own
+        for key in ("episodes", "target_per_tool", "give_up_after", "ablations"):  # ablations are checked on their own
+            del shape[key]
         shape["trial_temperature"] = self.attempt_temperature  # the effective one (a log without it: `temperature`)
         return shape
 
@@ -125,6 +127,7 @@ class ExploreSettings:
         return cls(
             episodes=section.episodes,
             target_per_tool=section.target_per_tool,
+            give_up_after=section.give_up_after,
             stm_slots=section.stm_slots,
             max_turns=section.max_turns,
             temperature=section.temperature,

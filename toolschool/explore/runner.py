@@ -70,6 +70,26 @@ def verified_counts(trials: list[Trial], tools: list[str]) -> dict[str, int]:
     return counts
 
 
+def given_up(
+    tools: list[str], settings: Any, done: dict[tuple[str, int], dict[int, Trial]], verified: dict[str, int]
+) -> list[str]:
+    """The tools a `target_per_tool` exploration stops on (`give_up_after`): `give_up_after` trials tried and not one
+    verified. Why: a tool the explorer cannot do (a 0.5B's programs rarely run) would otherwise take its whole
+    `episodes` budget, its slow episodes holding every round up, for nothing a student can learn from."""
+    if not settings.give_up_after:
+        return []
+    tried = _tried(tools, done)
+    return [t for t in tools if not verified.get(t, 0) and tried[t] >= settings.give_up_after]
+
+
+def _tried(tools: list[str], done: dict[tuple[str, int], dict[int, Trial]]) -> dict[str, int]:
+    tried = dict.fromkeys(tools, 0)
+    for (tool, _), slots in done.items():
+        if tool in tried:
+            tried[tool] += len(slots)
+    return tried
+
+
 def plan_round(
     tools: list[str],
     settings: Any,
@@ -82,7 +102,10 @@ def plan_round(
     unfinished episodes within the `episodes` budget, as many as keep `concurrency` episodes busy but no more than
     would reach the target if every trial were verified (a round's episodes of one tool run side by side; the next
     round sees their long-term memory). `skip`: episodes that failed in this run (retried by --resume, not in a
-    loop)."""
+    loop). Tools `given_up` get no more episodes, and a tool with none verified yet no more than would reach
+    `give_up_after`."""
+    stopped = set(given_up(tools, settings, done, verified))
+    tried = _tried(tools, done)
     left = {
         tool: [
             (tool, e)
@@ -91,7 +114,7 @@ def plan_round(
             and not episode_finished(done.get((tool, e), {}), settings.stm_slots, no_stm=settings.ablations.no_stm)
         ]
         for tool in tools
-        if verified.get(tool, 0) < settings.target_per_tool
+        if verified.get(tool, 0) < settings.target_per_tool and tool not in stopped
     }
     short = [tool for tool, episodes in left.items() if episodes]
     if not short:
@@ -100,6 +123,8 @@ def plan_round(
     plan = []
     for tool in short:  # no more episodes than would reach the target if every trial were verified
         needed = -(-(settings.target_per_tool - verified.get(tool, 0)) // settings.stm_slots)
+        if settings.give_up_after and not verified.get(tool, 0):
+            needed = min(needed, -(-(settings.give_up_after - tried[tool]) // settings.stm_slots))
         plan += left[tool][: min(share, needed)]
     return plan
 
@@ -302,6 +327,7 @@ async def run_exploration(
         if not target:
             await asyncio.gather(*(guarded(tool, episode) for tool, episode in plan))
         failed: set[tuple[str, int]] = set()
+        stopped: list[str] = []
         while target:
             round_plan = plan_round(
                 tools, settings, completed_slots(logged), verified_counts(logged, tools), concurrency, failed
@@ -311,6 +337,18 @@ async def run_exploration(
             before = len(failures)
             await asyncio.gather(*(guarded(tool, episode) for tool, episode in round_plan))
             failed |= {(f["tool"], f["episode"]) for f in failures[before:]}
+            for tool in given_up(tools, settings, completed_slots(logged), verified_counts(logged, tools)):
+                if tool not in stopped:
+                    stopped.append(tool)
+                    if progress is not None and per_tool is not None:
+                        progress.update(per_tool[tool], description=f"{tool} ({tried[tool]} tried, given up)")
+                    if console is not None:
+                        console.print(
+                            f"explore: {tool}: given up, none of its {tried[tool]} trials verified "
+                            f"(give_up_after = {settings.give_up_after})",
+                            markup=False,
+                            highlight=False,
+                        )
     finally:
         if progress is not None:
             progress.stop()
@@ -320,6 +358,8 @@ async def run_exploration(
     summary["model"] = summary["model"] or ctx.model_name
     summary["format"] = summary["format"] or ctx.fmt.name
     summary["ablations"] = summary["ablations"] or ctx.settings.ablations.to_dict()
+    if target:  # over the whole log, a resumed run's earlier trials included
+        summary["given_up"] = given_up(tools, settings, completed_slots(logged), verified_counts(logged, tools))
     summary["run"] = {
         "trials_this_run": trials_run,
         "seconds": round(seconds, 2),
@@ -330,6 +370,7 @@ async def run_exploration(
     summary["settings"] = {
         "episodes": settings.episodes,
         "target_per_tool": target,
+        "give_up_after": settings.give_up_after,
         "stm_slots": settings.stm_slots,
         "max_turns": settings.max_turns,
         "temperature": settings.temperature,

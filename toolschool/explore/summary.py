@@ -128,4 +128,6 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row(tool, *(str(row[key]) for key, _ in columns[1:]))
     total = summary["total"]
     table.add_row("[bold]total[/bold]", *(f"[bold]{total[key]}[/bold]" for key, _ in columns[1:]))
+    if summary.get("given_up"):
+        table.caption = f"given up (give_up_after trials, none verified): {', '.join(summary['given_up'])}"
     return table
