@@ -14,6 +14,7 @@ row and per category.
 
     .venv/bin/python bench/demo_runs.py --runs 3 --work /tmp/demo-runs          # ~45 min a run on 2 cores
     .venv/bin/python bench/demo_runs.py --runs 0 --collect /tmp/demo-runs/run-*  # only read what is there
+    .venv/bin/python bench/demo_runs.py --runs 1 --keep bench/results/demo_runs.json  # one more beside those
 
 Writes `bench/results/demo_runs.json` and prints the table as markdown.
 """
@@ -98,6 +99,18 @@ def read_run(clone: Path) -> dict[str, Any] | None:
     }
 
 
+def kept_runs(path: Path) -> list[dict[str, Any]]:
+    """The runs a results file of this script recorded (`--keep`): a clear exit when it is not one."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        raise SystemExit(f"--keep {path}: not a results file of bench/demo_runs.py ({why})") from None
+    if not isinstance(runs, list) or not all(isinstance(r, dict) and "table" in r for r in runs):
+        raise SystemExit(f"--keep {path}: its 'runs' are not runs of bench/demo_runs.py")
+    return runs
+
+
 def _spread(values: list[float | None]) -> dict[str, float] | None:
     """Median, minimum and maximum of the values there are, and how many (None: none)."""
     known = [v for v in values if v is not None]
@@ -167,14 +180,22 @@ def main() -> None:
     parser.add_argument("--commit", default="HEAD", help="the commit each clone checks out")
     parser.add_argument("--collect", type=Path, nargs="*", default=[], help="clones already run, read as they are")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "demo_runs.json")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="results files of this script (its earlier runs, whose clones are gone) whose runs are kept beside these",
+    )
     args = parser.parse_args()
-    if not args.collect and args.runs <= 0:
-        raise SystemExit("nothing to read: give --runs N or --collect CLONE...")
+    if not args.collect and not args.keep and args.runs <= 0:
+        raise SystemExit("nothing to read: give --runs N, --collect CLONE... or --keep RESULTS.json...")
 
     commit = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", args.commit], capture_output=True, text=True, check=True
     ).stdout.strip()
-    runs = [run for clone in args.collect if (run := read_run(clone)) is not None]
+    runs = [run for path in args.keep for run in kept_runs(path)]
+    runs += [run for clone in args.collect if (run := read_run(clone)) is not None]
     if args.runs > 0:
         args.work.mkdir(parents=True, exist_ok=True)
         taken = [p.name.removeprefix("run-") for p in args.work.glob("run-*")]
