@@ -70,16 +70,13 @@ def verified_counts(trials: list[Trial], tools: list[str]) -> dict[str, int]:
     return counts
 
 
-def given_up(
-    tools: list[str], settings: Any, done: dict[tuple[str, int], dict[int, Trial]], verified: dict[str, int]
-) -> list[str]:
+def given_up(tools: list[str], settings: Any, tried: dict[str, int], verified: dict[str, int]) -> list[str]:
     """The tools a `target_per_tool` exploration stops on (`give_up_after`): `give_up_after` trials tried and not one
     verified. Why: a tool the explorer cannot do (a 0.5B's programs rarely run) would otherwise take its whole
     `episodes` budget, its slow episodes holding every round up, for nothing a student can learn from."""
     if not settings.give_up_after:
         return []
-    tried = _tried(tools, done)
-    return [t for t in tools if not verified.get(t, 0) and tried[t] >= settings.give_up_after]
+    return [t for t in tools if not verified.get(t, 0) and tried.get(t, 0) >= settings.give_up_after]
 
 
 def _tried(tools: list[str], done: dict[tuple[str, int], dict[int, Trial]]) -> dict[str, int]:
@@ -104,8 +101,8 @@ def plan_round(
     round sees their long-term memory). `skip`: episodes that failed in this run (retried by --resume, not in a
     loop). Tools `given_up` get no more episodes, and a tool with none verified yet no more than would reach
     `give_up_after`."""
-    stopped = set(given_up(tools, settings, done, verified))
     tried = _tried(tools, done)
+    stopped = set(given_up(tools, settings, tried, verified))
     left = {
         tool: [
             (tool, e)
@@ -337,7 +334,7 @@ async def run_exploration(
             before = len(failures)
             await asyncio.gather(*(guarded(tool, episode) for tool, episode in round_plan))
             failed |= {(f["tool"], f["episode"]) for f in failures[before:]}
-            for tool in given_up(tools, settings, completed_slots(logged), verified_counts(logged, tools)):
+            for tool in given_up(tools, settings, tried, verified_counts(logged, tools)):
                 if tool not in stopped:
                     stopped.append(tool)
                     if progress is not None and per_tool is not None:
@@ -359,7 +356,7 @@ async def run_exploration(
     summary["format"] = summary["format"] or ctx.fmt.name
     summary["ablations"] = summary["ablations"] or ctx.settings.ablations.to_dict()
     if target:  # over the whole log, a resumed run's earlier trials included
-        summary["given_up"] = given_up(tools, settings, completed_slots(logged), verified_counts(logged, tools))
+        summary["given_up"] = given_up(tools, settings, tried, verified_counts(logged, tools))
     summary["run"] = {
         "trials_this_run": trials_run,
         "seconds": round(seconds, 2),
