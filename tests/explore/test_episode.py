@@ -235,18 +235,20 @@ async def test_resume_after_a_crash_neither_loses_nor_duplicates_trials(tmp_path
     assert any("What is 1 * 7?" in r.messages[-1]["content"] for r in imagination_requests(second))
 
 
+def weekday_unsure_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+    """Solves every calculator request; for weekday asks one request and never calls (no trial verified)."""
+    if "Tool: weekday" in str(request.messages) and request.messages[-1]["content"].endswith("User request:"):
+        return "User request: Which day of the week is 2024-01-01?"
+    if "Which day of the week" in request.messages[-1]["content"]:
+        return "I am not sure."
+    return scripted_policy(request, counter)
+
+
 async def test_target_per_tool_explores_until_enough_verified_trials_within_the_budget(tmp_path) -> None:
     """The scripted explorer solves every calculator request and never calls for weekday: calculator stops once it
     has 3 verified trials (the first round's 2 episodes give 4), weekday uses its whole budget of 5 episodes."""
 
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        if "Tool: weekday" in str(request.messages) and request.messages[-1]["content"].endswith("User request:"):
-            return "User request: Which day of the week is 2024-01-01?"
-        if "Which day of the week" in request.messages[-1]["content"]:
-            return "I am not sure."
-        return scripted_policy(request, counter)
-
-    ctx = make_ctx(tmp_path, ScriptedBackend(policy), episodes=5, target_per_tool=3)
+    ctx = make_ctx(tmp_path, ScriptedBackend(weekday_unsure_policy), episodes=5, target_per_tool=3)
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
     records = trial_lines(tmp_path / TRIALS_FILE)
@@ -256,7 +258,7 @@ async def test_target_per_tool_explores_until_enough_verified_trials_within_the_
     assert result.summary["tools"]["weekday"]["verified"] == 0 and result.summary["tools"]["weekday"]["trials"] == 10
     assert result.summary["settings"]["target_per_tool"] == 3
     # a resume with a higher target goes on where the log stops (trial shape unchanged: target is not part of it)
-    ctx = make_ctx(tmp_path, ScriptedBackend(policy), resume=True, episodes=5, target_per_tool=6)
+    ctx = make_ctx(tmp_path, ScriptedBackend(weekday_unsure_policy), resume=True, episodes=5, target_per_tool=6)
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
     assert result.summary["tools"]["calculator"]["verified"] == 6  # one more round of 1 episode (2 trials)
@@ -272,15 +274,8 @@ async def test_give_up_after_stops_a_tool_with_no_verified_trial(tmp_path) -> No
 
     from toolschool.explore.summary import summary_table
 
-    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
-        if "Tool: weekday" in str(request.messages) and request.messages[-1]["content"].endswith("User request:"):
-            return "User request: Which day of the week is 2024-01-01?"
-        if "Which day of the week" in request.messages[-1]["content"]:
-            return "I am not sure."
-        return scripted_policy(request, counter)
-
     console = Console(file=io.StringIO(), width=200)
-    ctx = make_ctx(tmp_path, ScriptedBackend(policy), episodes=5, target_per_tool=3, give_up_after=4)
+    ctx = make_ctx(tmp_path, ScriptedBackend(weekday_unsure_policy), episodes=5, target_per_tool=3, give_up_after=4)
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4, console=console)
     ctx.log.close()
     records = trial_lines(tmp_path / TRIALS_FILE)
@@ -292,7 +287,9 @@ async def test_give_up_after_stops_a_tool_with_no_verified_trial(tmp_path) -> No
     table.print(summary_table(result.summary))
     assert "given up (give_up_after trials, none verified): weekday" in table.file.getvalue()
     # a resume with a larger limit explores it again, where the log stops (the limit is not part of a trial's shape)
-    ctx = make_ctx(tmp_path, ScriptedBackend(policy), resume=True, episodes=5, target_per_tool=3, give_up_after=6)
+    ctx = make_ctx(
+        tmp_path, ScriptedBackend(weekday_unsure_policy), resume=True, episodes=5, target_per_tool=3, give_up_after=6
+    )
     result = await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
     ctx.log.close()
     assert result.summary["tools"]["weekday"]["trials"] == 6 and result.summary["given_up"] == ["weekday"]
