@@ -43,7 +43,7 @@ def test_unknown_section(tmp_path: Path) -> None:
 
 
 def test_give_up_after_without_a_target_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="give_up_after needs target_per_tool") as info:
+    with pytest.raises(ConfigError, match="expected target_per_tool set with give_up_after") as info:
         load_config(write(tmp_path, "[explore]\ngive_up_after = 8\n"))
     assert "explore" in str(info.value)
     config = load_config(write(tmp_path, "[explore]\ngive_up_after = 8\ntarget_per_tool = 4\n"))

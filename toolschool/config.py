@@ -201,7 +201,7 @@ class ExploreSection(Section):
     def _give_up_needs_a_target(self) -> ExploreSection:
         """Without a target every episode runs: a limit on trials with none verified would be ignored."""
         if self.give_up_after and not self.target_per_tool:
-            raise ValueError("give_up_after needs target_per_tool (without a target every episode runs)")
+            raise ValueError("target_per_tool set with give_up_after (without a target every episode runs)")
         return self
 
     stm_slots: int = Field(3, ge=1, description="trials per episode (short-term memory slots)")
