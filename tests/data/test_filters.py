@@ -17,6 +17,7 @@ from toolschool.data.filters import (
     NUMBER,
     PYTHON,
     SIGNED_SPAN,
+    SPAN_DIRECTION,
     TEMPLATE_ECHO,
     TEXT,
     TOOL_ECHO,
@@ -31,6 +32,7 @@ from toolschool.data.filters import (
     exploration_echo_sources,
     grounding_problem,
     signed_span_problem,
+    span_direction_problem,
     template_sentences,
     tool_description_sources,
     unused_numbers,
@@ -223,6 +225,54 @@ def test_a_span_of_time_written_with_a_sign_is_refused(builtin_tools) -> None:
     problem = grounding_problem(messages, builtin_tools)
     assert problem is not None and problem.reason == SIGNED_SPAN
     messages[0]["content"] = "What was the date 125 days before 2026-02-15?"
+    assert grounding_problem(messages, builtin_tools) is None
+
+
+def test_a_span_of_time_signed_against_its_direction_is_refused(builtin_tools) -> None:
+    """ "101 days after" must be +101 and "3 weeks ago" -21 for date_add, whose schema says a negative count moves
+    back: grounding lets either sign pass, and a student taught both signs for one word picks one at random."""
+    assert SPAN_DIRECTION == "a span of time is signed against its direction in the call"
+    for request, days, detail in [
+        ("What is the date 101 days after 2023-03-18?", -101, "days=-101 for 101 days forward"),
+        ("Which date was it 45 days before 2024-06-01?", 45, "days=45 for 45 days back"),
+        ("What was the date three weeks ago from 2024-06-01?", 21, "days=21 for 3 weeks back"),
+        ("Subtract 10 days from 2024-06-01.", 10, "days=10 for 10 days back"),
+        ("Add twenty-five days to 2024-06-01.", -25, "days=-25 for 25 days forward"),
+        ("What date is 2 wks later than 2024-06-01?", -14, "days=-14 for 2 weeks forward"),
+        ("Which day is before 2018-12-21 by 5 days?", 5, "days=5 for 5 days back"),
+        ("After subtracting 290 days from 2018-06-10, what day is it?", 290, "days=290 for 290 days back"),
+    ]:
+        problem = span_direction_problem(request, [("date_add", {"date": "2024-06-01", "days": days})], builtin_tools)
+        assert problem is not None and (problem.reason, problem.detail) == (SPAN_DIRECTION, detail), request
+        assert span_direction_problem(request, [("date_add", {"date": "x", "days": -days})], builtin_tools) is None
+    for request, days in [
+        ("What is 2024-06-01 plus 30 days?", 30),
+        ("Move 2024-06-01 by -30 days.", -30),  # no direction word: the sign is the request's
+        ("It is 5 days after 2024-06-01; what was the date 12 days before that?", -12),  # spans of other counts
+    ]:
+        assert span_direction_problem(request, [("date_add", {"date": "x", "days": days})], builtin_tools) is None
+    # a parameter whose schema does not make a negative value the other direction is left alone
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "days_before",
+                "parameters": {"type": "object", "properties": {"days": {"type": "integer", "description": "count"}}},
+            },
+        }
+    ]
+    assert (
+        span_direction_problem("What date is 45 days before 2024-06-01?", [("days_before", {"days": 45})], tools)
+        is None
+    )
+    function = {"name": "date_add", "arguments": {"date": "2023-03-18", "days": 101}}
+    messages = [
+        {"role": "user", "content": "What was the date 101 days before 2023-03-18?"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "a", "type": "function", "function": function}]},
+    ]
+    problem = grounding_problem(messages, builtin_tools)
+    assert problem is not None and problem.reason == SPAN_DIRECTION
+    function["arguments"]["days"] = -101
     assert grounding_problem(messages, builtin_tools) is None
 
 

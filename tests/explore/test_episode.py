@@ -1112,6 +1112,10 @@ def test_a_request_that_writes_a_span_of_time_with_a_sign_is_written_again(tmp_p
     assert request_problem(ctx, "date_add", values, "Add 125 days to 2026-02-15.") == (
         "a number in the call is not in the request: -125"
     )
+    # a direction word elsewhere lets -125 be grounded; the span's own direction still says forward
+    assert request_problem(ctx, "date_add", values, "Add 125 days to 2026-02-15, before my trip.") == (
+        "a span of time is signed against its direction in the call: days=-125 for 125 days forward"
+    )
     ctx.log.close()
 
 

@@ -339,6 +339,7 @@ TEXT = "a name or text in the call is not in the request"
 PYTHON = "a literal of the python code is not in the request"
 UNUSED = "a number in the request is not in the call"
 SIGNED_SPAN = "a span of time in the request is written with a sign"
+SPAN_DIRECTION = "a span of time is signed against its direction in the call"
 
 
 def _in_text(value: str, haystack: str) -> bool:
@@ -634,15 +635,97 @@ def signed_span_problem(request: str) -> Ungrounded | None:
     return None
 
 
+# A span of time with the way it goes: "101 days after", "3 weeks ago", "subtract 10 days", "add two days".
+_SPAN_UNIT = r"(?P<unit>days?|weeks?|wks?|fortnights?|months?|years?|yrs?|hours?|hrs?|minutes?|mins?|seconds?|secs?)"
+_SPAN_UNIT_NAMES = {"wk": "weeks", "yr": "years", "hr": "hours", "min": "minutes", "sec": "seconds"}
+_SPAN_COUNT = rf"(?P<count>\d+(?:\.\d+)?|(?:{'|'.join(sorted(_NUMBER_WORDS, key=len, reverse=True))})(?:[\s-][a-z]+)?)"
+_BACKWARD_AFTER = "before|ago|earlier|prior|back|previously"
+_FORWARD_AFTER = "after|later|from|hence|past|ahead"
+_SPAN_THEN_WAY = re.compile(
+    rf"(?<![\w.]){_SPAN_COUNT}\s*{_SPAN_UNIT}\s+(?:(?P<back>{_BACKWARD_AFTER})|(?P<fwd>{_FORWARD_AFTER}))\b",
+    re.IGNORECASE,
+)
+_WAY_THEN_SPAN = re.compile(
+    rf"\b(?:(?P<back>subtract(?:ing)?|minus|take away|go back|going back)|(?P<fwd>add(?:ing)?|plus))\s+"
+    rf"(?:(?:another|an extra|exactly|just)\s+)?{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
+    re.IGNORECASE,
+)
+# "before 2018-12-21 by 5 days", "moved forward by 3 weeks": the way, then (within the sentence) the span
+_WAY_BY_SPAN = re.compile(
+    rf"\b(?:(?P<back>before|back|backwards?|earlier)|(?P<fwd>after|forwards?|ahead|later))\b[^.?!;]{{0,40}}?\bby\s+"
+    rf"{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
+    re.IGNORECASE,
+)
+# A parameter whose schema says a negative value is the other direction ("negative moves back in time")
+_SIGNED_PARAMETER = re.compile(r"\bnegative\b", re.IGNORECASE)
+
+
+def _span_count(text: str) -> float | None:
+    value = _as_float(text)
+    if value is not None:
+        return value
+    words = word_numbers(text)
+    return max(words) if words else None
+
+
+def _signed_parameter(name: str, key: str, tools: list[dict[str, Any]]) -> bool:
+    schema = _parameters(tools, name).get(key)
+    if not isinstance(schema, dict) or schema.get("type") not in ("integer", "number"):
+        return False
+    minimum = schema.get("minimum", schema.get("exclusiveMinimum"))
+    if isinstance(minimum, int | float) and minimum >= 0:
+        return False
+    return bool(_SIGNED_PARAMETER.search(str(schema.get("description") or "")))
+
+
+def span_direction_problem(
+    request: str, calls: Iterable[tuple[str, dict[str, Any]]], tools: list[dict[str, Any]]
+) -> Ungrounded | None:
+    """A span of time the request gives a direction ("101 days after", "3 weeks ago", "subtract 10 days") that a
+    call holds with the other sign, or None. It reads only the number arguments whose schema says a negative value
+    is the other direction (date_add's days: "negative moves back in time"); a tool that takes "days before" as a
+    positive count is left alone. Grounding alone lets the sign pass either way ("10 days before" is 10 or -10): a
+    small explorer drawing values first writes "after" for -45 as often as "before", and a student taught on both
+    signs for one word calls date_add with -101 for "101 days after" (one demo run's date_add scored 0 %)."""
+    spans: list[tuple[float, str, bool]] = []
+    verbs = [*_WAY_THEN_SPAN.finditer(request), *_WAY_BY_SPAN.finditer(request)]
+    # a verb (or "before ... by") says the way ahead of a preposition after it: "subtract 10 days from" goes back
+    counted = {match.start("count") for match in verbs}
+    tails = [match for match in _SPAN_THEN_WAY.finditer(request) if match.start("count") not in counted]
+    for match in verbs + tails:
+        count = _span_count(match.group("count"))
+        if count is not None and count > 0:
+            unit = match.group("unit").lower().rstrip("s")
+            spans.append((count, _SPAN_UNIT_NAMES.get(unit, unit + "s"), match.group("back") is not None))
+    if not spans:
+        return None
+    for name, arguments in calls:
+        for key, value in _flatten(arguments):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value:
+                continue
+            if not _signed_parameter(name, key, tools):
+                continue
+            for count, unit, backward in spans:
+                factors = {1.0} | {float(f) for f in _IMPLIED.get(unit, ())}
+                if any(_close(abs(value), count * f) or _close(abs(value), count / f) for f in factors):
+                    if (value > 0) == backward:
+                        way = "back" if backward else "forward"
+                        return Ungrounded(
+                            SPAN_DIRECTION, f"{key}={_format_number(float(value))} for {count:g} {unit} {way}"
+                        )
+                    break
+    return None
+
+
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
     """Why a clean conversation (the request, then calls and their results) has a call value the request does not
-    state, a number in the request that no call uses (`unused_numbers`), or a span of time written with a sign
-    (`signed_span_problem`), or None. A call may also use what an
-    earlier call of the conversation returned."""
+    state, a number in the request that no call uses (`unused_numbers`), a span of time written with a sign
+    (`signed_span_problem`) or signed against its direction (`span_direction_problem`), or None. A call may also
+    use what an earlier call of the conversation returned."""
     if not messages or messages[0].get("role") != "user":
         return None
     sources = Sources(str(messages[0].get("content") or ""))
-    called: list[dict[str, Any]] = []
+    called: list[tuple[str, dict[str, Any]]] = []
     for message in messages[1:]:
         if message.get("role") == "tool":
             sources = Sources(sources.request, [*sources.results, str(message.get("content") or "")])
@@ -654,10 +737,14 @@ def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]
                 problem = call_grounding(str(function.get("name")), arguments, tools, sources)
                 if problem is not None:
                     return problem
-                called.append(arguments)
+                called.append((str(function.get("name")), arguments))
     if not called:
         return None
-    return unused_number_problem(sources.request, called) or signed_span_problem(sources.request)
+    return (
+        unused_number_problem(sources.request, [arguments for _name, arguments in called])
+        or signed_span_problem(sources.request)
+        or span_direction_problem(sources.request, called, tools)
+    )
 
 
 # ---------------------------------------------------------------------------------------------- echo

@@ -701,10 +701,17 @@ def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], requ
     """Why a request written from `values` does not do: it is empty, a value is not stated in it (distill's
     grounding rules: numbers in any spelling, units as the tool reads them...), or it states a number the values
     do not use (`unused_numbers`: an answer, "... is 11 days", or a detail the call ignores), or it writes a span
-    of time with a sign (`signed_span_problem`: "add -125 days"). The first asks for something else, so the call
-    read from it cannot have the values (a small explorer drops one a time in three); the others teach a student
-    to leave numbers out or to read a count as negative, and distill drops them."""
-    from toolschool.data.filters import Sources, call_grounding, signed_span_problem, unused_number_problem
+    of time with a sign (`signed_span_problem`: "add -125 days") or a direction its value's sign contradicts
+    (`span_direction_problem`: "45 days after" for -45). The first asks for something else, so the call read from
+    it cannot have the values (a small explorer drops one a time in three); the others teach a student to leave
+    numbers out or to read a count's sign at random, and distill drops them."""
+    from toolschool.data.filters import (
+        Sources,
+        call_grounding,
+        signed_span_problem,
+        span_direction_problem,
+        unused_number_problem,
+    )
 
     if not request:
         return "no request"
@@ -712,6 +719,7 @@ def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], requ
         call_grounding(tool, values, ctx.tool_schemas, Sources(request))
         or unused_number_problem(request, [values])
         or signed_span_problem(request)
+        or span_direction_problem(request, [(tool, values)], ctx.tool_schemas)
     )
     return None if problem is None else f"{problem.reason}: {problem.detail}"
 
