@@ -241,16 +241,30 @@ def test_a_span_of_time_signed_against_its_direction_is_refused(builtin_tools) -
         ("What date is 2 wks later than 2024-06-01?", -14, "days=-14 for 2 weeks forward"),
         ("Which day is before 2018-12-21 by 5 days?", 5, "days=5 for 5 days back"),
         ("After subtracting 290 days from 2018-06-10, what day is it?", 290, "days=290 for 290 days back"),
+        ("Remove 10 days from 2024-06-01.", 10, "days=10 for 10 days back"),  # "from" is no direction
+        ("Move back 10 days from 2024-06-01.", 10, "days=10 for 10 days back"),
+        ("What was the date a week ago from 2024-06-01?", 7, "days=7 for 1 week back"),
+        ("What is two hundred and five days before 2024-06-01?", 205, "days=205 for 205 days back"),
     ]:
         problem = span_direction_problem(request, [("date_add", {"date": "2024-06-01", "days": days})], builtin_tools)
         assert problem is not None and (problem.reason, problem.detail) == (SPAN_DIRECTION, detail), request
         assert span_direction_problem(request, [("date_add", {"date": "x", "days": -days})], builtin_tools) is None
     for request, days in [
-        ("What is 2024-06-01 plus 30 days?", 30),
-        ("Move 2024-06-01 by -30 days.", -30),  # no direction word: the sign is the request's
-        ("It is 5 days after 2024-06-01; what was the date 12 days before that?", -12),  # spans of other counts
+        ("What is 2024-06-01 plus 30 days?", (30,)),
+        ("What is 10 days from 2024-06-01?", (10,)),
+        ("Move 2024-06-01 by -30 days.", (-30,)),  # no direction word: the sign is the request's
+        ("It is 5 days after 2024-06-01; what was the date 12 days before that?", (-12,)),  # spans of other counts
+        # a value is refused only when no span of its count (or a multiple) goes its way
+        ("What is 10 days after 2024-06-01, and what was 10 days before it?", (10, -10)),
+        ("What was 35 days before 2024-06-01, and 5 weeks after it?", (-35, 35)),
+        ("Add 24 days to 2024-06-01, then subtract 1 day.", (24, -1)),
+        # a sentence's opening "After" or "Before" is not the way of a later "by N days"
+        ("After the holiday on 2024-12-25, go back by 3 days.", (-3,)),
+        ("Before answering, add to 2024-06-01 by 5 days.", (5,)),
+        ("What is the date a few days after 2024-06-01?", (-3,)),  # no count
     ]:
-        assert span_direction_problem(request, [("date_add", {"date": "x", "days": days})], builtin_tools) is None
+        calls = [("date_add", {"date": "x", "days": d}) for d in days]
+        assert span_direction_problem(request, calls, builtin_tools) is None, request
     # a parameter whose schema does not make a negative value the other direction is left alone
     tools = [
         {
@@ -261,10 +275,10 @@ def test_a_span_of_time_signed_against_its_direction_is_refused(builtin_tools) -
             },
         }
     ]
-    assert (
-        span_direction_problem("What date is 45 days before 2024-06-01?", [("days_before", {"days": 45})], tools)
-        is None
-    )
+    for description in ("count", "how many days back; must not be negative", "a non-negative count"):
+        tools[0]["function"]["parameters"]["properties"]["days"]["description"] = description
+        calls = [("days_before", {"days": 45})]
+        assert span_direction_problem("What date is 45 days before 2024-06-01?", calls, tools) is None
     function = {"name": "date_add", "arguments": {"date": "2023-03-18", "days": 101}}
     messages = [
         {"role": "user", "content": "What was the date 101 days before 2023-03-18?"},

@@ -638,34 +638,54 @@ def signed_span_problem(request: str) -> Ungrounded | None:
 # A span of time with the way it goes: "101 days after", "3 weeks ago", "subtract 10 days", "add two days".
 _SPAN_UNIT = r"(?P<unit>days?|weeks?|wks?|fortnights?|months?|years?|yrs?|hours?|hrs?|minutes?|mins?|seconds?|secs?)"
 _SPAN_UNIT_NAMES = {"wk": "weeks", "yr": "years", "hr": "hours", "min": "minutes", "sec": "seconds"}
-_SPAN_COUNT = rf"(?P<count>\d+(?:\.\d+)?|(?:{'|'.join(sorted(_NUMBER_WORDS, key=len, reverse=True))})(?:[\s-][a-z]+)?)"
+_COUNT_WORDS = "|".join(sorted([*_NUMBER_WORDS, "a", "an"], key=len, reverse=True))
+# digits, or number words ("two hundred and five", "a"): a few words after the first are read with it
+_SPAN_COUNT = rf"(?P<count>\d+(?:\.\d+)?|(?:{_COUNT_WORDS})(?:[\s-][a-z]+){{0,3}}?)"
+# after the span; not "from" ("10 days from 2024-06-01" goes forward, "remove 10 days from it" back)
 _BACKWARD_AFTER = "before|ago|earlier|prior|back|previously"
-_FORWARD_AFTER = "after|later|from|hence|past|ahead"
+_FORWARD_AFTER = "after|later|hence|past|ahead"
 _SPAN_THEN_WAY = re.compile(
     rf"(?<![\w.]){_SPAN_COUNT}\s*{_SPAN_UNIT}\s+(?:(?P<back>{_BACKWARD_AFTER})|(?P<fwd>{_FORWARD_AFTER}))\b",
     re.IGNORECASE,
 )
+_BACKWARD_VERBS = (
+    r"subtract(?:s|ed|ing)?|minus|deduct(?:s|ed|ing)?|remov(?:e|es|ed|ing)|take|takes|taking|took|rewind(?:ing)?|"
+    r"(?:go|goes|going|went|move|moving|moved|count|counting|step|stepping|roll|rolling)\s+back"
+)
+_FORWARD_VERBS = r"add(?:s|ed|ing)?|plus"
 _WAY_THEN_SPAN = re.compile(
-    rf"\b(?:(?P<back>subtract(?:ing)?|minus|take away|go back|going back)|(?P<fwd>add(?:ing)?|plus))\s+"
-    rf"(?:(?:another|an extra|exactly|just)\s+)?{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
+    rf"\b(?:(?P<back>{_BACKWARD_VERBS})|(?P<fwd>{_FORWARD_VERBS}))\s+"
+    rf"(?:(?:another|an extra|exactly|just|away)\s+)?{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
     re.IGNORECASE,
 )
-# "before 2018-12-21 by 5 days", "moved forward by 3 weeks": the way, then (within the sentence) the span
+# "before 2018-12-21 by 5 days", "earlier by 2 weeks": the way, at most four words (no comma) before "by"
 _WAY_BY_SPAN = re.compile(
-    rf"\b(?:(?P<back>before|back|backwards?|earlier)|(?P<fwd>after|forwards?|ahead|later))\b[^.?!;]{{0,40}}?\bby\s+"
-    rf"{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
+    rf"\b(?:(?P<back>before|back|backwards?|earlier)|(?P<fwd>after|forwards?|ahead|later))"
+    rf"(?:\s+[^\s.?!;,]+){{0,4}}?\s+by\s+{_SPAN_COUNT}\s*{_SPAN_UNIT}\b",
     re.IGNORECASE,
 )
-# A parameter whose schema says a negative value is the other direction ("negative moves back in time")
+# A parameter whose schema says a negative value is the other direction ("negative moves back in time"), and not
+# that it may not be one ("non-negative", "must not be negative")
 _SIGNED_PARAMETER = re.compile(r"\bnegative\b", re.IGNORECASE)
+_UNSIGNED_PARAMETER = re.compile(r"\bnon[\s-]?negative\b|\b(?:not|never|no)\s+(?:be\s+)?negative\b", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class _DirectedSpan:
+    count: float
+    unit: str  # plural: "days", "weeks"
+    backward: bool
 
 
 def _span_count(text: str) -> float | None:
     value = _as_float(text)
     if value is not None:
         return value
-    words = word_numbers(text)
-    return max(words) if words else None
+    words = text.lower().split()
+    if words and words[0] in ("a", "an"):
+        return 1.0 if len(words) == 1 else None  # "a day"; "a few days" is no count
+    found = word_numbers(text)
+    return max(found) if found else None
 
 
 def _signed_parameter(name: str, key: str, tools: list[dict[str, Any]]) -> bool:
@@ -675,28 +695,51 @@ def _signed_parameter(name: str, key: str, tools: list[dict[str, Any]]) -> bool:
     minimum = schema.get("minimum", schema.get("exclusiveMinimum"))
     if isinstance(minimum, int | float) and minimum >= 0:
         return False
-    return bool(_SIGNED_PARAMETER.search(str(schema.get("description") or "")))
+    description = str(schema.get("description") or "")
+    return bool(_SIGNED_PARAMETER.search(_UNSIGNED_PARAMETER.sub("", description)))
+
+
+def directed_spans(request: str) -> list[_DirectedSpan]:
+    """The spans of time `request` gives a direction: after the span ("101 days after", "3 weeks ago"), by a verb
+    before it ("subtract 10 days", "add a day"), or with "by" ("before 2018-12-21 by 5 days"). A verb or "by" says
+    the way ahead of a word after the span: "subtract 10 days from" goes back."""
+    ahead = [*_WAY_THEN_SPAN.finditer(request), *_WAY_BY_SPAN.finditer(request)]
+    counted = {match.start("count") for match in ahead}
+    tails = [match for match in _SPAN_THEN_WAY.finditer(request) if match.start("count") not in counted]
+    spans = []
+    for match in ahead + tails:
+        count = _span_count(match.group("count"))
+        if count is not None and count > 0:
+            unit = match.group("unit").lower().rstrip("s")
+            spans.append(_DirectedSpan(count, _SPAN_UNIT_NAMES.get(unit, unit + "s"), match.group("back") is not None))
+    return spans
+
+
+def _spans_of(value: float, spans: list[_DirectedSpan]) -> list[_DirectedSpan]:
+    """The spans `value` may hold: those of its count, and those it is a multiple of ("5 weeks" as 35 days)."""
+    return [
+        span
+        for span in spans
+        if _close(abs(value), span.count)
+        or any(
+            _close(abs(value), span.count * f) or _close(abs(value), span.count / f)
+            for f in _IMPLIED.get(span.unit, ())
+        )
+    ]
 
 
 def span_direction_problem(
     request: str, calls: Iterable[tuple[str, dict[str, Any]]], tools: list[dict[str, Any]]
 ) -> Ungrounded | None:
-    """A span of time the request gives a direction ("101 days after", "3 weeks ago", "subtract 10 days") that a
-    call holds with the other sign, or None. It reads only the number arguments whose schema says a negative value
-    is the other direction (date_add's days: "negative moves back in time"); a tool that takes "days before" as a
-    positive count is left alone. Grounding alone lets the sign pass either way ("10 days before" is 10 or -10): a
-    small explorer drawing values first writes "after" for -45 as often as "before", and a student taught on both
-    signs for one word calls date_add with -101 for "101 days after" (one demo run's date_add scored 0 %)."""
-    spans: list[tuple[float, str, bool]] = []
-    verbs = [*_WAY_THEN_SPAN.finditer(request), *_WAY_BY_SPAN.finditer(request)]
-    # a verb (or "before ... by") says the way ahead of a preposition after it: "subtract 10 days from" goes back
-    counted = {match.start("count") for match in verbs}
-    tails = [match for match in _SPAN_THEN_WAY.finditer(request) if match.start("count") not in counted]
-    for match in verbs + tails:
-        count = _span_count(match.group("count"))
-        if count is not None and count > 0:
-            unit = match.group("unit").lower().rstrip("s")
-            spans.append((count, _SPAN_UNIT_NAMES.get(unit, unit + "s"), match.group("back") is not None))
+    """A span of time the request gives a direction (`directed_spans`: "101 days after", "3 weeks ago", "subtract
+    10 days") that a call holds with the other sign, or None. It reads only the number arguments whose schema says
+    a negative value is the other direction (date_add's days: "negative moves back in time"); a tool that takes
+    "days before" as a positive count is left alone. A value is matched to the spans of its count and those it is
+    a multiple of, and refused only when none of them goes its way: "10 days after it, and 10 days before" takes
+    +10 and -10. Grounding alone lets the sign pass either way ("10 days before" is 10 or -10): the 0.5B
+    explorer calls +7 for "subtract 7 days", and a student taught both signs for one word calls date_add with -101
+    for "101 days after" (one demo run's date_add scored 0 %)."""
+    spans = directed_spans(request)
     if not spans:
         return None
     for name, arguments in calls:
@@ -705,15 +748,14 @@ def span_direction_problem(
                 continue
             if not _signed_parameter(name, key, tools):
                 continue
-            for count, unit, backward in spans:
-                factors = {1.0} | {float(f) for f in _IMPLIED.get(unit, ())}
-                if any(_close(abs(value), count * f) or _close(abs(value), count / f) for f in factors):
-                    if (value > 0) == backward:
-                        way = "back" if backward else "forward"
-                        return Ungrounded(
-                            SPAN_DIRECTION, f"{key}={_format_number(float(value))} for {count:g} {unit} {way}"
-                        )
-                    break
+            held = _spans_of(float(value), spans)
+            if held and all((value > 0) == span.backward for span in held):
+                span = held[0]
+                way = "back" if span.backward else "forward"
+                unit = span.unit if span.count != 1 else span.unit[:-1]
+                return Ungrounded(
+                    SPAN_DIRECTION, f"{key}={_format_number(float(value))} for {span.count:g} {unit} {way}"
+                )
     return None
 
 
