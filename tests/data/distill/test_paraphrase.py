@@ -10,7 +10,7 @@ from distill_helpers import TOOLS, ScriptedBackend, calc_trial, call, first_call
 from toolschool.data.dataset import load_dataset_jsonl
 from toolschool.data.distill.dedupe import jaccard
 from toolschool.data.distill.options import DistillOptions
-from toolschool.data.distill.paraphrase import paraphrase_plan, paraphrase_problem, required_atoms
+from toolschool.data.distill.paraphrase import clean_paraphrase, paraphrase_plan, paraphrase_problem, required_atoms
 from toolschool.data.distill.runner import distill
 from toolschool.models.backend import Completion
 
@@ -44,6 +44,27 @@ def test_paraphrase_checks_what_the_call_needs() -> None:
     )
     assert jaccard("a b c", "a b d") == 0.5
     assert paraphrase_plan({"a": 2, "b": 10, "c": 0}, 7, 2) == {"a": 2, "b": 0, "c": 0}
+
+
+def test_a_paraphrasers_preamble_label_and_quotes_are_taken_off() -> None:
+    """The 0.5B leads some paraphrases with what it is doing; a student would learn to ask so."""
+    for reply, paraphrase in [
+        (
+            "Sure, here's your request rewritten in a direct instruction: Add 416 days to 2021-06-20.",
+            "Add 416 days to 2021-06-20.",
+        ),
+        (
+            "To denote the exact same requirement, the rewritten request should be: Add 20 days to 2027-05-08.",
+            "Add 20 days to 2027-05-08.",
+        ),
+        ("Certainly! Here is another way to ask:\n\nHow many km are 5 miles?", "How many km are 5 miles?"),
+        ('Request: "What is 12 * 7?"', "What is 12 * 7?"),
+        ("Sure, here's another request to add 198 days to 2016-04-30:", ""),  # no paraphrase after it: empty
+        # a colon of the request itself stays
+        ("Convert this: 5 km to miles", "Convert this: 5 km to miles"),
+        ("Sure, what is 14:30 in Paris time?", "Sure, what is 14:30 in Paris time?"),
+    ]:
+        assert clean_paraphrase(reply) == paraphrase, reply
 
 
 def test_paraphrase_that_writes_a_span_of_time_with_a_sign_is_rejected() -> None:
