@@ -759,11 +759,23 @@ def span_direction_problem(
     return None
 
 
+def request_excess_problem(
+    request: str, calls: list[tuple[str, dict[str, Any]]], tools: list[dict[str, Any]]
+) -> Ungrounded | None:
+    """What a request states that its grounded calls (name, arguments) do not hold: a number no call uses
+    (`unused_number_problem`), a span of time written with a sign (`signed_span_problem`) or signed against its
+    direction (`span_direction_problem`), or None. Distill's grounding and values-first exploration both ask it."""
+    return (
+        unused_number_problem(request, [arguments for _name, arguments in calls])
+        or signed_span_problem(request)
+        or span_direction_problem(request, calls, tools)
+    )
+
+
 def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Ungrounded | None:
     """Why a clean conversation (the request, then calls and their results) has a call value the request does not
-    state, a number in the request that no call uses (`unused_numbers`), a span of time written with a sign
-    (`signed_span_problem`) or signed against its direction (`span_direction_problem`), or None. A call may also
-    use what an earlier call of the conversation returned."""
+    state, or a request that states what its calls do not hold (`request_excess_problem`), or None. A call may also use
+    what an earlier call of the conversation returned."""
     if not messages or messages[0].get("role") != "user":
         return None
     sources = Sources(str(messages[0].get("content") or ""))
@@ -782,11 +794,7 @@ def grounding_problem(messages: list[dict[str, Any]], tools: list[dict[str, Any]
                 called.append((str(function.get("name")), arguments))
     if not called:
         return None
-    return (
-        unused_number_problem(sources.request, [arguments for _name, arguments in called])
-        or signed_span_problem(sources.request)
-        or span_direction_problem(sources.request, called, tools)
-    )
+    return request_excess_problem(sources.request, called, tools)
 
 
 # ---------------------------------------------------------------------------------------------- echo

@@ -705,22 +705,12 @@ def request_problem(ctx: ExploreContext, tool: str, values: dict[str, Any], requ
     (`span_direction_problem`: "45 days after" for -45). The first asks for something else, so the call read from
     it cannot have the values (a small explorer drops one a time in three); the others teach a student to leave
     numbers out or to read a count's sign at random, and distill drops them."""
-    from toolschool.data.filters import (
-        Sources,
-        call_grounding,
-        signed_span_problem,
-        span_direction_problem,
-        unused_number_problem,
-    )
+    from toolschool.data import filters
 
     if not request:
         return "no request"
-    problem = (
-        call_grounding(tool, values, ctx.tool_schemas, Sources(request))
-        or unused_number_problem(request, [values])
-        or signed_span_problem(request)
-        or span_direction_problem(request, [(tool, values)], ctx.tool_schemas)
-    )
+    problem = filters.call_grounding(tool, values, ctx.tool_schemas, filters.Sources(request))
+    problem = problem or filters.request_excess_problem(request, [(tool, values)], ctx.tool_schemas)
     return None if problem is None else f"{problem.reason}: {problem.detail}"
 
 
