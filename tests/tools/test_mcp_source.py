@@ -6,12 +6,14 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from toolschool.errors import ToolschoolError
+from toolschool.tools import mcp_source
 from toolschool.tools.mcp_source import MCPToolSource
 from toolschool.tools.registry import ToolRegistry, build_registry
 
@@ -92,18 +94,50 @@ def test_server_that_exits_at_start_is_a_clear_error() -> None:
 ODD = f"{sys.executable} {Path(__file__).parent.parent / 'fixtures' / 'mcp' / 'odd_server.py'}"
 
 
-def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped() -> None:
+def test_server_that_never_answers_initialize_is_a_clear_error_and_is_stopped(caplog) -> None:
     source = MCPToolSource(f"{ODD} --silent", start_timeout=1)
     try:
-        with pytest.raises(ToolschoolError, match=r"did not answer within 1 s") as info:
-            source.list_tools()
+        with pytest.raises(ToolschoolError, match=r"did not answer within 1 s \(process \d+ sleeping") as info:
+            source.list_tools()  # started twice: a start that hangs once is tried again
         assert "waiting for a license server" in str(info.value)  # what it said on stderr, as a crash shows
+        retried = [r.getMessage() for r in caplog.records if "starting it once more" in r.getMessage()]
+        assert len(retried) == 1 and "did not answer within 1 s (process" in retried[0]
         assert not source.server_pids()  # the silent server is stopped, not left running
         failed = source.call("echo", {"text": "hi"})  # a later call tries again and fails the same way
         assert failed.is_error and failed.error_kind == "server_error" and "did not answer within 1 s" in failed.text
     finally:
         source.close()
     assert not source.server_pids()
+
+
+def test_a_start_that_hangs_once_is_tried_again(tmp_path: Path, caplog) -> None:
+    source = MCPToolSource(f"{ODD} --silent-once {tmp_path / 'started'}", start_timeout=5)
+    try:
+        assert "echo" in [tool.name for tool in source.list_tools()]
+        assert [r.levelname for r in caplog.records if "starting it once more" in r.getMessage()] == ["WARNING"]
+        assert source.call("echo", {"text": "hi"}).text == "hi"
+    finally:
+        source.close()
+    assert not source.server_pids()
+
+
+def test_a_stuck_event_loop_is_reported_as_such(caplog, monkeypatch) -> None:
+    monkeypatch.setattr(mcp_source, "_BACKSTOP_MARGIN_S", 1.0)
+    source = MCPToolSource(f"{ODD} --silent", start_timeout=0.1)
+    blocker = threading.Event()
+    source._loop.call_soon_threadsafe(blocker.wait, 30)  # the loop thread blocked in a call that never returns
+    try:
+        with pytest.raises(ToolschoolError) as info:
+            source.list_tools()
+        assert str(info.value).startswith(
+            f"MCP server '{ODD} --silent' did not answer within 0.1 s: the source's event loop did not respond "
+            "within 1.1 s (no server process is running)"
+        )
+        stuck = [r.getMessage() for r in caplog.records if "is stuck" in r.getMessage()]
+        assert len(stuck) == 1 and "threading.py" in stuck[0] and "in wait" in stuck[0]  # where the thread is
+    finally:
+        blocker.set()
+        source.close()
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,10 @@ import json
 import logging
 import shlex
 import shutil
+import sys
 import tempfile
 import threading
+import traceback
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -30,7 +32,11 @@ from toolschool.tools.validation import validation_error
 # fetching its package, a loaded machine) takes tens of seconds; 30 s cut off a Python server on a busy CI machine.
 START_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 10.0  # how long a session asked to stop may take before it is cancelled
+_SDK_TIMEOUT_MARGIN_S = 5.0
+_BACKSTOP_MARGIN_S = _STOP_GRACE_S + 20  # beyond start_timeout: a start still unfinished means a stuck loop thread
 _SDK_STDIO_LOGGER = "mcp.client.stdio"
+_PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "Z": "exited (zombie)", "T": "stopped"}
+log = logging.getLogger(__name__)
 
 
 class _StrayStdoutLine(logging.Filter):
@@ -122,13 +128,15 @@ class MCPToolSource:
     def list_tools(self) -> list[MCPTool]:
         """Start the server (if needed) and return its tools; ToolschoolError when it cannot start."""
         try:
-            # The start-up is bounded inside (start_timeout, then a bounded stop); this wait is a backstop.
-            listed = self._submit(self._list_tools()).result(self.start_timeout + _STOP_GRACE_S + 20)
-        except (FutureTimeout, _StartTimeout):
-            wait = f"{self.start_timeout:g} s"
-            raise ToolschoolError(
-                f"MCP server {self.command!r} did not answer within {wait}{self._stderr_tail()}"
-            ) from None
+            try:
+                listed = self._list_tools_once()
+            except _StartTimeout as first:
+                # A start that hangs once (a loaded machine, a server's cold cache) usually succeeds the next time;
+                # a server that never answers fails twice and the second failure is the one reported.
+                log.warning("MCP server %r %s; starting it once more", self.command, first)
+                listed = self._list_tools_once()
+        except _StartTimeout as exc:
+            raise ToolschoolError(f"MCP server {self.command!r} {exc}{self._stderr_tail()}") from None
         except ToolschoolError:
             raise
         except Exception as exc:
@@ -136,6 +144,24 @@ class MCPToolSource:
                 f"MCP server {self.command!r} could not be started: {_reason(exc)}{self._stderr_tail()}"
             ) from exc
         return [MCPTool(self, t.name, t.description or "", dict(t.input_schema or {})) for t in listed]
+
+    def _list_tools_once(self) -> list[Any]:
+        # The start-up is bounded inside (start_timeout, then a bounded stop); this wait is a backstop for a loop
+        # thread that stopped running coroutines altogether (blocked in a system call), which is reported as such.
+        # Not tried again: the loop that would run a second start is the one that is stuck.
+        backstop = self.start_timeout + _BACKSTOP_MARGIN_S
+        future = self._submit(self._list_tools())
+        try:
+            return future.result(backstop)
+        except FutureTimeout:
+            future.cancel()
+            frame = sys._current_frames().get(self._thread.ident or -1)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)\n"
+            log.warning("the event loop of MCP server %r is stuck; its thread is at:\n%s", self.command, stack)
+            raise ToolschoolError(
+                f"MCP server {self.command!r} did not answer within {self.start_timeout:g} s: the source's event loop "
+                f"did not respond within {backstop:g} s{self._process_states()}{self._stderr_tail()}"
+            ) from None
 
     def call_limit(self) -> float:
         """The longest a call can take: the server's answer, after a restart if the server had to be started again."""
@@ -236,6 +262,8 @@ class MCPToolSource:
             import anyio
 
             ready: asyncio.Future[Any] = self._loop.create_future()
+            # A start given up on may still fail later, while it is being stopped: that failure is not news.
+            ready.add_done_callback(lambda done: done.cancelled() or done.exception())
             self._stop = asyncio.Event()
             scope = anyio.CancelScope()  # the cancel scope around the session task's transport
             self._session_task = self._loop.create_task(self._hold_session(ready, self._stop, scope))
@@ -244,10 +272,9 @@ class MCPToolSource:
                 self._session = await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
             except TimeoutError:
                 # It never answered `initialize`: the task waits there, not on `stop`, so cancel it right away.
+                states = self._process_states()  # before the server is stopped: what it was doing instead
                 await self._drop_session(grace=0)
-                if ready.done():
-                    ready.exception()  # retrieved: the timeout below is the reason given
-                raise _StartTimeout(f"did not answer within {self.start_timeout:g} s") from None
+                raise _StartTimeout(f"did not answer within {self.start_timeout:g} s{states}") from None
             except BaseException:
                 await self._drop_session()
                 raise
@@ -270,7 +297,10 @@ class MCPToolSource:
             with scope:
                 async with stdio_client(params, errlog=self._errlog) as (read, write):
                     # The session's own timeout covers initialize and tools/list; tools/call passes call_timeout.
-                    async with ClientSession(read, write, read_timeout_seconds=self.start_timeout) as session:
+                    # It runs a little past start_timeout so that a silent start always ends in _ensure_session's
+                    # timeout (diagnosed, tried again) rather than in whichever of the two fires first.
+                    read_timeout = self.start_timeout + _SDK_TIMEOUT_MARGIN_S
+                    async with ClientSession(read, write, read_timeout_seconds=read_timeout) as session:
                         await session.initialize()
                         if not ready.done():
                             ready.set_result(session)
@@ -308,6 +338,20 @@ class MCPToolSource:
             is_error=True,
             error_kind="server_error",
         )
+
+    def _process_states(self) -> str:
+        """What the server's processes are doing, for a start that timed out: a server blocked reading stdin (it
+        never got `initialize`) reads differently from one busy computing or one that never started."""
+        states = []
+        for pid in self.server_pids():
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+            except (OSError, IndexError):
+                continue
+            name = _PROCESS_STATES.get(state, state)
+            states.append(f"process {pid} {name}" + (f" in {wchan}" if wchan and wchan != "0" else ""))
+        return f" ({'; '.join(states)})" if states else " (no server process is running)"
 
     def _stderr_tail(self) -> str:
         if self._errlog is None or self._errlog.closed:
