@@ -20,7 +20,7 @@ import tempfile
 import threading
 import traceback
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,7 +35,13 @@ _STOP_GRACE_S = 10.0  # how long a session asked to stop may take before it is c
 _SDK_TIMEOUT_MARGIN_S = 5.0
 _BACKSTOP_MARGIN_S = _STOP_GRACE_S + 20  # beyond start_timeout: a start still unfinished means a stuck loop thread
 _SDK_STDIO_LOGGER = "mcp.client.stdio"
-_PROCESS_STATES = {"R": "running", "S": "sleeping", "D": "waiting on disk", "Z": "exited (zombie)", "T": "stopped"}
+_PROCESS_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible wait",
+    "Z": "exited (zombie)",
+    "T": "stopped",
+}
 log = logging.getLogger(__name__)
 
 
@@ -136,7 +142,9 @@ class MCPToolSource:
                 log.warning("MCP server %r %s; starting it once more", self.command, first)
                 listed = self._list_tools_once()
         except _StartTimeout as exc:
-            raise ToolschoolError(f"MCP server {self.command!r} {exc}{self._stderr_tail()}") from None
+            raise ToolschoolError(
+                f"MCP server {self.command!r} {exc}{self._stderr_tail()}; it was started twice"
+            ) from None
         except ToolschoolError:
             raise
         except Exception as exc:
@@ -151,17 +159,29 @@ class MCPToolSource:
         # Not tried again: the loop that would run a second start is the one that is stuck.
         backstop = self.start_timeout + _BACKSTOP_MARGIN_S
         future = self._submit(self._list_tools())
-        try:
-            return future.result(backstop)
-        except FutureTimeout:
-            future.cancel()
-            frame = sys._current_frames().get(self._thread.ident or -1)
-            stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)\n"
-            log.warning("the event loop of MCP server %r is stuck; its thread is at:\n%s", self.command, stack)
+        finished, _ = futures_wait([future], backstop)
+        if finished:
+            return future.result()
+        future.cancel()
+        if self._loop_answers():  # a start slower than its bounds (a long tools/list), not a stuck loop
             raise ToolschoolError(
-                f"MCP server {self.command!r} did not answer within {self.start_timeout:g} s: the source's event loop "
-                f"did not respond within {backstop:g} s{self._process_states()}{self._stderr_tail()}"
-            ) from None
+                f"MCP server {self.command!r} did not list its tools within {backstop:g} s{self._stderr_tail()}"
+            )
+        frame = sys._current_frames().get(self._thread.ident or -1)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(the thread has ended)\n"
+        log.warning("the event loop of MCP server %r is stuck; its thread is at:\n%s", self.command, stack)
+        raise ToolschoolError(
+            f"MCP server {self.command!r} did not answer within {self.start_timeout:g} s: the source's event loop "
+            f"did not respond within {backstop:g} s{self._process_states()}{self._stderr_tail()}"
+        )
+
+    def _loop_answers(self, within: float = 2.0) -> bool:
+        """Whether the source's loop thread still runs coroutines (it answers a no-op within `within` s)."""
+        probe = self._submit(asyncio.sleep(0))
+        finished, _ = futures_wait([probe], within)
+        if not finished:
+            probe.cancel()
+        return bool(finished)
 
     def call_limit(self) -> float:
         """The longest a call can take: the server's answer, after a restart if the server had to be started again."""
@@ -170,11 +190,11 @@ class MCPToolSource:
     def call(self, name: str, args: dict[str, Any]) -> Observation:
         """Call a tool synchronously (from any thread that is not this source's loop thread)."""
         future = self._submit(self._call(name, args))
-        try:
-            return future.result(self.call_limit())
-        except FutureTimeout:
-            future.cancel()
-            return self._failed(name, f"no answer within {self.call_timeout:g} s")
+        finished, _ = futures_wait([future], self.call_limit())  # not result(timeout): a TimeoutError it raises
+        if finished:  # would read as the wait's own
+            return future.result()
+        future.cancel()
+        return self._failed(name, f"no answer within {self.call_timeout:g} s")
 
     async def acall(self, name: str, args: dict[str, Any]) -> Observation:
         """Call a tool from any event loop; the request runs on this source's own loop."""
@@ -272,7 +292,8 @@ class MCPToolSource:
                 self._session = await asyncio.wait_for(asyncio.shield(ready), self.start_timeout)
             except TimeoutError:
                 # It never answered `initialize`: the task waits there, not on `stop`, so cancel it right away.
-                states = self._process_states()  # before the server is stopped: what it was doing instead
+                # Before the server is stopped: what it was doing instead (a /proc scan, off the loop thread).
+                states = await asyncio.to_thread(self._process_states)
                 await self._drop_session(grace=0)
                 raise _StartTimeout(f"did not answer within {self.start_timeout:g} s{states}") from None
             except BaseException:
@@ -346,9 +367,12 @@ class MCPToolSource:
         for pid in self.server_pids():
             try:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
-            except (OSError, IndexError):
+            except (OSError, IndexError):  # it ended meanwhile
                 continue
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+            except OSError:  # not every procfs has it, nor lets it be read
+                wchan = ""
             name = _PROCESS_STATES.get(state, state)
             states.append(f"process {pid} {name}" + (f" in {wchan}" if wchan and wchan != "0" else ""))
         return f" ({'; '.join(states)})" if states else " (no server process is running)"
