@@ -22,6 +22,7 @@ from toolschool.evaluate.retrieval import BM25Retriever, DemoPool, with_demonstr
 from toolschool.evaluate.runner import EvalOptions, evaluate_items, summarize
 from toolschool.evaluate.session import Benchmark, make_options, resolve_benchmarks, run_evaluation
 from toolschool.models.backend import Backend, Completion, GenerationRequest
+from toolschool.models.grammar import ConstraintError
 from toolschool.tools.base import Observation
 
 
@@ -324,6 +325,28 @@ async def test_constrained_evaluation_sends_an_auto_constraint_and_records_the_m
     assert {r.record()["decoding"] for r in results} == {"constrained"}
     free = await evaluate_items(backend, items, EvalOptions())
     assert {r.record()["decoding"] for r in free} == {"free"} and backend.requests[-1].constraint is None
+
+
+class RefusingBackend(ConstrainingBackend):
+    """A constraining double whose grammar library cannot compile the calculator's schema."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.checked: list = []
+
+    def check_constraint(self, constraint) -> None:
+        self.checked.append(constraint)
+        if "calculator" in constraint.tool_names:
+            raise ConstraintError("tool 'calculator': its JSON schema cannot be compiled into a grammar at properties")
+
+
+async def test_a_schema_that_cannot_be_compiled_ends_a_constrained_evaluation_before_any_item(data_file: Path) -> None:
+    backend, items = RefusingBackend(), items_from_file(data_file)
+    with pytest.raises(ConstraintError, match=r"^tool 'calculator': its JSON schema cannot be compiled"):
+        await evaluate_items(backend, items, EvalOptions(constrained=True))
+    assert backend.requests == [] and len(backend.checked) == 1  # the items share one constraint: checked once
+    await evaluate_items(backend, items, EvalOptions())  # free decoding checks nothing
+    assert len(backend.checked) == 1 and backend.requests
 
 
 async def test_constrained_evaluation_of_a_backend_that_cannot_constrain_is_refused(data_file: Path) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
 from explore_helpers import SCHEMAS, ScriptedBackend, make_ctx, trial_lines
 from helpers import after_result
 
 from toolschool.chat.formats import get_format
 from toolschool.explore.episode import model_view, run_episode
 from toolschool.explore.log import TRIALS_FILE
+from toolschool.explore.runner import run_exploration
 from toolschool.models.backend import GenerationRequest
+from toolschool.models.grammar import ConstraintError
 
 
 def react_policy(request: GenerationRequest, counter: dict[str, int]) -> str:
@@ -145,6 +148,47 @@ async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_l
     assert not any(r.prefill for r in backend.requests)
     assert len(prose) == 1 and [r.constraint.options for r in reflections] == [("Yes", "No")]
     assert len(backend.requests) == len(constrained) + 2  # the query (prose), the reflection
+
+
+class RefusingBackend(ConstrainingBackend):
+    """A constraining backend whose grammar library cannot compile the weekday tool's schema."""
+
+    def __init__(self, policy) -> None:
+        super().__init__(policy)
+        self.checked: list = []
+
+    def check_constraint(self, constraint) -> None:
+        self.checked.append(constraint)
+        if "weekday" in (constraint.tool_names or []):
+            raise ConstraintError("tool 'weekday': its JSON schema cannot be compiled into a grammar at properties")
+
+
+async def test_a_schema_that_cannot_be_compiled_ends_the_exploration_before_anything_is_generated(tmp_path) -> None:
+    backend = RefusingBackend(hermes_policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
+    ctx.fmt = get_format("hermes")
+    with pytest.raises(ConstraintError, match=r"^tool 'weekday': its JSON schema cannot be compiled"):
+        await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
+    assert backend.requests == [] and trial_lines(tmp_path / TRIALS_FILE) == []
+
+
+def test_the_constraints_checked_are_every_kind_a_trial_can_be_generated_under(tmp_path) -> None:
+    ctx = make_ctx(tmp_path, RefusingBackend(hermes_policy), force_call=True, imagine="values_first")
+    ctx.fmt = get_format("hermes")
+    kinds = sorted(c.describe() for c in ctx.constraints(["calculator"]))
+    assert kinds == sorted(
+        [
+            "prose",
+            "one of Yes, No",
+            "hermes, tool_choice=calculator",
+            "hermes, tool_choice=auto",
+            "answer",
+            "response_format=json_schema",
+        ]
+    )
+    free = make_ctx(tmp_path / "free", RefusingBackend(hermes_policy), constrained=False)
+    assert free.constraints(["calculator"]) == []
+    free.check_constraints(["calculator", "weekday"])  # free decoding: nothing to compile, nothing refused
 
 
 async def test_the_reply_after_the_last_call_is_an_answer_without_json(tmp_path) -> None:

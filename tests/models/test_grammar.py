@@ -94,18 +94,21 @@ def test_response_format_holds_the_whole_reply_to_the_schema(backend) -> None:
     assert completion.text in ('{"ok": true}', '{"ok": false}')
 
 
-def test_a_schema_the_library_cannot_compile_fails_before_generation(backend) -> None:
-    bad = {
-        "type": "function",
-        "function": {
-            "name": "when",
-            "parameters": {
-                "type": "object",
-                "properties": {"day": {"type": "string", "pattern": "(?<=x)y"}},
-                "required": ["day"],
-            },
+UNCOMPILABLE = {  # xgrammar's regex has no lookbehind
+    "type": "function",
+    "function": {
+        "name": "when",
+        "parameters": {
+            "type": "object",
+            "properties": {"day": {"type": "string", "pattern": "(?<=x)y"}},
+            "required": ["day"],
         },
-    }
+    },
+}
+
+
+def test_a_schema_the_library_cannot_compile_fails_before_generation(backend) -> None:
+    bad = UNCOMPILABLE
     steps = backend.steps
     with pytest.raises(ConstraintError) as caught:
         asyncio.run(backend.generate(_request("hermes", Constraint.for_tools("hermes", [CALC, bad], "auto"))))
@@ -113,6 +116,18 @@ def test_a_schema_the_library_cannot_compile_fails_before_generation(backend) ->
     assert "tool 'when'" in message and "properties.day.pattern" in message and "Lookbehind" in message
     assert "\n" not in message
     assert backend.steps == steps  # nothing was generated
+
+
+def test_checking_a_constraint_refuses_what_cannot_be_compiled_and_compiles_no_structure(backend) -> None:
+    compiler, steps = backend.grammar_compiler(), backend.steps
+    compiles = compiler.compiles
+    with pytest.raises(ConstraintError) as caught:
+        backend.check_constraint(Constraint.for_tools("json", [CALC, UNCOMPILABLE], "required"))
+    message, where = str(caught.value), "at properties.day.pattern:"
+    assert message.startswith(f"tool 'when': its JSON schema cannot be compiled into a grammar {where}")
+    assert "\n" not in message and backend.steps == steps
+    backend.check_constraint(Constraint.for_tools("react", [CALC], "auto"))  # one that compiles passes
+    assert compiler.compiles == compiles  # only its schemas were compiled: no structure evicted, none to redo
 
 
 def test_compiled_constraints_are_cached(backend) -> None:

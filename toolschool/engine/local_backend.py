@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from toolschool.chat.constraints import Constraint
 from toolschool.engine.cascade_attention import CascadePlan, Group, plan_groups, use_cascade_attention
 from toolschool.engine.kv_buffer import BufferedLayer, pad_left
 from toolschool.engine.openmp import release_thread_pool
@@ -373,6 +374,9 @@ class LocalBackend(Backend):
             self._queue.append(pending)
             self._cond.notify()
         return pending
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        self.grammar_compiler().check(constraint)
 
     def render_prompt(self, request: GenerationRequest) -> list[int]:
         return render_prompt(self.tokenizer, request, self.name)

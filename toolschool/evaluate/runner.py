@@ -121,6 +121,12 @@ def sent_messages(
     return sent, None
 
 
+def item_constraint(fmt: Any, item: EvalItem) -> Constraint:
+    """What an item's reply may be when decoding is constrained: free text or a call that parses, names an offered
+    tool and fits its schema (tool_choice auto)."""
+    return Constraint.for_tools(fmt.name, item.tools, "auto")
+
+
 async def _generate(
     backend: Backend, fmt: Any, item: EvalItem, messages: list[dict[str, Any]], options: EvalOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
@@ -129,8 +135,7 @@ async def _generate(
     params = SamplingParams(
         max_tokens=options.max_tokens, temperature=options.temperature, stop=list(fmt.stop), seed=options.seed
     )
-    # constrained: free text or a call that parses, names an offered tool and fits its schema (tool_choice auto)
-    constraint = Constraint.for_tools(fmt.name, item.tools, "auto") if options.constrained else None
+    constraint = item_constraint(fmt, item) if options.constrained else None
     request = GenerationRequest(sent, sent_tools, params, prefill=fmt.prefill, constraint=constraint)
     completions = await backend.generate(request)
     return sent, sent_tools, completions[0].text if completions else ""
@@ -243,6 +248,14 @@ async def evaluate_items(
             "constrain its replies (an OpenAI-compatible endpoint)",
             hint="evaluate it with --no-constrained (eval.constrained = false)",
         )
+    if options.constrained:  # a schema the grammar library cannot compile ends the run before any item generates
+        fmt = get_format(options.format)
+        checked: set[str] = set()
+        for item in items:
+            constraint = item_constraint(fmt, item)
+            if constraint.key() not in checked:
+                checked.add(constraint.key())
+                backend.check_constraint(constraint)
     gate = asyncio.Semaphore(max(1, options.concurrency))
 
     async def one(item: EvalItem) -> ItemResult:

@@ -211,6 +211,26 @@ class ExploreContext:
         or a JSON object; None when decoding is free."""
         return Constraint.prose() if self.decoding == "constrained" else None
 
+    def constraints(self, tools: list[str]) -> list[Constraint]:
+        """Every constraint the trials of `tools` can be generated under (none when decoding is free), so that a run
+        checks them all before its first request (`check_constraints`)."""
+        found = [self.imagine_constraint(), self.reflect_constraint()]
+        for tool in tools:
+            found += [self.trial_constraint(tool, 0), self.trial_constraint(tool, 1), self.trial_constraint(tool, 1, 0)]
+            if self.settings.imagine == "values_first":
+                found.append(self.values_constraint(tool))
+        unique: dict[str, Constraint] = {}
+        for constraint in found:
+            if constraint is not None:
+                unique.setdefault(constraint.key(), constraint)
+        return list(unique.values())
+
+    def check_constraints(self, tools: list[str]) -> None:
+        """A schema the grammar library cannot compile ends the run here, in one line naming the tool and the
+        construct, before anything is generated (not one failed episode after another)."""
+        for constraint in self.constraints(tools):
+            self.backend.check_constraint(constraint)
+
     def schema_of(self, tool: str) -> dict[str, Any]:
         for schema in self.tool_schemas:
             if schema["function"]["name"] == tool:

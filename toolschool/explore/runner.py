@@ -223,6 +223,8 @@ async def run_exploration(
             highlight=False,
             markup=False,
         )
+    if plan:
+        ctx.check_constraints(tools)
     failures: list[dict[str, Any]] = []
     semaphore = asyncio.Semaphore(concurrency)
     started = time.perf_counter()

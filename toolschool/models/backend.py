@@ -145,6 +145,11 @@ class Backend(ABC):
         for index, completion in enumerate(await self.generate(request)):
             yield StreamEvent(index=index, text=completion.text, completion=completion)
 
+    def check_constraint(self, constraint: Constraint) -> None:  # noqa: B027 - nothing to check by default
+        """Raise the error a request with `constraint` would end in (a schema the grammar library cannot compile),
+        without generating: a run checks its constraints before its first request. A backend that does not
+        constrain ignores constraints, so it has none to refuse."""
+
     async def generate_many(self, requests: list[GenerationRequest]) -> list[list[Completion]]:
         import asyncio
 

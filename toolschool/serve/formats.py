@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from toolschool.chat.constraints import Constraint
 from toolschool.chat.formats import ChatFormat, get_format
 from toolschool.models.backend import Backend, Completion, GenerationRequest
 
@@ -32,6 +33,15 @@ class FormatBackend(Backend):
         self.tokenizer = getattr(inner, "tokenizer", None)  # the server decodes logprobs' tokens with it
         # a constraint is handed on in this format's syntax (`generate`), so it holds as the inner backend holds it
         self.constrains = bool(getattr(inner, "constrains", False))
+
+    def check_constraint(self, constraint: Constraint) -> None:
+        self.inner.check_constraint(self._in_format(constraint))
+
+    def _in_format(self, constraint: Constraint) -> Constraint:
+        """A constraint on calls, in this format's syntax (a response format is the same JSON in every format)."""
+        if constraint.response_format is None:
+            return dataclasses.replace(constraint, format=self.fmt.name)
+        return constraint
 
     def _prefill(self, request: GenerationRequest) -> str:
         """The server's prefill (none, a hermes call opener from tool_choice, or a continued reply) in the format."""
@@ -76,11 +86,9 @@ class FormatBackend(Backend):
         if not request.tools:  # a plain chat: nothing to describe or to read back
             return await self.inner.generate(request)
         messages, tools = self.fmt.to_messages(request.messages, request.tools)
-        constraint = request.constraint
-        forced = False
-        if constraint is not None and constraint.response_format is None:  # calls: in this format's syntax
-            constraint = dataclasses.replace(constraint, format=self.fmt.name)
-            forced = constraint.tool_choice not in ("auto", "none")
+        constraint = None if request.constraint is None else self._in_format(request.constraint)
+        forced = constraint is not None and constraint.response_format is None
+        forced = forced and constraint.tool_choice not in ("auto", "none")
         prefill = self._prefill(request)
         stop = list(request.params.stop) + [s for s in self.fmt.stop if s not in request.params.stop]
         sent = dataclasses.replace(
