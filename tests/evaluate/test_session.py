@@ -23,6 +23,7 @@ from toolschool.evaluate.items import items_from_file
 from toolschool.evaluate.retrieval import DemoPool
 from toolschool.evaluate.runner import EvalOptions
 from toolschool.evaluate.session import Benchmark, make_options, run_evaluation
+from toolschool.models.grammar import ConstraintError
 
 
 def test_no_prompt_shows_another_evaluated_item(tmp_path: Path) -> None:
@@ -47,6 +48,35 @@ def test_no_prompt_shows_another_evaluated_item(tmp_path: Path) -> None:
     assert summary["icl"] == {"k": 3, "demos": str(demos), "retriever": "bm25", "pool": 2, "left_out": 2}
     saved = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert saved["icl"]["pool"] == 2 and saved["settings"]["icl"] == 3
+
+
+class _RefusingRecorder(Recorder):
+    """Says it constrains; its grammar library cannot compile the weekday tool's schema."""
+
+    constrains = True
+
+    def check_constraint(self, constraint) -> None:
+        if "weekday" in constraint.tool_names:
+            raise ConstraintError("tool 'weekday': its JSON schema cannot be compiled into a grammar at properties")
+
+
+def test_a_schema_of_a_later_benchmark_that_cannot_be_compiled_ends_the_run_before_the_first(tmp_path: Path) -> None:
+    data = write(tmp_path / "test.jsonl", TEST)
+    weekday = dataclasses.replace(
+        items_from_file(data)[0],
+        id="w1",
+        tools=[{"type": "function", "function": {"name": "weekday", "parameters": {"type": "object"}}}],
+    )
+    backend = _RefusingRecorder()
+    with pytest.raises(ConstraintError, match=r"^tool 'weekday'"):
+        run_evaluation(
+            ["m"],
+            [Benchmark("data", items_from_file(data)), Benchmark("later", [weekday])],
+            EvalOptions(constrained=True),
+            tmp_path / "eval",
+            make_backend=lambda _n: backend,
+        )
+    assert backend.requests == []  # the first benchmark did not run either
 
 
 def test_a_pool_of_only_evaluated_items_is_refused_before_anything_is_written(tmp_path: Path) -> None:

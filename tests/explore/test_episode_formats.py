@@ -148,6 +148,8 @@ async def test_constrained_exploration_sends_each_trial_reply_a_constraint_and_l
     assert not any(r.prefill for r in backend.requests)
     assert len(prose) == 1 and [r.constraint.options for r in reflections] == [("Yes", "No")]
     assert len(backend.requests) == len(constrained) + 2  # the query (prose), the reflection
+    checked = {c.key() for c in ctx.constraints(["calculator"])}  # what a run checks before its first request
+    assert {r.constraint.key() for r in backend.requests} <= checked
 
 
 class RefusingBackend(ConstrainingBackend):
@@ -201,6 +203,8 @@ async def test_the_reply_after_the_last_call_is_an_answer_without_json(tmp_path)
     (record,) = trial_lines(tmp_path / TRIALS_FILE)
     answers = [r for r in backend.requests if r.constraint is not None and r.constraint.answer_text]
     assert len(answers) == 1
+    checked = {c.key() for c in ctx.constraints(["calculator"])}
+    assert {r.constraint.key() for r in backend.requests if r.constraint is not None} <= checked
     assert "gives the result (" in answers[0].messages[-1]["content"] and answers[0].messages[-2]["role"] == "tool"
     assert record["final_answer"] and record["steps"][-1]["executed"] is False
 

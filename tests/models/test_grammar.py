@@ -128,6 +128,11 @@ def test_checking_a_constraint_refuses_what_cannot_be_compiled_and_compiles_no_s
     assert "\n" not in message and backend.steps == steps
     backend.check_constraint(Constraint.for_tools("react", [CALC], "auto"))  # one that compiles passes
     assert compiler.compiles == compiles  # only its schemas were compiled: no structure evicted, none to redo
+    fenced = Constraint.for_tools("hermes", [CALC, PICK], "auto")  # hermes auto also holds a fenced call's schema
+    backend.check_constraint(fenced)
+    schemas = len(compiler._schema_grammars)
+    compiler.compile(fenced)
+    assert len(compiler._schema_grammars) == schemas  # the check met every schema the compile meets
 
 
 def test_compiled_constraints_are_cached(backend) -> None:

@@ -127,6 +127,20 @@ def item_constraint(fmt: Any, item: EvalItem) -> Constraint:
     return Constraint.for_tools(fmt.name, item.tools, "auto")
 
 
+def check_item_constraints(backend: Backend, items: list[EvalItem], options: EvalOptions) -> None:
+    """Constrained decoding: a schema the grammar library cannot compile ends the evaluation here, in one line
+    naming the tool and the construct, before any item generates (each distinct tool set checked once)."""
+    if not options.constrained:
+        return
+    fmt = get_format(options.format)
+    checked: set[str] = set()
+    for item in items:
+        constraint = item_constraint(fmt, item)
+        if constraint.key() not in checked:
+            checked.add(constraint.key())
+            backend.check_constraint(constraint)
+
+
 async def _generate(
     backend: Backend, fmt: Any, item: EvalItem, messages: list[dict[str, Any]], options: EvalOptions
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
@@ -248,14 +262,7 @@ async def evaluate_items(
             "constrain its replies (an OpenAI-compatible endpoint)",
             hint="evaluate it with --no-constrained (eval.constrained = false)",
         )
-    if options.constrained:  # a schema the grammar library cannot compile ends the run before any item generates
-        fmt = get_format(options.format)
-        checked: set[str] = set()
-        for item in items:
-            constraint = item_constraint(fmt, item)
-            if constraint.key() not in checked:
-                checked.add(constraint.key())
-                backend.check_constraint(constraint)
+    check_item_constraints(backend, items, options)
     gate = asyncio.Semaphore(max(1, options.concurrency))
 
     async def one(item: EvalItem) -> ItemResult:

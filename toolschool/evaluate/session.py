@@ -25,7 +25,7 @@ from toolschool.errors import ConfigError, DataError, ResumeRefused, ToolschoolE
 from toolschool.evaluate.items import EvalItem, items_from_file, read_examples
 from toolschool.evaluate.metrics import ItemScore
 from toolschool.evaluate.retrieval import RETRIEVERS, DemoPool
-from toolschool.evaluate.runner import EvalOptions, ItemResult, evaluate_items, summarize
+from toolschool.evaluate.runner import EvalOptions, ItemResult, check_item_constraints, evaluate_items, summarize
 from toolschool.models.backend import Backend
 from toolschool.run_state import StageState, check_resume, folder_lock, jsonl_line, scan_jsonl, write_text_atomic
 
@@ -495,6 +495,10 @@ async def _run_model(
     backend = None
     per_benchmark: dict[str, Any] = {}
     try:
+        if any(len(bench.items) > len(done) for bench, done in zip(benchmarks, finished, strict=True)):
+            backend = make_backend(model)
+            # every benchmark's constraints before the first generates (not one benchmark's after another's run)
+            check_item_constraints(backend, [item for bench in benchmarks for item in bench.items], options)
         for bench, path, done in zip(benchmarks, paths, finished, strict=True):
             callback = progress(f"{model} · {bench.name}", len(bench.items)) if progress else None
             for result in done.values():

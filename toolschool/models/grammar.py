@@ -114,11 +114,11 @@ class GrammarCompiler:
         return compiled
 
     def check(self, constraint: Constraint) -> None:
-        """ConstraintError if a schema of `constraint` cannot be compiled; each schema's grammar is kept (not the
-        whole structure's, which `compile` builds from them when a request needs it), so a check costs a request
-        nothing and checking many constraints evicts no compiled grammar."""
-        for what, schema in constraint.schemas():
-            self._schema_grammar(what, schema, _param(constraint))
+        """ConstraintError if a schema of `constraint` cannot be compiled: every schema node of its structure (the
+        tools', and the format's own built from them, such as hermes' fenced call), as `compile` meets them. Each
+        schema's grammar is kept, not the whole structure's (which `compile` builds from them when a request needs
+        it), so a check costs a request nothing and checking many constraints evicts no compiled grammar."""
+        self._canonical(constraint)
 
     def matcher(self, compiled: Any) -> Any:
         """A fresh matcher (one row's grammar state) for a compiled grammar."""
