@@ -169,9 +169,10 @@ async def test_a_schema_that_cannot_be_compiled_ends_the_exploration_before_anyt
     backend = RefusingBackend(hermes_policy)
     ctx = make_ctx(tmp_path, backend, stm_slots=1, force_call=True)
     ctx.fmt = get_format("hermes")
+    started: list[bool] = []  # the stage saves its config here: a refused run keeps the old one
     with pytest.raises(ConstraintError, match=r"^tool 'weekday': its JSON schema cannot be compiled"):
-        await run_exploration(ctx, ["calculator", "weekday"], concurrency=4)
-    assert backend.requests == [] and trial_lines(tmp_path / TRIALS_FILE) == []
+        await run_exploration(ctx, ["calculator", "weekday"], concurrency=4, on_start=lambda: started.append(True))
+    assert backend.requests == [] and trial_lines(tmp_path / TRIALS_FILE) == [] and started == []
 
 
 def test_the_constraints_checked_are_every_kind_a_trial_can_be_generated_under(tmp_path) -> None:

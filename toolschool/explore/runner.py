@@ -17,7 +17,7 @@ import hashlib
 import json
 import time
 import traceback
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,9 +210,15 @@ def check_resumable(
 
 
 async def run_exploration(
-    ctx: ExploreContext, tools: list[str], *, concurrency: int, console: Console | None = None
+    ctx: ExploreContext,
+    tools: list[str],
+    *,
+    concurrency: int,
+    console: Console | None = None,
+    on_start: Callable[[], Any] | None = None,
 ) -> ExploreResult:
-    """Run the missing episodes of `tools`, then summarise the whole log and save `summary.json`."""
+    """Run the missing episodes of `tools`, then summarise the whole log and save `summary.json`; `on_start` runs
+    once the run's constraints are checked, before its first episode."""
     settings = ctx.settings
     done = completed_slots(ctx.log.existing)
     no_stm = settings.ablations.no_stm
@@ -225,6 +231,8 @@ async def run_exploration(
         )
     if plan:
         ctx.check_constraints(tools)
+    if on_start is not None:  # after the checks: a refused run leaves nothing of its own (the stage's config)
+        on_start()
     failures: list[dict[str, Any]] = []
     semaphore = asyncio.Semaphore(concurrency)
     started = time.perf_counter()

@@ -155,9 +155,7 @@ async def _run(
         check = getattr(ctx.backend, "check", None)
         if check is not None:  # an HTTP endpoint: fail before any work when it cannot be reached
             await check()
-        ctx.check_constraints(targets)  # before ready(): a refused run keeps the old config
-        ready()
-        return await run_exploration(ctx, targets, concurrency=concurrency, console=console)
+        return await run_exploration(ctx, targets, concurrency=concurrency, console=console, on_start=ready)
     finally:
         await ctx.backend.aclose()
 

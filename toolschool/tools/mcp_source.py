@@ -159,10 +159,8 @@ class MCPToolSource:
         # Not tried again: the loop that would run a second start is the one that is stuck.
         backstop = self.start_timeout + _BACKSTOP_MARGIN_S
         future = self._submit(self._list_tools())
-        finished, _ = futures_wait([future], backstop)
-        if finished:
+        if _finished_within(future, backstop):
             return future.result()
-        future.cancel()
         if self._loop_answers():  # a start slower than its bounds (a long tools/list), not a stuck loop
             raise ToolschoolError(
                 f"MCP server {self.command!r} did not list its tools within {backstop:g} s{self._stderr_tail()}"
@@ -177,11 +175,7 @@ class MCPToolSource:
 
     def _loop_answers(self, within: float = 2.0) -> bool:
         """Whether the source's loop thread still runs coroutines (it answers a no-op within `within` s)."""
-        probe = self._submit(asyncio.sleep(0))
-        finished, _ = futures_wait([probe], within)
-        if not finished:
-            probe.cancel()
-        return bool(finished)
+        return _finished_within(self._submit(asyncio.sleep(0)), within)
 
     def call_limit(self) -> float:
         """The longest a call can take: the server's answer, after a restart if the server had to be started again."""
@@ -190,10 +184,8 @@ class MCPToolSource:
     def call(self, name: str, args: dict[str, Any]) -> Observation:
         """Call a tool synchronously (from any thread that is not this source's loop thread)."""
         future = self._submit(self._call(name, args))
-        finished, _ = futures_wait([future], self.call_limit())  # not result(timeout): a TimeoutError it raises
-        if finished:  # would read as the wait's own
+        if _finished_within(future, self.call_limit()):
             return future.result()
-        future.cancel()
         return self._failed(name, f"no answer within {self.call_timeout:g} s")
 
     async def acall(self, name: str, args: dict[str, Any]) -> Observation:
@@ -204,8 +196,12 @@ class MCPToolSource:
         """Process ids of the running server: children of this process whose command line ends with the server's
         (the whole line, so two servers run by one interpreter are told apart; a script's shebang interpreter
         comes first)."""
+        return [pid for pid, _state in self._server_processes()]
+
+    def _server_processes(self) -> list[tuple[int, str]]:
+        """(pid, state letter of /proc/PID/stat) of each process `server_pids` names."""
         wanted = [part.encode() for part in self.argv]
-        pids = []
+        found = []
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
@@ -213,8 +209,8 @@ class MCPToolSource:
             except (OSError, IndexError):
                 continue
             if int(fields[1]) == _own_pid() and cmdline[-len(wanted) :] == wanted:
-                pids.append(int(stat.parent.name))
-        return pids
+                found.append((int(stat.parent.name), fields[0]))
+        return found
 
     def close(self) -> None:
         if self._closed:
@@ -364,11 +360,7 @@ class MCPToolSource:
         """What the server's processes are doing, for a start that timed out: a server blocked reading stdin (it
         never got `initialize`) reads differently from one busy computing or one that never started."""
         states = []
-        for pid in self.server_pids():
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):  # it ended meanwhile
-                continue
+        for pid, state in self._server_processes():
             try:
                 wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
             except OSError:  # not every procfs has it, nor lets it be read
@@ -419,6 +411,15 @@ def _is_timeout(exc: BaseException) -> bool:
     from mcp_types import REQUEST_TIMEOUT
 
     return isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.code == REQUEST_TIMEOUT)
+
+
+def _finished_within(future: Future[Any], seconds: float) -> bool:
+    """Whether `future` finished within `seconds` (else it is cancelled). Not `result(timeout)`: a TimeoutError the
+    coroutine itself raises would read as the wait's own."""
+    finished, _ = futures_wait([future], seconds)
+    if not finished:
+        future.cancel()
+    return bool(finished)
 
 
 def _own_pid() -> int:
