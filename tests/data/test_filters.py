@@ -406,3 +406,23 @@ def test_a_date_spelling_that_leaves_the_date_open_is_found_but_not_dated() -> N
     assert (numeric.date, no_year.date) == (None, None) and (numeric.start, numeric.end) == (8, 16)
     with pytest.raises(ValueError, match="does not say which number is the month"):
         write_date(numeric, dt.date(2023, 9, 21))
+
+
+def test_a_program_that_only_prints_what_it_was_written_with_computes_nothing() -> None:
+    """`inert_program`: names bound to literals and print() of them; anything that computes (an operator, a call
+    other than print, a loop, an index) does something."""
+    from toolschool.data.filters import inert_program
+    from toolschool.tools.builtin import builtin_schema
+
+    tools = [builtin_schema("python")]
+    for code in ('print("The people kept their oven clean.")', "largest = 10\nprint(largest)", 'print(f"a {b}")'):
+        assert inert_program("python", {"code": code}, tools), code
+    for code in (
+        "print(max(1, 10))",
+        "x = 3\nprint(x * 2)",
+        "for i in range(3):\n    print(i)",
+        "w = [1]\nprint(w[0])",
+    ):
+        assert not inert_program("python", {"code": code}, tools), code
+    assert not inert_program("calculator", {"expression": "print(1)"}, [builtin_schema("calculator")])
+    assert not inert_program("python", {"code": "print(("}, tools)  # not a program: nothing to say

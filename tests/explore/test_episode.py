@@ -38,6 +38,7 @@ from toolschool.explore.episode import (
     request_problem,
     run_episode,
     seen_values,
+    task_problem,
 )
 from toolschool.explore.log import ERRORS_FILE, TRIALS_FILE
 from toolschool.explore.memory import LongTermMemory
@@ -1209,9 +1210,11 @@ def test_program_values_read_the_fenced_program_without_its_comments() -> None:
     assert program_values("code", Completion(text="# nothing\n```")) == (None, "no program")
 
 
-async def test_values_first_asks_a_program_tool_for_a_fenced_program(tmp_path) -> None:
-    """values_first on a tool that takes a program: the values are a program written after an opening fence (no
-    JSON constraint), the request prompt shows it fenced, and the trial is checked against that program."""
+async def test_values_first_asks_a_program_tool_for_the_request_then_a_fenced_program(tmp_path) -> None:
+    """values_first on a tool whose only argument is a program: the request comes first (after the worked examples
+    of programs.json, with the memory), a request holding code is written again, then the program is written from
+    the request alone after an opening fence (no JSON constraint); one that computes nothing is
+    drawn again. The trial's own call is verified when it prints the same as that program."""
     program_schema = {
         "type": "function",
         "function": {
@@ -1220,20 +1223,24 @@ async def test_values_first_asks_a_program_tool_for_a_fenced_program(tmp_path) -
             "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
         },
     }
-    seen: list[str] = []
+    tasks: list[list[dict[str, Any]]] = []
+    programs: list[str] = []
+    requests = iter(['"Run print(3 * 4) for me."', '"I have 3 boxes of 4 eggs: how many eggs is that?"'])
+    drafts = iter(["eggs = 12\nprint(eggs)\n", "# the boxes\nboxes = 3\nprint(boxes * 4)\n"])
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         content = request.messages[-1].get("content") or ""
+        if "a question that a short program works out" in content:
+            tasks.append(request.messages)
+            return next(requests)
         if "in one ```python code block" in content:
             assert request.prefill == PROGRAM_FENCE and request.params.stop == [PROGRAM_FENCE_CLOSE]
-            assert request.constraint is None
-            return "# the boxes\nboxes = 3\nprint(boxes * 4)\n"
-        if "Write the short message" in content:
-            seen.append(content)
-            return '"I have 3 boxes of 4 eggs: print how many eggs."'
+            assert request.constraint is None and len(request.messages) == 2  # the request alone
+            programs.append(content)
+            return next(drafts)
         if after_result(request.messages[-1]):
             return "There are 12 eggs."
-        return 'CALL python {"code": "boxes = 3\\nprint(boxes * 4)"}'
+        return 'CALL python {"code": "print(3 * 4)"}'
 
     class Runner(FakeRegistry):
         async def acall(self, name: str, args: dict[str, Any]) -> Observation:
@@ -1246,9 +1253,41 @@ async def test_values_first_asks_a_program_tool_for_a_fenced_program(tmp_path) -
     await run_episode(ctx, "python", 0, {})
     ctx.log.close()
     (record,) = trial_lines(tmp_path / TRIALS_FILE)
+    examples = ctx.prompts.program_requests()
+    assert len(examples) >= 2
+    assert [m["content"] for m in tasks[0][2:-1:2]] == [request for _situation, request in examples]
+    assert "a program that " in tasks[0][-1]["content"] and len(tasks) == 2
+    assert record["query"] == "I have 3 boxes of 4 eggs: how many eggs is that?"
+    assert "Request: I have 3 boxes of 4 eggs: how many eggs is that?" in programs[0] and len(programs) == 2
     assert record["imagined_values"] == {"code": "boxes = 3\nprint(boxes * 4)"}
-    assert "```python\nboxes = 3\nprint(boxes * 4)\n```" in seen[0]
+    aside = record["set_aside"]
+    assert aside["requests"] == [{"request": "Run print(3 * 4) for me.", "problem": "the request holds code"}]
+    assert aside["values"] == [
+        {
+            "values": {"code": "eggs = 12\nprint(eggs)"},
+            "problem": "a program that computes nothing (it prints what it was written with)",
+            "request": "I have 3 boxes of 4 eggs: how many eggs is that?",
+        }
+    ]
     assert record["intent_matched"] is True and record["final_answer"] == "There are 12 eggs."
+
+
+def test_a_request_imagined_first_for_a_program_is_written_again_when_it_will_not_do(tmp_path) -> None:
+    """`task_problem`: empty, code in it, a sentence twice, or a repeat of a request tried (the memory) or of a
+    worked example."""
+    ctx = make_ctx(tmp_path, ScriptedBackend())
+    example = ctx.prompts.program_requests()[0][1]
+    memory = [{"query": "Is 61 a prime number?", "solved": "Yes"}]
+    assert task_problem(ctx, "", memory) == "no request"
+    for code in ("Run ```print(1)```", "import math and tell me", "def f(x): return x"):
+        assert task_problem(ctx, code, memory) == "the request holds code"
+    assert task_problem(ctx, "is 61 a prime number? ", memory) == "repeats a request already tried or shown"
+    assert task_problem(ctx, example.upper(), []) == "repeats a request already tried or shown"
+    repeated = "What is the largest of 6, 5436, 149? What is the largest of 6, 5436, 149?"
+    assert task_problem(ctx, repeated, memory) == "the request repeats itself"
+    assert task_problem(ctx, "Is 67 a prime number?", memory) is None
+    assert task_problem(ctx, "How do I print a report of 3 sales?", memory) is None  # the word, not a call
+    ctx.log.close()
 
 
 async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tmp_path) -> None:
@@ -1362,3 +1401,23 @@ async def test_the_attempt_samples_at_trial_temperature_and_imagination_at_tempe
     # unset, the attempt samples at `temperature`, and that is what the log says (a resume compares it)
     assert ExploreSettings(temperature=0.5).attempt_temperature == 0.5
     assert ExploreSettings(temperature=0.5).trial_shape()["trial_temperature"] == 0.5
+
+
+def test_two_programs_agree_when_they_print_the_same_result_worded_otherwise() -> None:
+    """A program tool's trial is verified when its call and the program written from the request print the same
+    result (`programs_agree`): the same text, the same numbers and True/False worded otherwise, or the same once
+    each program's echo of its own literals is left out. Half an answer, or other numbers, do not agree."""
+    from toolschool.explore.episode import programs_agree
+
+    both = 'numbers = [6, 5436, 149]\nprint(f"The largest is {max(numbers)} and the smallest {min(numbers)}.")'
+    assert programs_agree(both, "print(max([6, 5436, 149]))\nprint(min([6, 5436, 149]))")
+    assert not programs_agree(both, "print(max([6, 5436, 149]))")  # half the question
+    squares = "print(sum(i * i for i in range(1, 11)))"
+    assert programs_agree(squares, 's = 0\nfor i in range(1, 11):\n    s += i * i\nprint("The sum is", s)')
+    assert not programs_agree(squares, "print(sum(i * i for i in range(1, 12)))")
+    prime = 'n = 380\nprint(f"{n} is prime: {all(n % i for i in range(2, n))}")'
+    assert programs_agree(prime, "print(all(380 % i for i in range(2, 380)))")
+    assert not programs_agree(prime, "print(True)")
+    assert programs_agree("print(3)", "print(3.0)") and programs_agree('print("hi")', "print('hi')")
+    assert not programs_agree('print("x")', 'print("y")') and not programs_agree("print('')", "print('')")
+    assert not programs_agree("print(1/0)", "print(1/0)")  # neither ran clean

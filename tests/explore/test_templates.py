@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from toolschool.explore.templates import PromptSet
 from toolschool.tools.builtin import builtin_schema
 
@@ -14,15 +16,15 @@ def _parameters(name: str) -> dict:
 
 def test_situation_offers_one_listed_choice_per_text_argument_side_by_side() -> None:
     """unit_convert's descriptions list "km", "pound", "degC", "km/h" and "mile", "kg", "degF", "m/s": a situation
-    offers the pair at one position, and the positions spread over trials."""
+    offers the pair at one position (either way round, see below), and the positions spread over trials."""
     pairs = {("km", "mile"), ("pound", "kg"), ("degC", "degF"), ("km/h", "m/s")}
     seen = set()
     for episode in range(12):
         text = PROMPTS.situation(0, "unit_convert", episode, 0, _parameters("unit_convert"))
         offered = text.split("; ")[-1]
         from_unit, to_unit = (part.split('"')[1] for part in offered.split(", "))
-        assert (from_unit, to_unit) in pairs and offered.startswith("from_unit ")
-        seen.add((from_unit, to_unit))
+        assert {(from_unit, to_unit), (to_unit, from_unit)} & pairs and offered.startswith("from_unit ")
+        seen.add(frozenset((from_unit, to_unit)))
         assert text == PROMPTS.situation(0, "unit_convert", episode, 0, _parameters("unit_convert"))  # resumable
     assert len(seen) >= 3
 
@@ -101,3 +103,27 @@ def test_a_prompts_folder_may_replace_the_kinds_of_program(tmp_path) -> None:
     (tmp_path / "calculations.json").write_text("{}")
     with pytest.raises(ConfigError, match="calculations.json"):
         PromptSet("hermes", tmp_path).calculations()
+
+
+def test_situation_offers_a_from_to_pair_of_choices_either_way_round() -> None:
+    """unit_convert's examples are listed one way ("km" with "mile"): offered only so, the 0.5B never converted
+    back, and its student read "How many kilometers is 273 miles?" as km to mile. A from/to pair is offered the
+    other way round half the time, still a matching pair; a tool without such a pair draws as before."""
+    from toolschool.explore.templates import _paired_choices, _text_choices
+
+    choices = _text_choices(_parameters("unit_convert"))
+    assert _paired_choices(choices) == [("from_unit", "to_unit")]
+    pairs = {("km", "mile"), ("pound", "kg"), ("degC", "degF"), ("km/h", "m/s")}
+    ways = {"forward": 0, "back": 0}
+    for episode in range(40):
+        text = PROMPTS.situation(0, "unit_convert", episode, 0, _parameters("unit_convert"))
+        offered = re.search(r'from_unit "([^"]+)", to_unit "([^"]+)"', text)
+        assert offered is not None, text
+        pair = offered.groups()
+        ways["forward" if pair in pairs else "back"] += 1
+        assert pair in pairs or pair[::-1] in pairs
+    assert ways["forward"] >= 10 and ways["back"] >= 10
+    assert _paired_choices({"source_lang": ["en"], "target_lang": ["fr"], "to_x": ["a"]}) == [
+        ("source_lang", "target_lang")
+    ]
+    assert _paired_choices({"unit": ["km", "mile"]}) == []

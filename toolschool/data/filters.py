@@ -554,6 +554,45 @@ def calculation_program(name: str, arguments: dict[str, Any], tools: list[dict[s
 
 _NUMBER_CONVERSIONS = ("int", "float", "round", "str")
 
+# what a program that computes nothing is made of: names bound to literals, and print() of those names and literals
+_INERT_NODES = (
+    ast.Module,
+    ast.Expr,
+    ast.Assign,
+    ast.Name,
+    ast.Load,
+    ast.Store,
+    ast.Constant,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.List,
+    ast.Tuple,
+    ast.keyword,
+)
+
+
+def inert_program(name: str, arguments: dict[str, Any], tools: list[dict[str, Any]]) -> bool:
+    """Whether a program argument of call `name` computes nothing: it binds literals to names and prints them
+    (`print("The people kept their oven clean.")`, `largest = 10; print(largest)`). Why: its result is what it was
+    written with, so a request it answers asks nothing of the tool (the 0.5B wrote such programs for questions it
+    answered itself), and a student taught on them learns to answer in a print()."""
+    parameters = _parameters(tools, name)
+    for key, value in arguments.items():
+        schema = parameters.get(key) if isinstance(parameters.get(key), dict) else {}
+        if not isinstance(value, str) or not is_code_argument(name, key, schema):
+            continue
+        try:
+            tree = ast.parse(value)
+        except (SyntaxError, ValueError):
+            continue
+        nodes = list(ast.walk(tree))
+        calls = [node for node in nodes if isinstance(node, ast.Call)]
+        if not all(isinstance(c.func, ast.Name) and c.func.id == "print" for c in calls):
+            continue
+        if all(isinstance(node, _INERT_NODES) or node in calls or node in [c.func for c in calls] for node in nodes):
+            return True
+    return False
+
 
 def _tool_name(tool: Any) -> str:
     function = tool.get("function", tool) if isinstance(tool, dict) else {}

@@ -17,6 +17,7 @@ model sees (`fmt.to_messages`) and parses what the model writes (`fmt.parse`).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import textwrap
@@ -582,7 +583,61 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> boo
     from toolschool.evaluate.metrics import arguments_match
 
     calls = [c for step in steps for c in step.calls if c.name == tool]
-    return bool(calls) and arguments_match(tool, calls[0].arguments, values, mode="semantic")
+    if not calls:
+        return False
+    if arguments_match(tool, calls[0].arguments, values, mode="semantic"):
+        return True
+    if len(values) == 1 and len(calls[0].arguments) == 1 and set(values) == set(calls[0].arguments):
+        (key,) = values
+        first, second = values[key], calls[0].arguments[key]
+        if isinstance(first, str) and isinstance(second, str) and "print" in first and "print" in second:
+            return programs_agree(first, second)
+    return False
+
+
+_PRINTED_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
+_PRINTED_TRUTH = re.compile(r"\b(True|False)\b")
+
+
+def printed_results(text: str, echoed: set[float] | None = None) -> tuple[list[float], list[str]]:
+    """The numbers (sorted, to 6 significant digits) and the True/False words of a program's output; with `echoed`,
+    leaving out the numbers among them (the program's own literals, which it prints back: "380 is prime: False")."""
+    numbers = sorted(float(f"{float(n):.6g}") for n in _PRINTED_NUMBER.findall(text))
+    return [n for n in numbers if n not in (echoed or set())], _PRINTED_TRUTH.findall(text)
+
+
+def _literals(program: str) -> set[float]:
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError):
+        return set()
+    return {
+        float(f"{float(node.value):.6g}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool)
+    }
+
+
+def programs_agree(first: str, second: str) -> bool:
+    """Whether two programs, both run, print the same result: the same text; or, worded otherwise, the same numbers
+    and True/False words ("The largest is 5436 and the smallest 6." and "5436\\n6"); or the same once each
+    program's echo of its own literals is left out, when something is left ("380 is prime: False" and "False").
+    Exploration's check of a program tool's trial (`_intent_matched`), looser than the metrics' (the same text): the
+    program written from the request and the trial's call are two readings of one question, and the 0.5B words what
+    it prints anew each time. A call answering half the question ("5436" alone) does not agree."""
+    from toolschool.tools.sandbox import run_python
+
+    runs = [run_python(first), run_python(second)]
+    if not all(r.exit_code == 0 and not r.timed_out and r.limit is None for r in runs):
+        return False
+    texts = [r.stdout.strip() for r in runs]
+    if texts[0] == texts[1]:
+        return bool(texts[0])
+    full = [printed_results(text) for text in texts]
+    if full[0] == full[1] and (full[0][0] or full[0][1]):
+        return True
+    bare = [printed_results(text, _literals(program)) for text, program in zip(texts, (first, second), strict=True)]
+    return bare[0] == bare[1] and bool(bare[0][0] or bare[0][1])
 
 
 # Values-first imagination draws again (hotter) when the values repeat every short text value already tried, or the
@@ -696,11 +751,13 @@ async def values_problem(ctx: ExploreContext, tool: str, values: dict[str, Any])
     far less than the request and the trial. A program that only prints a calculation while a calculator is offered
     is ruled out before it runs (`data.filters.calculation_program`: distill drops it, it teaches the student to send
     arithmetic to the program tool)."""
-    from toolschool.data.filters import calculation_program
+    from toolschool.data.filters import calculation_program, inert_program
 
     expression = calculation_program(tool, values, ctx.tool_schemas)
     if expression is not None:
         return f"a program that only prints a calculation ({expression[:80]}), which the offered calculator does"
+    if inert_program(tool, values, ctx.tool_schemas):
+        return "a program that computes nothing (it prints what it was written with)"
     return result_problem((await _execute(ctx, tool, values)).to_dict())
 
 
@@ -751,6 +808,8 @@ async def _imagine_from_values(
     parameters = ctx.schema_of(trial.tool).get("parameters")
     situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
     program = program_argument(trial.tool, parameters)
+    if program is not None:
+        return await _imagine_program_request(ctx, trial, memory, persona, situation, program)
     prompt = ctx.prompts.render(
         "imagine_values", memory=memory, persona=persona, situation=situation, fenced=program is not None, **variables
     )
@@ -809,6 +868,104 @@ async def _imagine_from_values(
             break
         set_aside["requests"].append({"request": clean_query(text), "problem": problem})
     return values, text, set_aside
+
+
+PROGRAM_ATTEMPTS = 2
+
+
+def program_request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
+    """The worked examples of the request-first step (`PromptSet.program_requests`) as earlier turns: each its
+    situation's prompt and the request written for it."""
+    messages: list[dict[str, Any]] = []
+    for situation, request in ctx.prompts.program_requests():
+        prompt = ctx.prompts.render("imagine_task", memory=[], persona="a user", situation=situation)
+        messages += [{"role": "user", "content": prompt}, _verbatim(request)]
+    return messages
+
+
+def task_problem(ctx: ExploreContext, request: str, memory: list[dict[str, str]]) -> str | None:
+    """Why a request imagined first for a program tool is written again, or None: it is empty, it holds code (a
+    person asks a question; the program is the assistant's), a sentence of it comes twice (the 0.5B, past its
+    question, writes it again and again), or it repeats a worked example's request or one already tried
+    (casefolded)."""
+    if not request:
+        return "no request"
+    if "```" in request or re.search(r"\bprint\s*\(|\bdef \w+\s*\(|\bimport \w", request):
+        return "the request holds code"
+    sentences = [part.strip().casefold() for part in re.split(r"(?<=[.?!])\s+", request) if part.strip()]
+    if len(set(sentences)) < len(sentences):
+        return "the request repeats itself"
+    said = {item.get("query", "").strip().casefold() for item in memory}
+    said |= {example.casefold() for _situation, example in ctx.prompts.program_requests()}
+    if request.strip().casefold() in said:
+        return "repeats a request already tried or shown"
+    return None
+
+
+async def _imagine_program_request(
+    ctx: ExploreContext,
+    trial: _Trial,
+    memory: list[dict[str, str]],
+    persona: str,
+    situation: str,
+    program: str,
+) -> tuple[dict[str, Any] | None, str, dict[str, list[dict[str, Any]]]]:
+    """imagine = "values_first" on a tool whose only argument is a program (`program_argument`): the request first,
+    then its values, the program that answers it, written from the request alone in a fresh conversation. The trial
+    that follows reads another call from the same request, and is verified when both programs print the same
+    (`_intent_matched`: the metrics' semantic rule for programs): two independent readings agreeing.
+
+    Why not values first here: a program is not values a person has. Shown one, the 0.5B wrote requests that leave
+    its data out ("Can you help me determine if a number is prime?") and then called a different program; 0 of 24
+    python trials verified in two demo runs, and the student never saw the tool used. Asked for a question with its
+    data written out (after worked examples, `program_request_examples`), it writes "Is 61 a prime number?".
+
+    A request is written again while it holds code or repeats one tried (`task_problem`); each request gets up to
+    `PROGRAM_ATTEMPTS` programs, each ruled out like imagined values (`values_problem`: it must run clean and print,
+    and not be a bare calculation beside a calculator) and like a values-first request (`request_problem`: the
+    program's literals stated in the request, the request's numbers used by it). Returns (program values, raw
+    request, what was set aside with why); no request with a program that passes: (None, "", ...)."""
+    system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
+    task_prompt = ctx.prompts.render("imagine_task", memory=memory, persona=persona, situation=situation)
+    examples = program_request_examples(ctx)
+    set_aside: dict[str, list[dict[str, Any]]] = {"values": [], "requests": []}
+    for attempt in range(REQUEST_ATTEMPTS):
+        completion = await trial.generate(
+            [system, *examples, {"role": "user", "content": task_prompt}],
+            stop=IMAGINE_STOP + ["\n"],
+            prefill="",
+            max_tokens=ctx.settings.max_tokens,
+            constraint=ctx.imagine_constraint(),
+            with_tools=False,
+            temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
+        )
+        text = completion.text
+        request = clean_query(text)
+        problem = task_problem(ctx, request, memory)
+        if problem is not None:
+            set_aside["requests"].append({"request": request, "problem": problem})
+            continue
+        program_prompt = ctx.prompts.render("imagine_program", query=request)
+        for draw in range(PROGRAM_ATTEMPTS):
+            completion = await trial.generate(
+                [system, {"role": "user", "content": program_prompt}],
+                stop=[PROGRAM_FENCE_CLOSE],
+                prefill=PROGRAM_FENCE,
+                max_tokens=ctx.settings.max_tokens,
+                constraint=None,
+                with_tools=False,
+                temperature=ctx.settings.attempt_temperature + VALUES_TEMPERATURE_STEP * draw,
+            )
+            values, problem = program_values(program, completion)
+            if values is not None:
+                problem = await values_problem(ctx, trial.tool, values) or request_problem(
+                    ctx, trial.tool, values, request
+                )
+            if problem is None:
+                return values, text, set_aside
+            set_aside["values"].append({"values": values, "problem": problem, "request": request})
+        set_aside["requests"].append({"request": request, "problem": "no program written from it passed"})
+    return None, "", set_aside
 
 
 async def _attempt(

@@ -25,6 +25,8 @@ TEMPLATE_NAMES = (
     "imagine_followup",  # later queries of an episode: build on what was discovered
     "imagine_values",  # imagine = "values_first": argument values for the tool; gets the long-term memory
     "imagine_request",  # imagine = "values_first": the request a person with those values would send
+    "imagine_task",  # values_first, a tool that takes only a program: the request first; gets the long-term memory
+    "imagine_program",  # ... then the program that answers it, written in a fresh conversation
     "trial",  # ask to solve the query just imagined (first trial of a conversation)
     "trial_followup",  # same for later trials
     "parse_error",  # fed back when a reply could not be parsed
@@ -49,6 +51,8 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "imagine_followup": (*_TOOL_VARIABLES, "memory", "persona"),
     "imagine_values": (*_TOOL_VARIABLES, "memory", "persona", "situation", "fenced"),
     "imagine_request": ("description", "persona", "values", "code", "program"),
+    "imagine_task": ("memory", "persona", "situation"),
+    "imagine_program": ("query",),
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
@@ -121,6 +125,7 @@ class PromptSet:
         self.format_name = format_name
         self._examples: list[dict[str, Any]] | None = None  # demonstrations(), read and checked once
         self._lists: dict[str, list[str]] = {}  # personas(), programs(), calculations(): each read, checked once
+        self._program_requests: list[tuple[str, str]] | None = None  # program_requests(), read and checked once
         self._env = template_environment(searchpath)
         for name in TEMPLATE_NAMES:  # fail before any work if an override is broken
             try:
@@ -203,6 +208,29 @@ class PromptSet:
             self._lists[key] = [i.strip() for i in items]
         return list(self._lists[key])
 
+    def program_requests(self) -> list[tuple[str, str]]:
+        """The worked examples of a program tool's request-first step (`programs.json`'s "requests"): (situation,
+        request) pairs, checked once; none when the file has no "requests"."""
+        if self._program_requests is None:
+            import json
+
+            path = self._file_path(PROGRAMS_FILE)
+            hint = 'write "requests": [{"situation": "...; a program that ...", "request": "a question"}, ...]'
+            try:
+                items = json.loads(path.read_text(encoding="utf-8")).get("requests", []) if path else []
+            except (json.JSONDecodeError, AttributeError) as exc:
+                raise ConfigError(f"{path}: not a programs file ({exc})", hint=hint) from None
+            fields = ("situation", "request")
+            if not isinstance(items, list) or not all(
+                isinstance(i, dict) and all(isinstance(i.get(f), str) and i[f].strip() for f in fields) for i in items
+            ):
+                raise ConfigError(
+                    f'{path}: "requests" must be a list of objects with a non-empty "situation" and "request"',
+                    hint=hint,
+                )
+            self._program_requests = [(i["situation"].strip(), i["request"].strip()) for i in items]
+        return list(self._program_requests)
+
     def situation(self, seed: int, tool: str, episode: int, slot: int, parameters: dict[str, Any] | None = None) -> str:
         """Details of one trial's situation for values-first imagination: a date and three numbers of different
         sizes, drawn by a hash of where the trial stands. Why: a small explorer picking argument values otherwise
@@ -213,7 +241,8 @@ class PromptSet:
         With the tool's `parameters` (JSON schema), a text argument that lists choices (an `enum`, or two or more
         short one-word examples quoted in its description: "km", "pound", "degC") is offered one of them as well, the
         same position in every such list (descriptions list matching examples side by side: "km" with "mile"),
-        because a small explorer otherwise picks the first example every time (every unit request was km to mile).
+        because a small explorer otherwise picks the first example every time (every unit request was km to mile);
+        a from/to pair of them is offered the other way round half the time (`_paired_choices`).
         A tool that takes a program (`takes_code`) is offered a kind of program (`programs()`): told only to vary its
         programs, the 0.5B wrote the sum of a list in 11 of 16. One that takes an arithmetic expression
         (`takes_expression`) is offered a kind of everyday calculation (`calculations()`): without, the 0.5B wrote a
@@ -238,8 +267,12 @@ class PromptSet:
         choices = _text_choices(parameters)
         if choices:
             position = rng.randrange(max(len(options) for options in choices.values()))
-            picked = ", ".join(f'{name} "{options[position % len(options)]}"' for name, options in choices.items())
-            text += f"; {picked}"
+            picked = {name: options[position % len(options)] for name, options in choices.items()}
+            pairs = _paired_choices(choices)
+            if pairs and rng.random() < 0.5:  # the other way round: "mile" to "km" as often as "km" to "mile"
+                for first, second in pairs:
+                    picked[first], picked[second] = picked[second], picked[first]
+            text += "; " + ", ".join(f'{name} "{value}"' for name, value in picked.items())
         return text
 
     def persona(self, seed: int, tool: str, episode: int, slot: int) -> str:
@@ -322,6 +355,24 @@ def _text_choices(parameters: dict[str, Any] | None) -> dict[str, list[str]]:
             if len(quoted) >= 2:
                 choices[name] = quoted
     return choices
+
+
+# Argument names that say one value goes from one thing to another: from_unit / to_unit, source_lang / target_lang.
+_PAIR_PREFIXES = (("from_", "to_"), ("source_", "target_"), ("src_", "dst_"), ("input_", "output_"))
+
+
+def _paired_choices(choices: dict[str, list[str]]) -> list[tuple[str, str]]:
+    """The pairs of choice arguments (`_text_choices`) whose names differ only by a from/to prefix (`_PAIR_PREFIXES`).
+    Why: their examples are listed side by side one way ("km" with "mile"), and offered only that way, the 0.5B
+    converted km to mile and never back; a student taught so read "How many kilometers is 273 miles?" as km to
+    mile. The situation offers such a pair the other way round half the time."""
+    pairs = []
+    for start, end in _PAIR_PREFIXES:
+        for name in choices:
+            other = end + name[len(start) :]
+            if name.startswith(start) and other in choices:
+                pairs.append((name, other))
+    return pairs
 
 
 def takes_expression(tool: str, parameters: dict[str, Any] | None) -> bool:

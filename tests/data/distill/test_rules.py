@@ -199,7 +199,18 @@ def test_require_answer_drops_a_request_that_already_states_the_result() -> None
         final_answer="It prints hi.",
         tools=[*TOOLS, {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
     )
-    assert candidate_of(printed, require_answer=True)[1] is None  # the result is a literal of the call
+    # the result is a literal of the call, so not "stated by the request": but the program computes nothing
+    assert candidate_of(printed, require_answer=True)[1] == (
+        "a program that computes nothing (it prints what it was written with)"
+    )
+    computed = _ok_trial(
+        tool="python",
+        query="Run print('hi'.upper()) and tell me what it says: HI?",
+        steps=_steps([call("python", {"code": "print('hi'.upper())"}, "HI")]),
+        final_answer="It prints HI.",
+        tools=[*TOOLS, {"type": "function", "function": {"name": "python", "parameters": {"type": "object"}}}],
+    )
+    assert candidate_of(computed, require_answer=True)[1] is None
 
 
 def test_a_program_that_only_prints_a_calculation_is_the_calculators_and_dropped() -> None:

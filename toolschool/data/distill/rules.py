@@ -11,7 +11,7 @@ from typing import Any
 
 from toolschool.chat.types import tool_call
 from toolschool.data.dataset import validate_example
-from toolschool.data.filters import calculation_program
+from toolschool.data.filters import calculation_program, inert_program
 from toolschool.evaluate.metrics import EXPECTED_ANSWER_MAX_CHARS, answer_matches, result_to_state
 from toolschool.explore.trial import Trial
 
@@ -98,6 +98,8 @@ def trial_to_candidate(
     tools = trial.tools or []
     if any(calculation_program(str(c["name"]), c["arguments"], tools) is not None for c in calls):
         return None, "a program that only prints a calculation, which the offered calculator does"
+    if any(inert_program(str(c["name"]), c["arguments"], tools) for c in calls):
+        return None, "a program that computes nothing (it prints what it was written with)"
     if require_answer and expected is not None and not answer_matches(final, expected):
         return None, "the final answer does not state the tool's result"
     if require_answer and expected is not None and answer_matches(query, expected):
