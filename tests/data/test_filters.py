@@ -415,13 +415,23 @@ def test_a_program_that_only_prints_what_it_was_written_with_computes_nothing() 
     from toolschool.tools.builtin import builtin_schema
 
     tools = [builtin_schema("python")]
-    for code in ('print("The people kept their oven clean.")', "largest = 10\nprint(largest)", 'print(f"a {b}")'):
+    for code in (
+        'print("The people kept their oven clean.")',
+        "largest = 10\nprint(largest)",
+        'print(f"a {b}")',
+        "x = -5\nprint(x)",
+        'print({"a": 1})',
+    ):
         assert inert_program("python", {"code": code}, tools), code
     for code in (
         "print(max(1, 10))",
         "x = 3\nprint(x * 2)",
         "for i in range(3):\n    print(i)",
         "w = [1]\nprint(w[0])",
+        'print(f"{255:x}")',  # a format spec computes: hex, rounding, grouping
+        'print(f"{3.14159:.2f}")',
+        "x = 1",  # prints nothing: not this filter's to judge
+        "# a comment",
     ):
         assert not inert_program("python", {"code": code}, tools), code
     assert not inert_program("calculator", {"expression": "print(1)"}, [builtin_schema("calculator")])

@@ -1287,6 +1287,7 @@ def test_a_request_imagined_first_for_a_program_is_written_again_when_it_will_no
     assert task_problem(ctx, repeated, memory) == "the request repeats itself"
     assert task_problem(ctx, "Is 67 a prime number?", memory) is None
     assert task_problem(ctx, "How do I print a report of 3 sales?", memory) is None  # the word, not a call
+    assert task_problem(ctx, "If I import 300 crates at $4 each, what do I pay?", memory) is None
     ctx.log.close()
 
 
@@ -1421,3 +1422,22 @@ def test_two_programs_agree_when_they_print_the_same_result_worded_otherwise() -
     assert programs_agree("print(3)", "print(3.0)") and programs_agree('print("hi")', "print('hi')")
     assert not programs_agree('print("x")', 'print("y")') and not programs_agree("print('')", "print('')")
     assert not programs_agree("print(1/0)", "print(1/0)")  # neither ran clean
+    # other data: each program's own literal is left in, so "61 is prime: True" and "67 is prime: True" differ
+    check = 'n = {}\nprint(f"{{n}} is prime: {{all(n % i for i in range(2, n))}}")'
+    assert not programs_agree(check.format(61), check.format(67))
+    assert programs_agree('print(f"{5436:,}")', "print(5436)")  # one number, however it is grouped
+    assert not programs_agree("print(12 * 86400 + 3 * 3600)", "print(12 * 86400 + 3 * 3600 + 1)")
+    assert not programs_agree(f"x = {10**400}\nprint(x > 0)", "print(False)")  # a literal past a float's range
+
+
+def test_programs_that_cannot_be_run_agree_with_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a sandbox to run them in, two programs are not compared: the trial stays unverified, the episode
+    goes on (no exception leaves `programs_agree`)."""
+    from toolschool.explore import episode
+    from toolschool.tools import sandbox
+
+    def unavailable(code: str, **kwargs: object) -> None:
+        raise sandbox.SandboxUnavailable("no sandbox here")
+
+    monkeypatch.setattr(sandbox, "run_python", unavailable)
+    assert not episode.programs_agree("print(3)", "print(3)")

@@ -567,6 +567,10 @@ _INERT_NODES = (
     ast.FormattedValue,
     ast.List,
     ast.Tuple,
+    ast.Dict,
+    ast.UnaryOp,  # -5
+    ast.USub,
+    ast.UAdd,
     ast.keyword,
 )
 
@@ -587,9 +591,14 @@ def inert_program(name: str, arguments: dict[str, Any], tools: list[dict[str, An
             continue
         nodes = list(ast.walk(tree))
         calls = [node for node in nodes if isinstance(node, ast.Call)]
-        if not all(isinstance(c.func, ast.Name) and c.func.id == "print" for c in calls):
-            continue
-        if all(isinstance(node, _INERT_NODES) or node in calls or node in [c.func for c in calls] for node in nodes):
+        if not calls or not all(isinstance(c.func, ast.Name) and c.func.id == "print" for c in calls):
+            continue  # a program that prints nothing is another filter's business
+        printers = {id(c) for c in calls} | {id(c.func) for c in calls}
+        formats = any(  # f"{255:x}", f"{x:.2f}", f"{x!r}" compute what they print
+            isinstance(node, ast.FormattedValue) and (node.format_spec is not None or node.conversion != -1)
+            for node in nodes
+        )
+        if not formats and all(isinstance(node, _INERT_NODES) or id(node) in printers for node in nodes):
             return True
     return False
 

@@ -595,14 +595,20 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> boo
     return False
 
 
-_PRINTED_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?!\w|\.\d)")
 _PRINTED_TRUTH = re.compile(r"\b(True|False)\b")
 
 
+def _key(value: float) -> float:
+    return float(f"{value:.12g}")  # one number however it is printed ("3" and "3.0"), not a rounding of it
+
+
 def printed_results(text: str, echoed: set[float] | None = None) -> tuple[list[float], list[str]]:
-    """The numbers (sorted, to 6 significant digits) and the True/False words of a program's output; with `echoed`,
-    leaving out the numbers among them (the program's own literals, which it prints back: "380 is prime: False")."""
-    numbers = sorted(float(f"{float(n):.6g}") for n in _PRINTED_NUMBER.findall(text))
+    """The numbers (sorted; read as the data filters read a request: `numbers_in`, so "5,436" is one) and the
+    True/False words of a program's output; with `echoed`, leaving out the numbers among them (literals both
+    programs were written with, which they print back: "380 is prime: False")."""
+    from toolschool.data.filters import numbers_in
+
+    numbers = sorted(_key(n) for n in numbers_in(text))
     return [n for n in numbers if n not in (echoed or set())], _PRINTED_TRUTH.findall(text)
 
 
@@ -611,23 +617,31 @@ def _literals(program: str) -> set[float]:
         tree = ast.parse(program)
     except (SyntaxError, ValueError):
         return set()
-    return {
-        float(f"{float(node.value):.6g}")
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool)
-    }
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
+            try:
+                found.add(_key(float(node.value)))
+            except OverflowError:  # an integer past a float's range is not among the printed numbers either
+                continue
+    return found
 
 
 def programs_agree(first: str, second: str) -> bool:
     """Whether two programs, both run, print the same result: the same text; or, worded otherwise, the same numbers
-    and True/False words ("The largest is 5436 and the smallest 6." and "5436\\n6"); or the same once each
-    program's echo of its own literals is left out, when something is left ("380 is prime: False" and "False").
+    and True/False words ("The largest is 5436 and the smallest 6." and "5436\\n6"); or the same once the literals
+    both programs were written with are left out of what they print, when something is left ("380 is prime: False"
+    and "False"; a program on other data, `n = 67` for `n = 61`, keeps its own literal and does not agree).
     Exploration's check of a program tool's trial (`_intent_matched`), looser than the metrics' (the same text): the
     program written from the request and the trial's call are two readings of one question, and the 0.5B words what
-    it prints anew each time. A call answering half the question ("5436" alone) does not agree."""
+    it prints anew each time. A call answering half the question ("5436" alone) does not agree, unless the half it
+    leaves out is one of the shared literals. A program that cannot be run here (no sandbox) agrees with nothing."""
     from toolschool.tools.sandbox import run_python
 
-    runs = [run_python(first), run_python(second)]
+    try:
+        runs = [run_python(first), run_python(second)]
+    except Exception:  # noqa: BLE001 - the trial stays unverified; the episode goes on
+        return False
     if not all(r.exit_code == 0 and not r.timed_out and r.limit is None for r in runs):
         return False
     texts = [r.stdout.strip() for r in runs]
@@ -636,7 +650,8 @@ def programs_agree(first: str, second: str) -> bool:
     full = [printed_results(text) for text in texts]
     if full[0] == full[1] and (full[0][0] or full[0][1]):
         return True
-    bare = [printed_results(text, _literals(program)) for text, program in zip(texts, (first, second), strict=True)]
+    shared = _literals(first) & _literals(second)
+    bare = [printed_results(text, shared) for text in texts]
     return bare[0] == bare[1] and bool(bare[0][0] or bare[0][1])
 
 
@@ -883,6 +898,10 @@ def program_request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
     return messages
 
 
+# a call, a definition, an import statement (not the word: "If I import 300 crates...")
+_CODE_IN_REQUEST = re.compile(r"\bprint\s*\(|\bdef \w+\s*\(|^\s*(?:from [\w.]+ )?import \w", re.MULTILINE)
+
+
 def task_problem(ctx: ExploreContext, request: str, memory: list[dict[str, str]]) -> str | None:
     """Why a request imagined first for a program tool is written again, or None: it is empty, it holds code (a
     person asks a question; the program is the assistant's), a sentence of it comes twice (the 0.5B, past its
@@ -890,7 +909,7 @@ def task_problem(ctx: ExploreContext, request: str, memory: list[dict[str, str]]
     (casefolded)."""
     if not request:
         return "no request"
-    if "```" in request or re.search(r"\bprint\s*\(|\bdef \w+\s*\(|\bimport \w", request):
+    if "```" in request or _CODE_IN_REQUEST.search(request):
         return "the request holds code"
     sentences = [part.strip().casefold() for part in re.split(r"(?<=[.?!])\s+", request) if part.strip()]
     if len(set(sentences)) < len(sentences):
