@@ -197,12 +197,21 @@ class ExploreContext:
         with a call object or a paragraph); None when decoding is free."""
         return Constraint.one_of("Yes", "No") if self.decoding == "constrained" else None
 
-    def values_constraint(self, tool: str) -> Constraint | None:
+    def values_constraint(self, tool: str, pinned: dict[str, str] | None = None) -> Constraint | None:
         """What imagined argument values may be (imagine = "values_first"): a JSON object that fits the tool's
-        schema, when decoding is constrained; None when decoding is free."""
+        schema, when decoding is constrained; None when decoding is free. `pinned`: text arguments held to one
+        value each (the choices a trial's situation offers, `PromptSet.situation_choices`)."""
         if self.decoding != "constrained":
             return None
         parameters = self.schema_of(tool).get("parameters") or {"type": "object"}
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if pinned and isinstance(properties, dict):
+            held = {
+                name: {**spec, "enum": [pinned[name]]}
+                for name, spec in properties.items()
+                if name in pinned and isinstance(spec, dict)
+            }
+            parameters = {**parameters, "properties": {**properties, **held}}
         return Constraint.for_response_format(
             {"type": "json_schema", "json_schema": {"name": tool, "schema": parameters}}
         )
@@ -709,6 +718,11 @@ def repeats_seen_values(values: dict[str, Any], seen: dict[str, set[str]]) -> bo
     )
 
 
+def _unpinned(values: dict[str, Any], pinned: dict[str, str]) -> dict[str, Any]:
+    """The values the explorer chose itself: those of `values` not held to the situation's choices."""
+    return {key: value for key, value in values.items() if key not in pinned}
+
+
 def request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
     """The worked examples (made-up tools, `demonstrations.json`) as earlier turns of the request-writing step:
     their values and the request written from them. All of them, whatever `demonstrations` is: they show a small
@@ -821,7 +835,8 @@ async def _imagine_from_values(
     drawn and set aside with why); values the tool refuses at every draw: (None, "", ...)."""
     system = {"role": "system", "content": ctx.prompts.render("system", tool=trial.tool)}
     parameters = ctx.schema_of(trial.tool).get("parameters")
-    situation = ctx.prompts.situation(ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
+    where = (ctx.settings.seed, trial.tool, trial.episode, trial.slot, parameters)
+    situation = ctx.prompts.situation(*where)
     program = program_argument(trial.tool, parameters)
     if program is not None:
         return await _imagine_program_request(ctx, trial, memory, persona, situation, program)
@@ -829,6 +844,8 @@ async def _imagine_from_values(
         "imagine_values", memory=memory, persona=persona, situation=situation, fenced=program is not None, **variables
     )
     seen = seen_values(memory)
+    # the situation's choices hold where decoding is constrained, and are then no repeat of the explorer's own
+    pinned = ctx.prompts.situation_choices(*where) if ctx.decoding == "constrained" else {}
     set_aside: dict[str, list[dict[str, Any]]] = {"values": [], "requests": []}
     values = repeated = None
     for attempt in range(VALUES_ATTEMPTS):
@@ -837,15 +854,18 @@ async def _imagine_from_values(
             stop=[PROGRAM_FENCE_CLOSE] if program else [],
             prefill=PROGRAM_FENCE if program else "",
             max_tokens=ctx.settings.max_tokens,
-            constraint=None if program else ctx.values_constraint(trial.tool),
+            constraint=None if program else ctx.values_constraint(trial.tool, pinned),
             with_tools=False,
             temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
         )
         drawn, problem = program_values(program, completion) if program else (parse_values(completion.text), None)
         if drawn is None:
             problem = problem or "no JSON object"
-        elif repeats_seen_values(drawn, seen):
-            if repeated is None or (repeats_seen_texts(repeated, seen) and not repeats_seen_texts(drawn, seen)):
+        elif repeats_seen_values(_unpinned(drawn, pinned), seen):
+            if repeated is None or (
+                repeats_seen_texts(_unpinned(repeated, pinned), seen)
+                and not repeats_seen_texts(_unpinned(drawn, pinned), seen)
+            ):
                 repeated = drawn  # used if nothing new comes (and the tool takes it): new texts first
             problem = "repeats values already tried"
         else:

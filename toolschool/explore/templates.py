@@ -264,16 +264,33 @@ class PromptSet:
         elif takes_expression(tool, parameters):
             calculations = self.calculations()
             text += f"; a calculation that {calculations[rng.randrange(len(calculations))]}"
-        choices = _text_choices(parameters)
-        if choices:
-            position = rng.randrange(max(len(options) for options in choices.values()))
-            picked = {name: options[position % len(options)] for name, options in choices.items()}
-            pairs = _paired_choices(choices)
-            if pairs and rng.random() < 0.5:  # the other way round: "mile" to "km" as often as "km" to "mile"
-                for first, second in pairs:
-                    picked[first], picked[second] = picked[second], picked[first]
+        picked = self.situation_choices(seed, tool, episode, slot, parameters)
+        if picked:
             text += "; " + ", ".join(f'{name} "{value}"' for name, value in picked.items())
         return text
+
+    def situation_choices(
+        self, seed: int, tool: str, episode: int, slot: int, parameters: dict[str, Any] | None = None
+    ) -> dict[str, str]:
+        """The listed choices one trial's situation offers (see `situation`): {argument: value}, empty for a tool
+        without any. The values-first step holds its draw to them where decoding is constrained
+        (`ExploreContext.values_constraint`): offered only, the 0.5B took "km" to "mile" in 14 of 22 trials whatever
+        the situation named, and the student then read "How many kilometers is 273 miles?" as km to mile."""
+        import hashlib
+        import random
+
+        choices = _text_choices(parameters)
+        if not choices:
+            return {}
+        key = hashlib.sha256(f"situation-choices/{seed}/{tool}/{episode}/{slot}".encode()).digest()
+        rng = random.Random(int.from_bytes(key[:8], "big"))
+        position = rng.randrange(max(len(options) for options in choices.values()))
+        picked = {name: options[position % len(options)] for name, options in choices.items()}
+        pairs = _paired_choices(choices)
+        if pairs and rng.random() < 0.5:  # the other way round: "mile" to "km" as often as "km" to "mile"
+            for first, second in pairs:
+                picked[first], picked[second] = picked[second], picked[first]
+        return picked
 
     def persona(self, seed: int, tool: str, episode: int, slot: int) -> str:
         """The persona of one trial: drawn from `personas()` by a hash of where the trial stands, so a resumed run

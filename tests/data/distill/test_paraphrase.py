@@ -60,6 +60,13 @@ def test_a_paraphrasers_preamble_label_and_quotes_are_taken_off() -> None:
         ("Certainly! Here is another way to ask:\n\nHow many km are 5 miles?", "How many km are 5 miles?"),
         ('Request: "What is 12 * 7?"', "What is 12 * 7?"),
         ("Sure, here's another request to add 198 days to 2016-04-30:", ""),  # no paraphrase after it: empty
+        ("Request follows the format: Adjust 2014-10-27 by adding 988 days.", "Adjust 2014-10-27 by adding 988 days."),
+        # the instructions said back, then the prompt's label and the paraphrase
+        (
+            "Make sure you keep the numbers and dates exactly as written. Request: Add 93 days to 2024-06-20?",
+            "Add 93 days to 2024-06-20?",
+        ),
+        ("What is 5 km in miles?\n\nRequest: What is 5 km in miles?", "What is 5 km in miles?"),
         # a colon of the request itself stays
         ("Convert this: 5 km to miles", "Convert this: 5 km to miles"),
         ("Sure, what is 14:30 in Paris time?", "Sure, what is 14:30 in Paris time?"),

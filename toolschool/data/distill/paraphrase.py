@@ -229,19 +229,26 @@ def paraphrase_problem(
 
 
 # What a small paraphraser writes ahead of the paraphrase: "Sure, here's another request to ...:", "To denote the
-# exact same requirement, the rewritten request should be:" (the 0.5B led 1 in 8 of a demo's paraphrases so)
+# exact same requirement, the rewritten request should be:", "Request follows the format:" (the 0.5B led 1 in 8 of
+# a demo's paraphrases so)
 _PREAMBLE = re.compile(
     r"^(?:(?:sure|certainly|of course|okay|ok|absolutely)\b[^:\n]{0,100}"
-    r"|[^:\n]{0,100}\b(?:rewritten|paraphrased?|rephrased|reworded|another request|the request)\b[^:\n]{0,40})"
+    r"|[^:\n]{0,100}\b(?:rewritten|paraphrased?|rephrased|reworded|another request|the request|the format)\b"
+    r"[^:\n]{0,40})"
     r":(?:\s+|$)",
     re.IGNORECASE,
 )
+# The prompt's own "Request:" label after a sentence of the reply: the 0.5B wrote the instructions back in its own
+# words, then the label and the paraphrase ("Make sure you keep the numbers and dates exactly as written. Request:
+# Add 93 days to 2024-06-20, what date will you get?"), 7 of a demo's 66 date_add lines
+_INNER_LABEL = re.compile(r"(?<=[.!?])\s+(?:rewritten request|request|paraphrase)\s*:\s*", re.IGNORECASE)
 
 
 def clean_paraphrase(text: str) -> str:
-    """The paraphrase a reply holds: its first paragraph, without a label ("Request:"), a preamble (`_PREAMBLE`)
-    or quotes around it."""
+    """The paraphrase a reply holds: its first paragraph, without a label ("Request:"), what comes before a label
+    that follows a sentence (`_INNER_LABEL`), a preamble (`_PREAMBLE`) or quotes around it."""
     text = text.strip()
+    text = _INNER_LABEL.split(text.split("\n\n")[0])[-1] if _INNER_LABEL.search(text) else text
     text = re.sub(r"^(rewritten request|request|paraphrase)\s*:\s*", "", text, flags=re.IGNORECASE)
     text = _PREAMBLE.sub("", text, count=1)
     text = text.strip().strip('"“”').strip()
