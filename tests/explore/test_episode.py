@@ -28,8 +28,10 @@ from toolschool.errors import ResumeRefused, ToolschoolError
 from toolschool.explore.episode import (
     PROGRAM_FENCE,
     PROGRAM_FENCE_CLOSE,
+    PROGRAM_REQUEST_TOKENS,
     Ablations,
     clean_query,
+    first_question,
     parse_reflection,
     parse_values,
     program_values,
@@ -938,14 +940,21 @@ def _values_first_policy(request: GenerationRequest, counter: dict[str, int]) ->
     return "I am not sure."
 
 
-def _values_first_with(marker: str | None, *replies: str) -> Callable[[GenerationRequest, dict[str, int]], str]:
-    """`_values_first_policy`, except that the prompts whose last message holds `marker` (None: the answer after a
-    result) get `replies`, one after the other."""
+RETRY = "That call did not work"  # the start of call_retry.jinja: a refused call's redraw
+
+
+def _values_first_with(
+    marker: str | tuple[str, ...] | None, *replies: str
+) -> Callable[[GenerationRequest, dict[str, int]], str]:
+    """`_values_first_policy`, except that the prompts whose last message holds `marker` (one of them, a tuple;
+    None: the answer after a result) get `replies`, one after the other."""
     queue = iter(replies)
+    markers = (marker,) if isinstance(marker, str) else marker
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         last = request.messages[-1]
-        if after_result(last) if marker is None else marker in (last.get("content") or ""):
+        content = last.get("content") or ""
+        if after_result(last) if markers is None else any(m in content for m in markers):
             return next(queue)
         return _values_first_policy(request, counter)
 
@@ -1225,12 +1234,16 @@ async def test_values_first_asks_a_program_tool_for_the_request_then_a_fenced_pr
     }
     tasks: list[list[dict[str, Any]]] = []
     programs: list[str] = []
-    requests = iter(['"Run print(3 * 4) for me."', '"I have 3 boxes of 4 eggs: how many eggs is that?"'])
+    # the second goes on past its question, as the 0.5B does: it is cut to the question
+    requests = iter(
+        ['"Run print(3 * 4) for me."', '"I have 3 boxes of 4 eggs: how many eggs is that? How many boxes are']
+    )
     drafts = iter(["eggs = 12\nprint(eggs)\n", "# the boxes\nboxes = 3\nprint(boxes * 4)\n"])
 
     def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
         content = request.messages[-1].get("content") or ""
         if "a question that a short program works out" in content:
+            assert request.params.max_tokens <= PROGRAM_REQUEST_TOKENS
             tasks.append(request.messages)
             return next(requests)
         if "in one ```python code block" in content:
@@ -1257,7 +1270,7 @@ async def test_values_first_asks_a_program_tool_for_the_request_then_a_fenced_pr
     assert len(examples) >= 2
     assert [m["content"] for m in tasks[0][2:-1:2]] == [request for _situation, request in examples]
     assert "a program that " in tasks[0][-1]["content"] and len(tasks) == 2
-    assert record["query"] == "I have 3 boxes of 4 eggs: how many eggs is that?"
+    assert record["query"] == record["query_raw"] == "I have 3 boxes of 4 eggs: how many eggs is that?"
     assert "Request: I have 3 boxes of 4 eggs: how many eggs is that?" in programs[0] and len(programs) == 2
     assert record["imagined_values"] == {"code": "boxes = 3\nprint(boxes * 4)"}
     aside = record["set_aside"]
@@ -1270,6 +1283,14 @@ async def test_values_first_asks_a_program_tool_for_the_request_then_a_fenced_pr
         }
     ]
     assert record["intent_matched"] is True and record["final_answer"] == "There are 12 eggs."
+
+
+def test_a_request_imagined_first_for_a_program_ends_at_its_first_question() -> None:
+    assert first_question("Is 61 prime? Is 67 prime? What is") == "Is 61 prime?"
+    assert first_question("I have 3, 5 and 9. Which is the largest? And") == "I have 3, 5 and 9. Which is the largest?"
+    assert first_question("Write a program that sorts 3, 1, 2.") == "Write a program that sorts 3, 1, 2."
+    assert first_question('"Is 61 prime? Is 67') == "Is 61 prime?"  # its closing quote was cut off
+    assert first_question("'Is 'x' a vowel? No") == "'Is 'x' a vowel?"
 
 
 def test_a_request_imagined_first_for_a_program_is_written_again_when_it_will_not_do(tmp_path) -> None:
@@ -1305,10 +1326,13 @@ async def test_values_first_writes_the_answer_again_when_it_misses_the_result(tm
 
 async def test_values_first_draws_the_call_again_when_the_tool_refuses_it(tmp_path) -> None:
     """The values ran clean, so a call read from the request that the tool refuses is the explorer's slip (the 0.5B
-    leaves a program's closing quote out: `print(3)}`): drawn again, hotter, and logged with why; the trial keeps
-    the call that ran, and only its result reaches the conversation."""
+    leaves a program's closing quote out: `print(3)}`): drawn again, hotter, shown the refused call and why (trial
+    and error), and logged with why; the trial keeps the call that ran, and only its result reaches the
+    conversation."""
     policy = _values_first_with(
-        "Request: What is", 'CALL calculator {"expression": "1 * 7)"}', 'CALL calculator {"expression": "1 * 7"}'
+        ("Request: What is", RETRY),
+        'CALL calculator {"expression": "1 * 7)"}',
+        'CALL calculator {"expression": "1 * 7"}',
     )
     backend = ScriptedBackend(policy)
     registry = FakeRegistry()
@@ -1326,15 +1350,39 @@ async def test_values_first_draws_the_call_again_when_the_tool_refuses_it(tmp_pa
     assert record["intent_matched"] is True and is_verified(Trial.from_json(record))
     assert registry.calls[-2:] == [("calculator", {"expression": "1 * 7)"}), ("calculator", {"expression": "1 * 7"})]
     assert not any("failed" in str(m.get("content")) for m in record["messages"])
-    drawn = [r.params.temperature for r in backend.requests if "Request: What is" in str(r.messages[-1]["content"])]
-    assert drawn == [0.5, 0.65]
+    drawn = [
+        r
+        for r in backend.requests
+        if "Request: What is" in str(r.messages[-1]["content"]) or r.messages[-1]["content"].startswith(RETRY)
+    ]
+    assert [r.params.temperature for r in drawn] == [0.5, 0.65]
+    refused, feedback = drawn[1].messages[-2:]
+    assert "1 * 7)" in refused["content"] and feedback["role"] == "user"
+    assert feedback["content"].startswith(f"{RETRY}: the tool refused them: Error: the tool 'calculator' failed")
+    assert not any(RETRY in str(m.get("content")) for m in record["messages"])
+
+
+async def test_without_execution_feedback_a_refused_call_is_drawn_again_unseen(tmp_path) -> None:
+    """The no-execution-feedback ablation: the redraw is a fresh draw, not shown the refused call or why."""
+    policy = _values_first_with(
+        ("Request: What is", RETRY),
+        'CALL calculator {"expression": "1 * 7)"}',
+        'CALL calculator {"expression": "1 * 7"}',
+    )
+    backend = ScriptedBackend(policy)
+    ctx = make_ctx(tmp_path, backend, stm_slots=1, max_turns=1, imagine="values_first", no_exec_feedback=True)
+    await run_episode(ctx, "calculator", 0, {})
+    ctx.log.close()
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
+    assert len(record["set_aside"]["calls"]) == 1 and record["intent_matched"] is True
+    assert not any(RETRY in str(r.messages[-1].get("content")) for r in backend.requests)
 
 
 async def test_a_call_refused_at_every_draw_is_the_step_and_its_error_is_shown(tmp_path) -> None:
     from toolschool.explore.episode import ANSWER_ATTEMPTS
 
     refused = 'CALL calculator {"expression": "1 * 7)"}'
-    policy = _values_first_with("Request: What is", *[refused] * ANSWER_ATTEMPTS)
+    policy = _values_first_with(("Request: What is", RETRY), *[refused] * ANSWER_ATTEMPTS)
     registry = FakeRegistry()
     ctx = make_ctx(
         tmp_path, ScriptedBackend(policy), registry=registry, stm_slots=1, max_turns=1, imagine="values_first"

@@ -918,6 +918,26 @@ def program_request_examples(ctx: ExploreContext) -> list[dict[str, Any]]:
     return messages
 
 
+# A request imagined first for a program tool is one question: past its first "?" the 0.5B goes on asking ("How many
+# parcels weigh 230, 9, and 9182? What is the total number of items in this list passing the test? ..."), often
+# the questions of the long-term memory's list, until max_tokens; a program then answers one of them and the
+# trial's call another. One question is also what it is asked for, so it needs no more tokens than this.
+PROGRAM_REQUEST_TOKENS = 96
+
+
+def first_question(text: str) -> str:
+    """`text` up to and including its first question mark: where a request of one question ends, as if the model
+    had stopped there (without the opening quote whose closing one was cut off); a text without one is returned
+    whole."""
+    end = text.find("?")
+    if end < 0:
+        return text
+    question = text[: end + 1]
+    if question[0] in "\"'`" and question.count(question[0]) == 1:
+        question = question[1:].lstrip()
+    return question
+
+
 # a call, a definition, an import statement (not the word: "If I import 300 crates...")
 _CODE_IN_REQUEST = re.compile(r"\bprint\s*\(|\bdef \w+\s*\(|^\s*(?:from [\w.]+ )?import \w", re.MULTILINE)
 
@@ -957,7 +977,9 @@ async def _imagine_program_request(
     Why not values first here: a program is not values a person has. Shown one, the 0.5B wrote requests that leave
     its data out ("Can you help me determine if a number is prime?") and then called a different program; 0 of 24
     python trials verified in two demo runs, and the student never saw the tool used. Asked for a question with its
-    data written out (after worked examples, `program_request_examples`), it writes "Is 61 a prime number?".
+    data written out (after worked examples, `program_request_examples`), it writes "Is 61 a prime number?"; asked
+    for a program that works one thing out, "Can you write a short program to check if 380 is prime?" (a person
+    who wants code run says so, and the student learns to send such requests to the program tool).
 
     A request is written again while it holds code or repeats one tried (`task_problem`); each request gets up to
     `PROGRAM_ATTEMPTS` programs, each ruled out like imagined values (`values_problem`: it must run clean and print,
@@ -973,13 +995,14 @@ async def _imagine_program_request(
             [system, *examples, {"role": "user", "content": task_prompt}],
             stop=IMAGINE_STOP + ["\n"],
             prefill="",
-            max_tokens=ctx.settings.max_tokens,
+            max_tokens=min(ctx.settings.max_tokens, PROGRAM_REQUEST_TOKENS),
             constraint=ctx.imagine_constraint(),
             with_tools=False,
             temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
         )
-        text = completion.text
-        request = clean_query(text)
+        request = first_question(clean_query(completion.text))
+        # the text the trial records as written: the model's own, or the question it was cut to
+        text = completion.text if request == clean_query(completion.text) else request
         problem = task_problem(ctx, request, memory)
         if problem is not None:
             set_aside["requests"].append({"request": request, "problem": problem})
@@ -1044,10 +1067,11 @@ async def _attempt(
             prefill = fmt.call_prefix(trial.tool).rstrip() if forced else fmt.prefill
             last = turn == settings.max_turns or calls_left <= 0
             ran: tuple[list[Call], list[Call], list[dict[str, Any]]] | None = None
+            retry: list[dict[str, Any]] = []  # the call set aside last and why, shown to its redraw
             for attempt in range(ANSWER_ATTEMPTS):
                 ran = None
                 completion = await trial.generate(
-                    [*conversation, *trial.messages],
+                    [*conversation, *trial.messages, *retry],
                     stop=fmt.stop,
                     prefill=prefill,
                     max_tokens=settings.max_tokens,
@@ -1067,6 +1091,12 @@ async def _attempt(
                         break
                     calls = [{"name": c.name, "arguments": c.arguments} for c in ran[0]]
                     trial.set_aside_calls.append({"calls": calls, "problem": problem})
+                    if not ablations.no_exec_feedback:
+                        # trial and error: the redraw sees the call and what went wrong with it (a program that
+                        # defines a function and never calls it, "the tool returned nothing"); only the call that
+                        # works stays in the trial, as it will be taught
+                        feedback = ctx.prompts.render("call_retry", error=problem, **variables)
+                        retry = [_verbatim(raw), {"role": "user", "content": feedback}]
                     continue
                 # an answer that does not state the call's result is written again: distill drops it
                 if not answer_misses_result(parsed, trial.steps) or final_attempt:

@@ -30,6 +30,7 @@ TEMPLATE_NAMES = (
     "trial",  # ask to solve the query just imagined (first trial of a conversation)
     "trial_followup",  # same for later trials
     "parse_error",  # fed back when a reply could not be parsed
+    "call_retry",  # values first: fed back with a call the tool refused or that returned nothing, for the redraw
     "no_feedback",  # what the model sees instead of observations in the no-execution-feedback ablation
     "answer",  # after the last call the trial allows: reply with the final answer now
     "call_limit",  # the answer to a call past the trial's budget of max_turns calls (not run)
@@ -56,6 +57,7 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
+    "call_retry": (*_TOOL_VARIABLES, "error"),
     "no_feedback": (),
     "answer": (*_TOOL_VARIABLES, "result"),
     "call_limit": ("max_turns", "tool"),
