@@ -1474,6 +1474,11 @@ def test_two_programs_agree_when_they_print_the_same_result_worded_otherwise() -
     check = 'n = {}\nprint(f"{{n}} is prime: {{all(n % i for i in range(2, n))}}")'
     assert not programs_agree(check.format(61), check.format(67))
     assert programs_agree('print(f"{5436:,}")', "print(5436)")  # one number, however it is grouped
+    # a line that answers yes or no is the True or False the other prints
+    divisible = 'if 580 % 2 == 0:\n    print("Yes, 580 is divisible by 2.")\nelse:\n    print("No, it is not.")'
+    assert programs_agree(divisible, "print(580 % 2 == 0)")
+    assert not programs_agree(divisible, "print(580 % 2 == 1)")
+    assert not programs_agree('print("Not 580: 2")', "print(False)")  # "Not" is no answer
     assert not programs_agree("print(12 * 86400 + 3 * 3600)", "print(12 * 86400 + 3 * 3600 + 1)")
     assert not programs_agree(f"x = {10**400}\nprint(x > 0)", "print(False)")  # a literal past a float's range
 

@@ -605,6 +605,8 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> boo
 
 
 _PRINTED_TRUTH = re.compile(r"\b(True|False)\b")
+# a line that answers yes or no ("Yes, 580 is divisible by 2."): the True or False a program prints otherwise
+_PRINTED_ANSWER = re.compile(r"^\s*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
 
 
 def _key(value: float) -> float:
@@ -613,12 +615,15 @@ def _key(value: float) -> float:
 
 def printed_results(text: str, echoed: set[float] | None = None) -> tuple[list[float], list[str]]:
     """The numbers (sorted; read as the data filters read a request: `numbers_in`, so "5,436" is one) and the
-    True/False words of a program's output; with `echoed`, leaving out the numbers among them (literals both
-    programs were written with, which they print back: "380 is prime: False")."""
+    True/False words of a program's output, a line that starts with yes or no read as True or False; with
+    `echoed`, leaving out the numbers among them (literals both programs were written with, which they print back:
+    "380 is prime: False")."""
     from toolschool.data.filters import numbers_in
 
     numbers = sorted(_key(n) for n in numbers_in(text))
-    return [n for n in numbers if n not in (echoed or set())], _PRINTED_TRUTH.findall(text)
+    answers = [("True" if m[1].lower() == "yes" else "False", m.start()) for m in _PRINTED_ANSWER.finditer(text)]
+    truths = sorted([*answers, *((m[1], m.start()) for m in _PRINTED_TRUTH.finditer(text))], key=lambda t: t[1])
+    return [n for n in numbers if n not in (echoed or set())], [word for word, _ in truths]
 
 
 def _literals(program: str) -> set[float]:
@@ -638,7 +643,8 @@ def _literals(program: str) -> set[float]:
 
 def programs_agree(first: str, second: str) -> bool:
     """Whether two programs, both run, print the same result: the same text; or, worded otherwise, the same numbers
-    and True/False words ("The largest is 5436 and the smallest 6." and "5436\\n6"); or the same once the literals
+    and True/False words, a yes or no answering as one ("The largest is 5436 and the smallest 6." and "5436\\n6";
+    "Yes, 580 is divisible by 2." and "True"); or the same once the literals
     both programs were written with are left out of what they print, when something is left ("380 is prime: False"
     and "False"; a program on other data, `n = 67` for `n = 61`, keeps its own literal and does not agree).
     Exploration's check of a program tool's trial (`_intent_matched`), looser than the metrics' (the same text): the
