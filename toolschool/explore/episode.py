@@ -604,9 +604,8 @@ def _intent_matched(tool: str, values: dict[str, Any], steps: list[Step]) -> boo
     return False
 
 
-_PRINTED_TRUTH = re.compile(r"\b(True|False)\b")
-# a line that answers yes or no ("Yes, 580 is divisible by 2."): the True or False a program prints otherwise
-_PRINTED_ANSWER = re.compile(r"^\s*(yes|no)\b", re.IGNORECASE | re.MULTILINE)
+# True or False, or a line that answers yes or no ("Yes, 580 is divisible by 2."): the same truth printed otherwise
+_PRINTED_TRUTH = re.compile(r"\b(True|False)\b|^\s*(?i:(yes)|no)\b", re.MULTILINE)
 
 
 def _key(value: float) -> float:
@@ -621,9 +620,8 @@ def printed_results(text: str, echoed: set[float] | None = None) -> tuple[list[f
     from toolschool.data.filters import numbers_in
 
     numbers = sorted(_key(n) for n in numbers_in(text))
-    answers = [("True" if m[1].lower() == "yes" else "False", m.start()) for m in _PRINTED_ANSWER.finditer(text)]
-    truths = sorted([*answers, *((m[1], m.start()) for m in _PRINTED_TRUTH.finditer(text))], key=lambda t: t[1])
-    return [n for n in numbers if n not in (echoed or set())], [word for word, _ in truths]
+    truths = [m[1] or ("True" if m[2] else "False") for m in _PRINTED_TRUTH.finditer(text)]
+    return [n for n in numbers if n not in (echoed or set())], truths
 
 
 def _literals(program: str) -> set[float]:
@@ -1006,9 +1004,10 @@ async def _imagine_program_request(
             with_tools=False,
             temperature=ctx.settings.temperature + VALUES_TEMPERATURE_STEP * attempt,
         )
-        request = first_question(clean_query(completion.text))
+        cleaned = clean_query(completion.text)
+        request = first_question(cleaned)
         # the text the trial records as written: the model's own, or the question it was cut to
-        text = completion.text if request == clean_query(completion.text) else request
+        text = completion.text if request == cleaned else request
         problem = task_problem(ctx, request, memory)
         if problem is not None:
             set_aside["requests"].append({"request": request, "problem": problem})
