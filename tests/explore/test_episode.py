@@ -1285,6 +1285,78 @@ async def test_values_first_asks_a_program_tool_for_the_request_then_a_fenced_pr
     assert record["intent_matched"] is True and record["final_answer"] == "There are 12 eggs."
 
 
+async def test_a_program_tools_refused_call_is_drawn_again_as_a_fenced_program(tmp_path) -> None:
+    """The 0.5B squeezes a program into the call's JSON string (`def eggs(): return 12`: it prints nothing) and
+    writes it the same when drawn again in the format: a program tool's call is redrawn as a ```python block,
+    shown the call and why, a block with no program drawn again; the trial keeps the call built from the block,
+    as the format renders calls, and is verified by it."""
+    program_schema = {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "Run a Python program and return what it prints.",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"]},
+        },
+    }
+    redraws: list[GenerationRequest] = []
+    blocks = iter(["# nothing yet\n", "print(3 * 4)\n"])
+
+    def policy(request: GenerationRequest, counter: dict[str, int]) -> str:
+        content = request.messages[-1].get("content") or ""
+        if "a question that a short program works out" in content:
+            return '"I have 3 boxes of 4 eggs: how many eggs is that?"'
+        if content.startswith(RETRY):
+            assert request.prefill == PROGRAM_FENCE and request.params.stop == [PROGRAM_FENCE_CLOSE]
+            redraws.append(request)
+            return next(blocks)
+        if "in one ```python code block" in content:
+            return "boxes = 3\nprint(boxes * 4)\n"
+        if after_result(request.messages[-1]):
+            return "There are 12 eggs."
+        return 'CALL python {"code": "def eggs(): return 12"}'
+
+    class Runner(FakeRegistry):
+        async def acall(self, name: str, args: dict[str, Any]) -> Observation:
+            self.calls.append((name, args))
+            printed = "12\n" if "print" in args["code"] else ""
+            return Observation(printed.strip() or "(no output)", {"stdout": printed, "exit_code": 0, "limit": None})
+
+    backend = ScriptedBackend(policy)
+    registry = Runner()
+    ctx = make_ctx(tmp_path, backend, registry=registry, stm_slots=1, max_turns=1, imagine="values_first")
+    ctx.tool_schemas = [*SCHEMAS, program_schema]
+    await run_episode(ctx, "python", 0, {})
+    ctx.log.close()
+    (record,) = trial_lines(tmp_path / TRIALS_FILE)
+    assert len(redraws) == 2
+    refused, feedback = redraws[0].messages[-2:]
+    assert "def eggs(): return 12" in refused["content"]
+    assert feedback["content"].startswith(f"{RETRY}: the tool returned nothing. Write the program again, fixed")
+    assert redraws[1].messages[-2:] == redraws[0].messages[-2:]  # no program in the block: the same shown again
+    (aside,) = record["set_aside"]["calls"]
+    assert aside == {
+        "calls": [{"name": "python", "arguments": {"code": "def eggs(): return 12"}}],
+        "problem": "the tool returned nothing",
+    }
+    (step,) = [s for s in record["steps"] if s["calls"]]
+    assert step["raw"] == f"{PROGRAM_FENCE}print(3 * 4)\n"
+    assert [c["arguments"] for c in step["calls"]] == [{"code": "print(3 * 4)"}]
+    (call,) = [m for m in record["messages"] if m.get("tool_calls")]
+    assert call["tool_calls"][0]["function"] == {"name": "python", "arguments": {"code": "print(3 * 4)"}}
+    assert record["intent_matched"] is True and record["final_answer"] == "There are 12 eggs."
+    assert not any(RETRY in str(m.get("content")) for m in record["messages"])
+
+
+def test_a_fenced_redraw_is_a_call_or_says_why_there_is_none() -> None:
+    from toolschool.explore.episode import program_call
+
+    parsed = program_call("python", "code", Completion(text="print(2)\n"))
+    assert parsed.calls == [tool_call("python", {"code": "print(2)"})] and parsed.error is None
+    assert parsed.text == f"{PROGRAM_FENCE}print(2)\n"
+    cut = program_call("python", "code", Completion(text="for i in", finish_reason="length"))
+    assert not cut.calls and cut.error == "the program was cut off (max_tokens)"
+
+
 def test_a_request_imagined_first_for_a_program_ends_at_its_first_question() -> None:
     assert first_question("Is 61 prime? Is 67 prime? What is") == "Is 61 prime?"
     assert first_question("I have 3, 5 and 9. Which is the largest? And") == "I have 3, 5 and 9. Which is the largest?"

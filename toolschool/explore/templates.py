@@ -31,6 +31,7 @@ TEMPLATE_NAMES = (
     "trial_followup",  # same for later trials
     "parse_error",  # fed back when a reply could not be parsed
     "call_retry",  # values first: fed back with a call the tool refused or that returned nothing, for the redraw
+    # (fenced: a program tool's, redrawn as a ```python block)
     "no_feedback",  # what the model sees instead of observations in the no-execution-feedback ablation
     "answer",  # after the last call the trial allows: reply with the final answer now
     "call_limit",  # the answer to a call past the trial's budget of max_turns calls (not run)
@@ -57,7 +58,7 @@ TEMPLATE_VARIABLES: dict[str, tuple[str, ...]] = {
     "trial": (*_TOOL_VARIABLES, "query"),
     "trial_followup": (*_TOOL_VARIABLES, "query"),
     "parse_error": (*_TOOL_VARIABLES, "error"),
-    "call_retry": (*_TOOL_VARIABLES, "error"),
+    "call_retry": (*_TOOL_VARIABLES, "error", "fenced"),
     "no_feedback": (),
     "answer": (*_TOOL_VARIABLES, "result"),
     "call_limit": ("max_turns", "tool"),
